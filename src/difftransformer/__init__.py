@@ -1,0 +1,7 @@
+"""difftransformer: the Differential Transformer (DIFF V1, arXiv 2410.05258; DIFF V2, January 2026) beside a
+parameter-matched baseline Transformer."""
+
+from .model import DiffTransformerLM, LMOutput, ModelConfig
+
+__version__ = "0.1.0"
+__all__ = ["ModelConfig", "DiffTransformerLM", "LMOutput", "__version__"]

@@ -1,0 +1,49 @@
+"""Baseline multi-head / grouped-query softmax attention (Vaswani et al., 2017; GQA, Ainslie et al., 2023)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..rope import apply_rope
+from .base import Attention, AttentionMaps, eager_dtype, repeat_kv, sdpa, softmax_maps
+
+
+class BaselineAttention(Attention):
+    """H query heads and H_kv key/value heads of width d; query head i reads KV head i // (H / H_kv)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        d = self.head_dim
+        self.wq = nn.Linear(cfg.d_model, self.n_heads * d, bias=False)
+        self.wk = nn.Linear(cfg.d_model, self.n_kv_heads * d, bias=False)
+        self.wv = nn.Linear(cfg.d_model, self.n_kv_heads * d, bias=False)
+        self.wo = nn.Linear(self.n_heads * d, cfg.d_model, bias=False)
+
+    def cache_layout(self) -> tuple[int, int, int, int]:
+        return self.n_kv_heads, self.head_dim, self.n_kv_heads, self.head_dim
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
+                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False):
+        B, T, _ = x.shape
+        H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        q = apply_rope(self.wq(x).view(B, T, H, d), *rope).transpose(1, 2)  # (B, H, T, d)
+        k = apply_rope(self.wk(x).view(B, T, Hkv, d), *rope).transpose(1, 2)  # (B, Hkv, T, d)
+        v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
+        k, v = self.update_cache(input_pos, k, v)
+        k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)  # (B, H, Tk, d)
+
+        maps = None
+        if self.use_eager(return_maps):
+            probs, logits = softmax_maps(q, k, mask, self.scale, self.logits_hook)  # (B, H, T, Tk)
+            out = torch.matmul(probs, v.to(eager_dtype(x))).to(x.dtype)
+            if return_maps:
+                maps = AttentionMaps(attn=probs, logits=logits)
+        else:
+            out = sdpa(q, k, v, mask, self.scale)
+        out = out.transpose(1, 2).reshape(B, T, H * d)  # (B, T, H*d)
+        return self.wo(out), maps

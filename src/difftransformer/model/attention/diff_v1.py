@@ -1,0 +1,121 @@
+"""DIFF V1: multi-head differential attention (Ye et al., 2024, arXiv 2410.05258, section 2.1).
+
+Read this file against the paper's equations:
+
+  Eq. (1)  [Q1; Q2] = X W_Q,  [K1; K2] = X W_K,  V = X W_V
+           DiffAttn(X) = (softmax(Q1 K1^T / sqrt(d)) - lambda * softmax(Q2 K2^T / sqrt(d))) V
+  Eq. (2)  lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init,
+           lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)),  l in [1, L]   (we use 0-based l: same numbers)
+  Eq. (3)  head_i' = (1 - lambda_init) * LN(head_i),  MultiHead(X) = Concat(head_1', ..., head_h') W_O
+
+Shapes, with the *baseline's* H query heads and H_kv KV heads of width d (see ``ModelConfig``):
+h = H/2 differential heads, h_kv = H_kv/2 KV groups. The projections are
+W_q: d_model -> 2h*d, W_k: d_model -> 2h_kv*d, W_v: d_model -> h_kv*2d, W_o: h*2d -> d_model,
+exactly the baseline's sizes, so parameters and projection FLOPs match (paper: "h = d_model/2d").
+
+Pairing (official layout): half-heads 2i and 2i+1 of the query projection are Q1 and Q2 of head i; key
+half-heads 2g and 2g+1 are K1 and K2 of KV group g; query head i reads group i // (h / h_kv). Q1 reads K1
+and Q2 reads K2 of the *same* group -- the official plain-PyTorch file repeats the key half-heads before
+pairing, so under GQA its Q1 and Q2 read the same key half; we split first, then repeat.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..norm import RMSNorm
+from ..rope import apply_rope
+from .base import Attention, AttentionMaps, eager_dtype, repeat_kv, sdpa, softmax_maps
+
+
+class DiffV1Attention(Attention):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads // 2, cfg.n_kv_heads // 2, cfg.head_dim
+        h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        self.wq = nn.Linear(cfg.d_model, 2 * h * d, bias=False)
+        self.wk = nn.Linear(cfg.d_model, 2 * hkv * d, bias=False)
+        self.wv = nn.Linear(cfg.d_model, hkv * 2 * d, bias=False)
+        self.wo = nn.Linear(h * 2 * d, cfg.d_model, bias=False)
+        # Eq. (2): four learnable vectors in R^d, one lambda per layer shared by its heads; kept in fp32.
+        self.lambda_init = cfg.lambda_init_for(layer_idx)
+        self.lambda_q1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
+        self.lambda_k1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
+        self.lambda_q2 = nn.Parameter(torch.empty(d, dtype=torch.float32))
+        self.lambda_k2 = nn.Parameter(torch.empty(d, dtype=torch.float32))
+        # Eq. (3): head-wise RMSNorm over each 2d-wide head (Table 6 ablation: headwise_norm=False).
+        self.subln = (RMSNorm(2 * d, eps=1e-5, elementwise_affine=cfg.headwise_norm_weight)
+                      if cfg.headwise_norm else None)
+        self.reset_lambda()
+
+    def reset_lambda(self) -> None:
+        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(p, mean=0.0, std=0.1)  # the reference code's N(0, 0.1)
+
+    def cache_layout(self) -> tuple[int, int, int, int]:
+        return 2 * self.n_kv_heads, self.head_dim, self.n_kv_heads, 2 * self.head_dim
+
+    def lambda_full(self) -> torch.Tensor:
+        """Eq. (2), a 0-dim fp32 tensor; not clamped (it may go negative or above 1 during training)."""
+        acc = torch.promote_types(self.lambda_q1.dtype, torch.float32)
+        lam1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc)))
+        lam2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
+        return lam1 - lam2 + self.lambda_init
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
+                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False):
+        B, T, _ = x.shape
+        h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        rep = h // hkv
+        q = apply_rope(self.wq(x).view(B, T, 2 * h, d), *rope).transpose(1, 2)  # (B, 2h, T, d)
+        k = apply_rope(self.wk(x).view(B, T, 2 * hkv, d), *rope).transpose(1, 2)  # (B, 2hkv, T, d)
+        v = self.wv(x).view(B, T, hkv, 2 * d).transpose(1, 2)  # (B, hkv, T, 2d)
+        k, v = self.update_cache(input_pos, k, v)
+        # Eq. (1) pairing: half-heads (2i, 2i+1) -> (Q1, Q2) of head i, (K1, K2) of group g. Split, then repeat.
+        q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, h, T, d) each
+        k1, k2 = k[:, 0::2], k[:, 1::2]  # (B, hkv, Tk, d) each
+        lam = self.lambda_full()
+
+        maps = None
+        if self.use_eager(return_maps):
+            a1, logits1 = softmax_maps(q1, repeat_kv(k1, rep), mask, self.scale, self.logits_hook)  # (B, h, T, Tk)
+            a2, logits2 = softmax_maps(q2, repeat_kv(k2, rep), mask, self.scale, self.logits_hook)
+            diff = a1 - lam * a2  # Eq. (1)
+            out = torch.matmul(diff, repeat_kv(v, rep).to(eager_dtype(x))).to(x.dtype)  # (B, h, T, 2d)
+            if return_maps:
+                logits = torch.stack((logits1, logits2), dim=2).flatten(1, 2)  # (B, 2h, T, Tk), projection order
+                maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2, lam=lam.detach())
+        elif self.backend == "blocked" and mask is None and self.kv_cache is None:
+            from .blocked import blocked_diff_attention  # imported here: only this path needs it
+
+            out = blocked_diff_attention(q1, q2, k1, k2, v, lam.to(x.dtype), scale=self.scale)  # (B, h, T, 2d)
+        else:
+            out = self._sdpa_diff(q1, q2, k1, k2, v, lam, mask, rep)
+        if self.subln is not None:
+            out = self.subln(out)  # Eq. (3): RMSNorm over each head's 2d channels
+        out = out * (1.0 - self.lambda_init)  # Eq. (3): fixed multiplier aligns gradients with the baseline
+        out = out.transpose(1, 2).reshape(B, T, h * 2 * d)  # (B, T, h*2d): Concat(heads)
+        return self.wo(out), maps
+
+    def _sdpa_diff(self, q1, q2, k1, k2, v, lam, mask, rep) -> torch.Tensor:
+        """Eq. (1) with standard fused attention: A1 V and A2 V in one SDPA call.
+
+        Fused CPU/CUDA kernels want value width == query width, so V (2d) is split into its two d-wide halves and
+        the four products (A1 Va, A1 Vb, A2 Va, A2 Vb) are stacked along the batch axis of a single call.
+        """
+        B, d = q1.shape[0], self.head_dim
+        va, vb = v[..., :d], v[..., d:]  # (B, hkv, Tk, d) each
+        q4 = torch.cat((q1, q1, q2, q2), dim=0)  # (4B, h, T, d)
+        k4 = repeat_kv(torch.cat((k1, k1, k2, k2), dim=0), rep)  # (4B, h, Tk, d)
+        v4 = repeat_kv(torch.cat((va, vb, va, vb), dim=0), rep)  # (4B, h, Tk, d)
+        if mask is not None and mask.shape[0] > 1:
+            mask = mask.repeat(4, 1, 1, 1)
+        o = sdpa(q4, k4, v4, mask, self.scale)  # (4B, h, T, d)
+        o1a, o1b, o2a, o2b = o.split(B, dim=0)
+        a1v = torch.cat((o1a, o1b), dim=-1)  # (B, h, T, 2d) = A1 V
+        a2v = torch.cat((o2a, o2b), dim=-1)  # (B, h, T, 2d) = A2 V
+        return a1v - lam.to(a1v.dtype) * a2v

@@ -1,0 +1,189 @@
+"""`ModelConfig`: one typed, JSON-serialisable description of a baseline / DIFF V1 / DIFF V2 language model.
+
+Head counts are always the *baseline's* (``n_heads`` = H, ``n_kv_heads`` = H_kv). Each variant derives its own:
+
+* baseline: H query heads, H_kv key/value heads, all of width ``head_dim`` = d.
+* DIFF V1 (paper §2.1, "h = d_model / 2d"): h = H/2 differential heads, each made of two d-wide query/key
+  halves and one 2d-wide value; h_kv = H_kv/2 (unilm issue #1663: halve the KV heads too). Parameters of
+  the projections then equal the baseline's exactly.
+* DIFF V2 (Jan 2026 article): 2H query heads, H_kv key/value heads (the baseline's KV cache), W_o the
+  baseline's size, plus W_lambda: d_model -> H.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Union, get_args
+
+AttentionKind = Literal["baseline", "diff_v1", "diff_v2"]
+Backend = Literal["eager", "sdpa", "blocked"]
+V2Lambda = Literal["sigmoid", "none", "raw"]
+V2Pairing = Literal["interleaved", "halves"]
+
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+V2_LAMBDA_MODES: tuple[str, ...] = get_args(V2Lambda)
+V2_PAIRINGS: tuple[str, ...] = get_args(V2Pairing)
+
+
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"ModelConfig.{name}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+
+
+def default_ffn_hidden(d_model: int, multiple_of: int) -> int:
+    """SwiGLU hidden width: about 8/3 d_model (keeps the FFN at ~8 d_model^2 parameters), rounded up."""
+    m = max(multiple_of, 1)
+    return m * math.ceil(8 * d_model / 3 / m)
+
+
+@dataclass
+class ModelConfig:
+    """Configuration of a decoder-only LM whose only variable part is the attention module.
+
+    Unset (``None``) sizes are resolved in ``__post_init__`` so that a config written to JSON reads back equal.
+    """
+
+    vocab_size: int = 8192
+    d_model: int = 512
+    n_layers: int = 8
+    n_heads: int = 8  # the baseline's query heads H; DIFF V1 uses H/2, DIFF V2 2H
+    n_kv_heads: int | None = None  # the baseline's KV heads H_kv (GQA); default H
+    head_dim: int | None = None  # d; default d_model // n_heads
+    attention: AttentionKind = "diff_v1"
+    backend: Backend = "sdpa"
+    ffn_hidden: int | None = None  # SwiGLU width; default ~8/3 d_model rounded up to ffn_multiple_of
+    ffn_multiple_of: int = 64
+    rope_theta: float = 10000.0
+    max_seq_len: int = 1024
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    # --- DIFF V1 options (paper eq. 2-3 and the Table 6 ablations) ---
+    lambda_init: Union[Literal["schedule"], float] = "schedule"  # or a constant in (0, 1), e.g. 0.8 / 0.5
+    headwise_norm: bool = True  # Table 6: "w/o GroupNorm" ablation when False
+    headwise_norm_weight: bool = True  # official code: learnable 2d weight shared by heads; HF DiffLlama: none
+    # --- DIFF V2 options (the article's design ablations) ---
+    v2_lambda: V2Lambda = "sigmoid"  # "none": attn1 - attn2; "raw": attn1 - lambda * attn2 without sigmoid
+    v2_pairing: V2Pairing = "interleaved"  # "halves": first half vs second half (the wrong-grouping ablation)
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0:
+            self.head_dim = self.d_model // self.n_heads
+        if self.ffn_hidden is None and isinstance(self.d_model, int) and isinstance(self.ffn_multiple_of, int):
+            self.ffn_hidden = default_ffn_hidden(self.d_model, self.ffn_multiple_of)
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
+                     "ffn_multiple_of", "max_seq_len"):
+            _check_positive_int(name, getattr(self, name))
+        _check_choice("attention", self.attention, ATTENTION_KINDS)
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("v2_lambda", self.v2_lambda, V2_LAMBDA_MODES)
+        _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS)
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive number, got {v!r}")
+        for name in ("tie_embeddings", "headwise_norm", "headwise_norm_weight"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs of channels)")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"ModelConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.lambda_init != "schedule":
+            v = self.lambda_init
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
+                raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; use \"schedule\" or a number in (0, 1)")
+            self.lambda_init = float(v)
+        if self.attention == "diff_v1":
+            if self.n_heads % 2 or self.n_kv_heads % 2:
+                raise ValueError(
+                    f"ModelConfig.n_heads={self.n_heads} and n_kv_heads={self.n_kv_heads} must both be even for "
+                    "attention='diff_v1' (it uses n_heads/2 differential heads and n_kv_heads/2 KV heads)")
+        if self.headwise_norm_weight and not self.headwise_norm:
+            raise ValueError("ModelConfig.headwise_norm_weight=true needs headwise_norm=true")
+        self._refuse_foreign_options()
+
+    def _refuse_foreign_options(self) -> None:
+        # A V1 ablation set on a V2 model (or vice versa) would silently do nothing: refuse it loudly.
+        default = {f.name: f.default for f in fields(ModelConfig)}
+        v1_opts = ("lambda_init", "headwise_norm", "headwise_norm_weight")
+        v2_opts = ("v2_lambda", "v2_pairing")
+        foreign = {"baseline": v1_opts + v2_opts, "diff_v1": v2_opts, "diff_v2": v1_opts}[self.attention]
+        for name in foreign:
+            if getattr(self, name) != default[name]:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} only applies to "
+                                 f"{'diff_v1' if name in v1_opts else 'diff_v2'}, not attention={self.attention!r}")
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def n_diff_heads(self) -> int:
+        """DIFF V1's h = H/2 (paper: h = d_model / 2d)."""
+        return self.n_heads // 2
+
+    def lambda_init_for(self, layer_idx: int) -> float:
+        """Eq. (2) initial lambda: 0.8 - 0.6 exp(-0.3 l) with 0-based l (the paper writes l-1, 1-based)."""
+        if self.lambda_init == "schedule":
+            return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+        return float(self.lambda_init)
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise TypeError(f"ModelConfig.from_dict expects a dict, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig key(s): {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> "ModelConfig":
+        p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
+        text = p.read_text() if p is not None else str(text_or_path)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"model config {p or 'text'} is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed (validated; unknown fields raise)."""
+        d = self.to_dict()
+        unknown = sorted(set(changes) - set(d))
+        if unknown:
+            raise ValueError(f"unknown ModelConfig key(s): {', '.join(unknown)}")
+        d.update(changes)
+        # Re-derive sizes that were defaults of the old shape when the shape they depend on changes.
+        if "head_dim" not in changes and self.head_dim == self.d_model // self.n_heads:
+            d["head_dim"] = None
+        if "ffn_hidden" not in changes and self.ffn_hidden == default_ffn_hidden(self.d_model, self.ffn_multiple_of):
+            d["ffn_hidden"] = None
+        if "n_kv_heads" not in changes and "n_heads" in changes and self.n_kv_heads == self.n_heads:
+            d["n_kv_heads"] = None
+        return ModelConfig(**d)

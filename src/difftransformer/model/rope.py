@@ -1,0 +1,30 @@
+"""Rotary position embedding (Su et al., 2021) in the interleaved (GPT-J) layout of the official DIFF code.
+
+Channels (2i, 2i+1) of each head form one rotated pair. Hugging Face's Llama/DiffLlama use the NeoX layout
+(channel i paired with i + d/2): the interop converter permutes the q/k projection rows between the two.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_frequencies(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/d), i < d/2, float32."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape (..., T, 1, d/2) for positions of shape (..., T); broadcast over heads."""
+    angles = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (..., T, d/2)
+    return angles.cos()[..., None, :], angles.sin()[..., None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x of shape (B, T, heads, d) pairwise; math in float32, result in x's dtype."""
+    acc = torch.promote_types(x.dtype, torch.float32)  # at least fp32, float64 stays float64
+    xf = x.to(acc).unflatten(-1, (-1, 2))  # (B, T, heads, d/2, 2)
+    cos, sin = cos.to(acc), sin.to(acc)
+    x1, x2 = xf[..., 0], xf[..., 1]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, T, heads, d/2, 2)
+    return out.flatten(-2).type_as(x)

@@ -1,0 +1,200 @@
+"""The decoder-only language model around the attention (paper section 2.2).
+
+  Y = X + MultiHead(RMSNorm(X)),   X' = Y + SwiGLU(RMSNorm(Y)),   then a final RMSNorm and the LM head.
+
+Baseline, DIFF V1 and DIFF V2 differ only in the attention module (``ModelConfig.attention``). The model holds no
+training machinery: parallelism, compile, quantisation and checkpoint I/O are applied from outside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMaps, build_attention
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .norm import RMSNorm
+from .rope import rope_cos_sin, rope_frequencies
+
+
+class SwiGLU(nn.Module):
+    """FFN(x) = W2 (silu(W1 x) * W3 x) (Shazeer, 2020), hidden width about 8/3 d_model."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(d_model, hidden, bias=False)  # up
+        self.w2 = nn.Linear(hidden, d_model, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = build_attention(cfg, layer_idx)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn = SwiGLU(cfg.d_model, cfg.ffn_hidden)
+
+    def forward(self, x, rope, mask, input_pos=None, return_maps=False):
+        a, maps = self.attn(self.attn_norm(x), rope, mask, input_pos, return_maps)
+        y = x + a
+        return y + self.ffn(self.ffn_norm(y)), maps
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # (B, T, vocab)
+    loss: Optional[torch.Tensor] = None
+    maps: Optional[list[AttentionMaps]] = None  # one per layer, with return_maps=True
+    hidden_states: Optional[list[torch.Tensor]] = None  # embeddings, then the residual stream after each block
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Mean next-token cross-entropy in float32; targets already shifted, ``ignore_index`` skipped."""
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+
+
+class DiffTransformerLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"DiffTransformerLM expects a ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.register_buffer("inv_freq", rope_frequencies(cfg.head_dim, cfg.rope_theta), persistent=False)
+        self.init_weights()
+
+    # ------------------------------------------------------------------ init and bookkeeping
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Linear and embedding weights N(0, init_std); norm weights 1; DIFF V1 lambda vectors N(0, 0.1)."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=self.cfg.init_std)
+            elif isinstance(m, RMSNorm) and m.weight is not None:
+                nn.init.ones_(m.weight)
+            if hasattr(m, "reset_lambda"):
+                m.reset_lambda()
+        # buffers are not covered by to_empty() after meta-device construction: recompute.
+        self.inv_freq = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta, device=self.inv_freq.device)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        seen, n = set(), 0
+        for p in self.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel()
+        if exclude_embeddings:
+            n -= self.tok_embeddings.weight.numel()
+        return n
+
+    def set_backend(self, backend: str) -> None:
+        """Switch every layer's attention backend (``eager``, ``sdpa`` or ``blocked``) in place."""
+        self.cfg = self.cfg.replace(backend=backend)  # validates
+        for layer in self.layers:
+            layer.attn.backend = backend
+
+    # ------------------------------------------------------------------ KV cache
+    def setup_caches(self, batch_size: int, max_seq_len: int, dtype: Optional[torch.dtype] = None,
+                     device: Optional[torch.device] = None) -> None:
+        """Preallocate a static KV cache per layer; later forwards must pass ``input_pos``."""
+        if max_seq_len > self.cfg.max_seq_len:
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds ModelConfig.max_seq_len={self.cfg.max_seq_len}")
+        p = self.output.weight
+        for layer in self.layers:
+            kh, kd, vh, vd = layer.attn.cache_layout()
+            layer.attn.kv_cache = KVCache(batch_size, max_seq_len, kh, kd, vh, vd, dtype or p.dtype, device or p.device)
+
+    def clear_caches(self) -> None:
+        for layer in self.layers:
+            layer.attn.kv_cache = None
+
+    def cache_nbytes(self) -> int:
+        return sum(l.attn.kv_cache.nbytes() for l in self.layers if l.attn.kv_cache is not None)
+
+    # ------------------------------------------------------------------ forward
+    def build_mask(self, B: int, T: int, input_pos: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor],
+                   device: torch.device) -> Optional[torch.Tensor]:
+        """Boolean (B or 1, 1, T, Tk) mask, or None for plain causal attention over the input.
+
+        Key j is visible to the query at position p when j <= p and (with a padding mask) key j is real. A query
+        that sees no key at all (a left-pad position) may see itself, so its row stays finite; it is ignored.
+        """
+        cache = self.layers[0].attn.kv_cache
+        if cache is None and attention_mask is None:
+            return None
+        tk = cache.max_seq_len if cache is not None else T
+        qpos = input_pos if input_pos is not None else torch.arange(T, device=device)
+        kpos = torch.arange(tk, device=device)
+        allowed = (kpos[None, :] <= qpos[:, None])[None, None]  # (1, 1, T, Tk)
+        if attention_mask is not None:
+            if attention_mask.shape != (B, tk):
+                raise ValueError(f"attention_mask must have shape (batch, {tk}) = ({B}, {tk}), "
+                                 f"got {tuple(attention_mask.shape)}")
+            allowed = allowed & attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, T, Tk)
+            own = (kpos[None, :] == qpos[:, None])[None, None]
+            allowed = allowed | (own & ~allowed.any(dim=-1, keepdim=True))
+        return allowed
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
+                attention_mask: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None,
+                return_maps: bool = False, return_hidden: bool = False) -> LMOutput:
+        """idx (B, T) token ids; targets (B, T) next-token ids (-100 = ignore) for the loss.
+
+        attention_mask: (B, Tk) bool/int, 1 for real tokens, over all key positions (Tk = T, or the cache length
+        when a KV cache is set up). input_pos: (T,) positions of idx, required with a KV cache (default 0..T-1).
+        """
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (batch, seq_len), got {tuple(idx.shape)}")
+        B, T = idx.shape
+        limit = self.cfg.max_seq_len
+        if input_pos is None and self.layers[0].attn.kv_cache is not None:
+            raise ValueError("input_pos is required when a KV cache is set up (call clear_caches() to drop it)")
+        last = int(input_pos[-1]) + 1 if input_pos is not None else T
+        if last > limit:
+            raise ValueError(f"sequence length {last} exceeds ModelConfig.max_seq_len={limit}")
+        pos = input_pos if input_pos is not None else torch.arange(T, device=idx.device)
+        rope = rope_cos_sin(pos, self.inv_freq)  # (T, 1, d/2) each
+        mask = self.build_mask(B, T, input_pos, attention_mask, idx.device)
+
+        x = self.tok_embeddings(idx)  # (B, T, d_model)
+        hidden = [x] if return_hidden else None
+        maps = [] if return_maps else None
+        for layer in self.layers:
+            x, m = layer(x, rope, mask, input_pos, return_maps)
+            if return_maps:
+                maps.append(m)
+            if return_hidden:
+                hidden.append(x)
+        logits = self.output(self.norm(x))  # (B, T, vocab)
+        loss = lm_loss(logits, targets) if targets is not None else None
+        return LMOutput(logits=logits, loss=loss, maps=maps, hidden_states=hidden)
+
+    # ------------------------------------------------------------------ our own format (see pretrained.py)
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", dtype=None, backend=None) -> "DiffTransformerLM":
+        """Load config.json + model.safetensors from a model directory or a run's newest complete checkpoint."""
+        from .pretrained import load_pretrained
+        return load_pretrained(path, device=device, dtype=dtype, backend=backend)
+
+    def save_pretrained(self, directory, tokenizer_file=None):
+        """Write config.json + model.safetensors (+ tokenizer.json) atomically to ``directory``."""
+        from .pretrained import save_pretrained
+        return save_pretrained(self, directory, tokenizer_file=tokenizer_file)
+
+    def lambdas(self) -> list[float]:
+        """DIFF V1's current lambda per layer (eq. 2); empty for other variants."""
+        return [float(l.attn.lambda_full()) for l in self.layers if hasattr(l.attn, "lambda_full")]
