@@ -23,7 +23,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig
-from .rope import rope_frequencies
 from .transformer import DiffTransformerLM
 
 CONFIG_NAME = "config.json"
@@ -179,7 +178,6 @@ def load_pretrained(path: PathLike, device: Union[str, torch.device] = "cpu",
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_embeddings:
         model.output.weight = model.tok_embeddings.weight
-    model.inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta)  # non-persistent buffer, still on meta
     model = model.to(device=device)
     if dtype is not None:
         model = model.to(dtype=dtype)

@@ -9,13 +9,21 @@ from __future__ import annotations
 import torch
 
 
-def rope_frequencies(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
-    """Inverse frequencies theta^(-2i/d), i < d/2, float32."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+def rope_frequencies(head_dim: int, theta: float, device: torch.device | str | None = None,
+                     dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/d), i < d/2.
+
+    float64 by default: angles = position * frequency then stay exact to float32 rounding even at long contexts,
+    and float64 tests see exact RoPE. Not stored as a buffer, so ``model.to(bfloat16)`` cannot degrade it.
+    """
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=dtype) / head_dim))
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape (..., T, 1, d/2) for positions of shape (..., T); broadcast over heads."""
+    """cos/sin of shape (..., T, 1, d/2) for positions of shape (..., T); broadcast over heads.
+
+    Computed in inv_freq's dtype; apply_rope casts them to its working dtype.
+    """
     angles = positions.to(inv_freq.dtype)[..., None] * inv_freq  # (..., T, d/2)
     return angles.cos()[..., None, :], angles.sin()[..., None, :]
 

@@ -74,7 +74,6 @@ class DiffTransformerLM(nn.Module):
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.register_buffer("inv_freq", rope_frequencies(cfg.head_dim, cfg.rope_theta), persistent=False)
         self.init_weights()
 
     # ------------------------------------------------------------------ init and bookkeeping
@@ -88,8 +87,6 @@ class DiffTransformerLM(nn.Module):
                 nn.init.ones_(m.weight)
             if hasattr(m, "reset_lambda"):
                 m.reset_lambda()
-        # buffers are not covered by to_empty() after meta-device construction: recompute.
-        self.inv_freq = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta, device=self.inv_freq.device)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         seen, n = set(), 0
@@ -167,7 +164,10 @@ class DiffTransformerLM(nn.Module):
         if last > limit:
             raise ValueError(f"sequence length {last} exceeds ModelConfig.max_seq_len={limit}")
         pos = input_pos if input_pos is not None else torch.arange(T, device=idx.device)
-        rope = rope_cos_sin(pos, self.inv_freq)  # (T, 1, d/2) each
+        # float64 frequencies (float32 where the device has no float64): exact angles at long contexts
+        fdt = torch.float32 if idx.device.type == "mps" else torch.float64
+        inv_freq = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta, idx.device, fdt)
+        rope = rope_cos_sin(pos, inv_freq)  # (T, 1, d/2) each
         mask = self.build_mask(B, T, input_pos, attention_mask, idx.device)
 
         x = self.tok_embeddings(idx)  # (B, T, d_model)

@@ -1,0 +1,197 @@
+"""Every variant and backend against the naive float64 reference (forward and every gradient), GQA 1/2/4,
+with and without a padding mask; plus lambda, pairing and causality checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attention_reference as ref
+from difftransformer.model.attention import build_attention
+from difftransformer.model.config import ModelConfig
+from difftransformer.model.rope import rope_cos_sin, rope_frequencies
+
+VARIANTS = ("baseline", "diff_v1", "diff_v2")
+BACKENDS = ("eager", "sdpa", "blocked")
+D_MODEL, N_HEADS, HEAD_DIM, T = 32, 4, 8, 11
+
+
+def make(attention: str, n_kv_heads: int, backend: str = "eager", layer_idx: int = 2, **opts):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=16, d_model=D_MODEL, n_layers=4, n_heads=N_HEADS, n_kv_heads=n_kv_heads,
+                      head_dim=HEAD_DIM, attention=attention, backend=backend, **opts)
+    mod = build_attention(cfg, layer_idx).double()
+    with torch.no_grad():  # non-trivial norm weights, so the tests see them
+        for name, p in mod.named_parameters():
+            if "subln" in name:
+                p.uniform_(0.5, 1.5)
+    return mod
+
+
+def run_module(mod, x, pad):
+    B, T_ = x.shape[:2]
+    rope = rope_cos_sin(torch.arange(T_), rope_frequencies(HEAD_DIM, 10000.0))
+    mask = None
+    if pad is not None:
+        vis = torch.stack([ref.visible(T_, pad[b]) for b in range(B)])[:, None]  # (B, 1, T, T)
+        mask = vis
+    out, _ = mod(x, rope, mask)
+    return out
+
+
+def reference(mod, x, pad, layer_idx=2):
+    if mod.cfg.attention == "baseline":
+        return ref.baseline(mod, x, pad)
+    if mod.cfg.attention == "diff_v1":
+        return ref.diff_v1(mod, x, layer_idx, pad)
+    return ref.diff_v2(mod, x, pad)
+
+
+def grads_of(mod, x, out_fn, pad, weight):
+    mod.zero_grad()
+    x = x.detach().clone().requires_grad_(True)
+    out = out_fn(mod, x, pad)
+    real = torch.ones(out.shape[:2], dtype=torch.bool) if pad is None else pad
+    loss = (out * weight)[real].sum()  # padded query rows are undefined by convention: leave them out
+    loss.backward()
+    g = {n: p.grad.clone() for n, p in mod.named_parameters()}
+    g["x"] = x.grad.clone()
+    return out[real].detach(), g
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_kv_heads", [4, 2])  # the baseline's KV heads -> GQA ratio 1 and 2 (V1: h=2, h_kv 2/1)
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_matches_reference_forward_and_backward(attention, n_kv_heads, padded, backend):
+    mod = make(attention, n_kv_heads, backend)
+    torch.manual_seed(1)
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64)
+    weight = torch.randn(2, T, D_MODEL, dtype=torch.float64)
+    pad = None
+    if padded:
+        pad = torch.ones(2, T, dtype=torch.bool)
+        pad[0, :4] = False  # left padding on the first row
+    out, g = grads_of(mod, x, run_module, pad, weight)
+    out_ref, g_ref = grads_of(mod, x, reference, pad, weight)
+    torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-10)
+    assert set(g) == set(g_ref)
+    for name in g:
+        torch.testing.assert_close(g[name], g_ref[name], rtol=1e-9, atol=1e-10, msg=f"gradient of {name}")
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_gqa_ratio_4(attention):
+    """n_heads=8 over 2 KV heads (baseline ratio 4; V1 4 heads over 1 group; V2 16 queries over 2)."""
+    global N_HEADS
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=16, d_model=64, n_layers=1, n_heads=8, n_kv_heads=2, head_dim=8,
+                      attention=attention, backend="sdpa")
+    mod = build_attention(cfg, 0).double()
+    x = torch.randn(1, 9, 64, dtype=torch.float64)
+    rope = rope_cos_sin(torch.arange(9), rope_frequencies(8, 10000.0))
+    out = mod(x, rope, None)[0]
+    expect = {"baseline": lambda: ref.baseline(mod, x), "diff_v1": lambda: ref.diff_v1(mod, x, 0),
+              "diff_v2": lambda: ref.diff_v2(mod, x)}[attention]()
+    torch.testing.assert_close(out, expect, rtol=1e-10, atol=1e-10)
+    mod.backend = "blocked"
+    torch.testing.assert_close(mod(x, rope, None)[0], expect, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_backends_agree_float32(attention):
+    mod = make(attention, 2).float()
+    x = torch.randn(2, 64, D_MODEL)
+    rope = rope_cos_sin(torch.arange(64), rope_frequencies(HEAD_DIM, 10000.0))
+    outs = {}
+    for backend in BACKENDS:
+        mod.backend = backend
+        outs[backend] = mod(x, rope, None)[0]
+    torch.testing.assert_close(outs["sdpa"], outs["eager"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs["blocked"], outs["eager"], rtol=1e-5, atol=1e-5)
+
+
+def test_v1_lambda_init_schedule_and_gradient():
+    cfg = ModelConfig(vocab_size=16, d_model=32, n_layers=6, n_heads=4, head_dim=8, attention="diff_v1")
+    for l in range(cfg.n_layers):
+        mod = build_attention(cfg, l)
+        assert mod.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * l), abs=1e-15)
+    assert build_attention(cfg, 0).lambda_init == pytest.approx(0.2)  # l = 0: 0.8 - 0.6
+    const = build_attention(cfg.replace(lambda_init=0.5), 3)
+    assert const.lambda_init == 0.5
+    # lambda's four vectors receive gradient through both backends
+    for backend in BACKENDS:
+        mod = make("diff_v1", 4, backend)
+        x = torch.randn(1, 8, D_MODEL, dtype=torch.float64)
+        run_module(mod, x, None).square().sum().backward()
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            g = getattr(mod, name).grad
+            assert g is not None and g.abs().sum() > 0, (backend, name)
+
+
+def test_v1_lambda_stays_fp32_under_autocast():
+    mod = make("diff_v1", 4).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lam = mod.lambda_full()
+    assert lam.dtype == torch.float32 and mod.lambda_q1.dtype == torch.float32
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v2_pairing_stays_inside_gqa_group(backend):
+    """Swapping the partner of a query head for a head of another GQA group must change the output;
+    swapping two heads' positions inside the same group-pair layout is what the reference pins down."""
+    mod = make("diff_v2", 2, backend)  # 2H = 8 query heads over 2 KV heads: heads 0-3 read KV 0, heads 4-7 KV 1
+    x = torch.randn(1, T, D_MODEL, dtype=torch.float64)
+    before = run_module(mod, x, None)
+    d = HEAD_DIM
+    with torch.no_grad():
+        w = mod.wq.weight
+        # move query head 1 (partner of head 0, group 0) to slot 5 (group 1) and head 5 to slot 1
+        a, b = w[1 * d:2 * d].clone(), w[5 * d:6 * d].clone()
+        w[1 * d:2 * d], w[5 * d:6 * d] = b, a
+    after = run_module(mod, x, None)
+    assert (after - before).abs().max() > 1e-3
+    torch.testing.assert_close(after, ref.diff_v2(mod, x), rtol=1e-10, atol=1e-10)
+
+
+def test_v2_wrong_grouping_ablation_differs():
+    good = make("diff_v2", 2)
+    bad = make("diff_v2", 2, v2_pairing="halves")
+    bad.load_state_dict(good.state_dict())
+    x = torch.randn(1, T, D_MODEL, dtype=torch.float64)
+    assert (run_module(good, x, None) - run_module(bad, x, None)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["none", "raw"])
+def test_v2_lambda_ablations(mode):
+    mod = make("diff_v2", 2, v2_lambda=mode)
+    x = torch.randn(1, 6, D_MODEL, dtype=torch.float64)
+    lam = mod.lambda_values(x)
+    if mode == "none":
+        assert lam is None and mod.wlambda is None
+    else:
+        torch.testing.assert_close(lam, (x @ mod.wlambda.weight.T).transpose(1, 2).unsqueeze(-1))
+    eager = run_module(mod, x, None)
+    mod.backend = "sdpa"
+    torch.testing.assert_close(run_module(mod, x, None), eager)
+
+
+def test_v1_without_headwise_norm_matches_reference():
+    mod = make("diff_v1", 4, headwise_norm=False, headwise_norm_weight=False)
+    assert mod.subln is None
+    x = torch.randn(1, 7, D_MODEL, dtype=torch.float64)
+    torch.testing.assert_close(run_module(mod, x, None), ref.diff_v1(mod, x, 2), rtol=1e-10, atol=1e-10)
+
+
+def test_eager_maps_are_the_differential_maps():
+    mod = make("diff_v1", 2)
+    x = torch.randn(1, 7, D_MODEL, dtype=torch.float64)
+    rope = rope_cos_sin(torch.arange(7), rope_frequencies(HEAD_DIM, 10000.0))
+    _, maps = mod(x, rope, None, return_maps=True)
+    lam = mod.lambda_full()
+    torch.testing.assert_close(maps.attn, maps.attn1 - lam * maps.attn2)
+    torch.testing.assert_close(maps.attn1.sum(-1), torch.ones_like(maps.attn1.sum(-1)))
+    assert maps.logits.shape == (1, 2 * mod.n_heads, 7, 7)
+    assert torch.isinf(maps.logits[0, 0, 0, 1])  # causal entries are masked
