@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "difftransformer.demo",
+    "difftransformer.train.cli",
     "difftransformer.bench.cli",
 )
 

@@ -1,0 +1,200 @@
+"""Tokenise once into memmap shards, then draw random windows from them.
+
+``prepare_data`` turns a ``DataConfig`` into a folder::
+
+    tokenizer.json   byte-level BPE trained on the training split
+    train.bin        training tokens, uint16 when the vocabulary fits (else uint32), documents separated by EOS
+    val.bin          validation tokens, same layout
+    meta.json        dtype, token counts and the fingerprint of the data options (written last)
+
+A folder whose ``meta.json`` carries the same fingerprint is reused as is, so the three demo models (and every
+rank of a torchrun job) share one tokenisation. ``WindowSampler`` draws window starts from a seeded
+``torch.Generator`` whose state is checkpointed, so a resumed run reads exactly the batches it would have read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from . import corpus
+from .synthetic import retrieval_documents
+from .tokenizer import eos_id, load_tokenizer, train_tokenizer
+
+META_NAME = "meta.json"
+TOKENIZER_NAME = "tokenizer.json"
+SPLITS = ("train", "val")
+ENCODE_CHUNK = 256  # documents per encode_batch call (one progress-bar tick)
+
+
+def fingerprint(data_cfg) -> str:
+    """Hash of every option that changes the tokens (not where prepared shards are shared from)."""
+    d = dataclasses.asdict(data_cfg)
+    for k in ("prepared_dir", "seq_len"):
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class PreparedData:
+    directory: Path
+    dtype: str
+    vocab_size: int
+    num_tokens: dict[str, int]
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.directory / TOKENIZER_NAME
+
+    def tokens(self, split: str) -> np.ndarray:
+        """The split's tokens as a read-only memmap (no copy into memory)."""
+        return np.memmap(self.directory / f"{split}.bin", dtype=self.dtype, mode="r")
+
+
+def read_prepared(directory: Path, data_cfg=None) -> PreparedData | None:
+    """The prepared data in ``directory``, or None when absent or made from other data options."""
+    meta_path = Path(directory) / META_NAME
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    if data_cfg is not None and meta.get("fingerprint") != fingerprint(data_cfg):
+        return None
+    return PreparedData(Path(directory), meta["dtype"], meta["vocab_size"], meta["num_tokens"])
+
+
+def mix_retrieval(docs: list[str], data_cfg, seed: int) -> list[str]:
+    """``docs`` with synthetic retrieval documents making up ``retrieval_share`` of the characters.
+
+    Filler sentences come from ``docs`` themselves; the retrieval documents are spread evenly between them.
+    """
+    share = data_cfg.retrieval_share
+    if share <= 0:
+        return docs
+    filler = corpus.sentences(docs)
+    kw = dict(n_needles=data_cfg.retrieval_n_needles, n_queries=data_cfg.retrieval_n_queries,
+              n_filler=data_cfg.retrieval_n_filler, digits=data_cfg.retrieval_digits)
+    sample = retrieval_documents(16, filler, seed=seed, **kw)
+    avg = sum(map(len, sample)) / len(sample)
+    want_chars = sum(map(len, docs)) * share / (1.0 - share)  # r / (c + r) = share
+    extra = retrieval_documents(max(1, round(want_chars / avg)), filler, seed=seed, **kw)
+    out, step = [], len(docs) / len(extra)
+    j = 0
+    for i, d in enumerate(docs):
+        out.append(d)
+        while j < len(extra) and j * step <= i:
+            out.append(extra[j])
+            j += 1
+    return out + extra[j:]
+
+
+def _encode(tok, docs: list[str], split: str, progress: bool) -> np.ndarray:
+    eos = eos_id(tok)
+    parts = []
+    bar = tqdm(total=len(docs), desc=f"tokenising {split}", unit="doc", disable=not progress, leave=False)
+    for i in range(0, len(docs), ENCODE_CHUNK):
+        for enc in tok.encode_batch(docs[i:i + ENCODE_CHUNK]):
+            parts.append(np.asarray(enc.ids + [eos], dtype=np.int64))
+        bar.update(min(ENCODE_CHUNK, len(docs) - i))
+    bar.close()
+    return np.concatenate(parts)
+
+
+def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> PreparedData:
+    """Build (or reuse) the tokenizer and shards for ``data_cfg`` in ``directory``."""
+    out = Path(directory)
+    ready = read_prepared(out, data_cfg)
+    if ready is not None:
+        return ready
+    docs = corpus.truncate(corpus.load_corpus(data_cfg.sources), data_cfg.max_chars)
+    train_docs, val_docs = corpus.split_documents(docs, data_cfg.val_fraction)
+    split_docs = {"train": mix_retrieval(train_docs, data_cfg, data_cfg.seed),
+                  "val": mix_retrieval(val_docs, data_cfg, data_cfg.seed + 1)}
+    tok = train_tokenizer(split_docs["train"], data_cfg.vocab_size)
+    dtype = "uint16" if data_cfg.vocab_size <= 2**16 else "uint32"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp_tok = out / f".{TOKENIZER_NAME}.tmp-{os.getpid()}"
+    tok.save(str(tmp_tok))
+    tmp_tok.replace(out / TOKENIZER_NAME)
+    counts = {}
+    for split in SPLITS:
+        ids = _encode(tok, split_docs[split], split, progress)
+        tmp = out / f".{split}.bin.tmp-{os.getpid()}"
+        ids.astype(dtype).tofile(tmp)
+        tmp.replace(out / f"{split}.bin")
+        counts[split] = int(ids.size)
+    meta = {"fingerprint": fingerprint(data_cfg), "dtype": dtype, "vocab_size": data_cfg.vocab_size,
+            "num_tokens": counts, "documents": {s: len(d) for s, d in split_docs.items()},
+            "data": dataclasses.asdict(data_cfg)}
+    (out / META_NAME).write_text(json.dumps(meta, indent=1) + "\n")
+    return PreparedData(out, dtype, data_cfg.vocab_size, counts)
+
+
+def link_prepared(src: PreparedData, directory: str | Path) -> PreparedData:
+    """Hard-link (or copy) prepared files into ``directory`` so a run directory holds its own data."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (TOKENIZER_NAME, *(f"{s}.bin" for s in SPLITS), META_NAME):  # meta last: marks it complete
+        dst = out / name
+        if dst.exists():
+            dst.unlink()
+        try:
+            os.link(src.directory / name, dst)
+        except OSError:
+            import shutil
+            shutil.copyfile(src.directory / name, dst)
+    return PreparedData(out, src.dtype, src.vocab_size, dict(src.num_tokens))
+
+
+def check_fits(data: PreparedData, seq_len: int, eval_batches: int, micro_batch: int) -> None:
+    """Refuse a window longer than a split (one clear line instead of an index error mid-run)."""
+    for split in SPLITS:
+        n = data.num_tokens[split]
+        if n < seq_len + 2:
+            raise ValueError(f"data.seq_len={seq_len} needs at least {seq_len + 2} tokens, but the {split} split "
+                             f"has {n}; lower data.seq_len or give more text")
+
+
+class WindowSampler:
+    """Random window starts from a seeded generator; ``state_dict`` captures the position exactly."""
+
+    def __init__(self, num_tokens: int, seq_len: int, seed: int) -> None:
+        self.high = num_tokens - seq_len - 1  # last start whose window and shifted target fit
+        if self.high < 1:
+            raise ValueError(f"data.seq_len={seq_len} is longer than the {num_tokens} training tokens")
+        self.seq_len = seq_len
+        self.generator = torch.Generator().manual_seed(seed)
+        self.batches_drawn = 0
+
+    def next_starts(self, n: int) -> torch.Tensor:
+        """(n,) window starts for one optimizer step, the same on every rank (each takes its slice)."""
+        self.batches_drawn += 1
+        return torch.randint(0, self.high + 1, (n,), generator=self.generator)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state(), "batches_drawn": self.batches_drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self.batches_drawn = int(state["batches_drawn"])
+
+
+def windows(tokens: np.ndarray, starts, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets, each (len(starts), seq_len) int64."""
+    rows = np.stack([np.asarray(tokens[s:s + seq_len + 1], dtype=np.int64) for s in starts.tolist()])
+    t = torch.from_numpy(rows)  # (B, seq_len + 1)
+    return t[:, :-1], t[:, 1:]
+
+
+def eval_starts(num_tokens: int, seq_len: int, count: int) -> torch.Tensor:
+    """``count`` evenly spaced window starts over a split: the same validation windows at every evaluation."""
+    high = num_tokens - seq_len - 1
+    return torch.linspace(0, high, count).round().long()
+

@@ -1,0 +1,160 @@
+"""What every analysis needs from a trained run: the model, its tokenizer, its training length and held-out text.
+
+``load_for_eval`` accepts a run directory (its newest complete checkpoint is used) or a model directory. Held-out
+text is the run's validation split (``RUN_DIR/data/val.bin``, synthetic retrieval documents dropped) when present,
+otherwise the validation documents of the embedded KJV corpus under the training code's own split rule.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from ..data import corpus
+from ..data.tokenizer import EOS, load_tokenizer
+from ..model.pretrained import resolve_checkpoint
+from ..model.transformer import DiffTransformerLM
+
+RUN_CONFIG = "run_config.json"
+TOKENIZER = "tokenizer.json"
+DEFAULT_VAL_FRACTION = 0.02  # DataConfig.val_fraction's default
+RETRIEVAL_MARKER = "pass number of"  # every synthetic retrieval document holds it (data/synthetic.py)
+
+
+@dataclass
+class EvalModel:
+    """A trained model ready for evaluation, with where it came from."""
+
+    label: str  # e.g. "diff_v1 seed 0": names the model in tables and plots
+    source: Path  # the run or model directory given by the user
+    checkpoint: Path  # the model directory actually loaded
+    model: DiffTransformerLM
+    tokenizer: Tokenizer
+    train_len: int  # the training window (data.seq_len), or max_seq_len when unknown
+    run_dir: Optional[Path] = None  # the run holding the checkpoint (None for a bare model directory)
+    seed: Optional[int] = None
+    run_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def attention(self) -> str:
+        return self.model.cfg.attention
+
+    def describe(self) -> dict[str, Any]:
+        """The facts a result file records about the model it measured."""
+        return {"label": self.label, "source": str(self.source), "checkpoint": str(self.checkpoint),
+                "attention": self.attention, "seed": self.seed, "train_len": self.train_len,
+                "parameters": self.model.num_parameters(), "model_config": self.model.cfg.to_dict()}
+
+
+def _read_run_config(run_dir: Path) -> dict[str, Any]:
+    p = run_dir / RUN_CONFIG
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p} is not valid JSON: {e}") from None
+
+
+def _find_tokenizer(checkpoint: Path, source: Path) -> Path:
+    for p in (checkpoint / TOKENIZER, source / TOKENIZER):
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"--run {source}: no {TOKENIZER} in {checkpoint} or {source}")
+
+
+def check_tokenizer(tok: Tokenizer, vocab_size: int, where: Path) -> None:
+    """Refuse a tokenizer whose ids the model cannot embed, or that lacks the document separator."""
+    n = tok.get_vocab_size()
+    if n > vocab_size:
+        raise ValueError(f"--run {where}: {TOKENIZER} has {n} tokens but the model's vocab_size is {vocab_size}; "
+                         "the tokenizer does not belong to this model")
+    eos = tok.token_to_id(EOS)
+    if eos is None or eos >= vocab_size:
+        raise ValueError(f"--run {where}: {TOKENIZER} has no {EOS} token inside the model's vocabulary; "
+                         "the tokenizer does not belong to this model")
+
+
+def load_for_eval(path: str | Path, device: str = "cpu", label: Optional[str] = None) -> EvalModel:
+    """The model of a run or model directory, on ``device`` in float32, with its tokenizer."""
+    source = Path(path)
+    checkpoint = resolve_checkpoint(source)  # clear errors for a missing dir or a run without checkpoints
+    run_dir = checkpoint.parent.parent if checkpoint != source else None
+    run_cfg = _read_run_config(run_dir) if run_dir is not None else {}
+    model = DiffTransformerLM.from_pretrained(checkpoint, device=device, dtype=torch.float32, backend="sdpa")
+    tok = load_tokenizer(_find_tokenizer(checkpoint, source))
+    check_tokenizer(tok, model.cfg.vocab_size, source)
+    train_len = int(run_cfg.get("data", {}).get("seq_len", model.cfg.max_seq_len))
+    seed = run_cfg.get("train", {}).get("seed")
+    label = label or f"{model.cfg.attention}" + (f" seed {seed}" if seed is not None else "")
+    return EvalModel(label, source, checkpoint, model, tok, min(train_len, model.cfg.max_seq_len), run_dir, seed,
+                     run_cfg)
+
+
+# ---------------------------------------------------------------------------------------------- held-out text
+def _run_val_tokens(ev: EvalModel) -> Optional[np.ndarray]:
+    if ev.run_dir is None:
+        return None
+    data_dir = ev.run_dir / "data"
+    meta, val = data_dir / "meta.json", data_dir / "val.bin"
+    if not (meta.is_file() and val.is_file()):
+        return None
+    dtype = json.loads(meta.read_text()).get("dtype", "uint16")
+    return np.fromfile(val, dtype=dtype)
+
+
+def held_out_documents(ev: EvalModel, min_docs: int = 8) -> tuple[list[str], str]:
+    """Validation documents (prose only) and a one-line note of where they came from."""
+    ids = _run_val_tokens(ev)
+    if ids is not None:
+        eos = ev.tokenizer.token_to_id(EOS)
+        cuts = np.flatnonzero(ids == eos)
+        docs, start = [], 0
+        for c in list(cuts) + [len(ids)]:
+            if c > start:
+                docs.append(ev.tokenizer.decode(ids[start:c].tolist()))
+            start = c + 1
+        docs = [d for d in docs if RETRIEVAL_MARKER not in d and d.strip()]
+        if len(docs) >= min_docs:
+            return docs, f"the run's validation split ({len(docs)} prose documents)"
+    val_fraction = ev.run_config.get("data", {}).get("val_fraction", DEFAULT_VAL_FRACTION)
+    _, val = corpus.split_documents(corpus.embedded_corpus("kjv"), val_fraction)
+    return val, f"validation documents of the embedded KJV corpus (val_fraction={val_fraction})"
+
+
+def held_out_tokens(ev: EvalModel, docs: list[str]) -> torch.Tensor:
+    """The documents as one token stream, separated by the EOS token: (N,) long."""
+    eos = ev.tokenizer.token_to_id(EOS)
+    out: list[int] = []
+    for enc in ev.tokenizer.encode_batch(docs):
+        out.extend(enc.ids + [eos])
+    return torch.tensor(out, dtype=torch.long)
+
+
+def text_windows(ev: EvalModel, docs: list[str], length: int, count: int) -> torch.Tensor:
+    """``count`` non-overlapping windows of ``length + 1`` tokens, evenly spread: (count, length + 1)."""
+    stream = held_out_tokens(ev, docs)
+    n_avail = stream.numel() // (length + 1)
+    if n_avail < 1:
+        raise ValueError(f"held-out text has {stream.numel()} tokens, fewer than one window of {length + 1}")
+    count = min(count, n_avail)
+    stride = n_avail // count
+    return torch.stack([stream[i * stride * (length + 1):][: length + 1] for i in range(count)])
+
+
+# ---------------------------------------------------------------------------------------------- results I/O
+def write_json(result: dict[str, Any], path: Optional[str | Path]) -> None:
+    """Write ``result`` as JSON to ``path`` (parents created), or print it when ``path`` is None."""
+    text = json.dumps(result, indent=1, default=float)
+    if path is None:
+        print(text)
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text + "\n")

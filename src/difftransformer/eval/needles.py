@@ -1,0 +1,250 @@
+"""Multi-needle retrieval (paper section 3.4, Table 2, Fig. 5): accuracy over context length x needle depth.
+
+Each haystack is held-out filler with N "pass number" needles (``data/synthetic.py``), R-1 answered questions about
+the other needles, then the open question about the target needle. The answer is scored exactly: the model's
+greedy continuation must reproduce every token of the number, which teacher forcing measures in one forward pass
+(all answer tokens are the argmax given the right prefix <=> greedy decoding emits them). Two reference levels
+are printed beside every accuracy: chance (a random d-digit number, 10^-d) and the "random needle" level 1/N of a
+model that copies some needle's number without finding the right one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+from tqdm import tqdm
+
+from ..data.corpus import sentences
+from ..data.synthetic import Haystack, needle_haystack
+from ..data.tokenizer import EOS
+from .loading import EvalModel, held_out_documents, load_for_eval, write_json
+
+QUICK = dict(lengths=(0.25, 0.5, 1.0), depths=(0.0, 0.5, 1.0), samples=16)
+FULL = dict(lengths=(0.25, 0.5, 0.75, 1.0), depths=(0.0, 0.25, 0.5, 0.75, 1.0), samples=40)
+MAX_FILLER_CHARS = 150  # short filler sentences give a finer control of the haystack length
+
+
+@dataclass
+class NeedleTask:
+    """The document shape: the run's training mixture when it had one (``data.retrieval_*``), else 4/2/2."""
+
+    n_needles: int = 4
+    n_queries: int = 2
+    digits: int = 2
+
+    @classmethod
+    def for_model(cls, ev: EvalModel, **overrides: Optional[int]) -> "NeedleTask":
+        data = ev.run_config.get("data", {})
+        task = cls()
+        if data.get("retrieval_share", 0) > 0:
+            task = cls(data["retrieval_n_needles"], data["retrieval_n_queries"], data["retrieval_digits"])
+        for k, v in overrides.items():
+            if v is not None:
+                setattr(task, k, v)
+        if task.n_needles < 1 or task.n_queries < 1 or task.digits < 1:
+            raise ValueError("--needles, --queries and --digits must be >= 1")
+        return task
+
+    @property
+    def chance(self) -> float:
+        return 10.0 ** -self.digits
+
+    @property
+    def random_needle(self) -> float:
+        return 1.0 / self.n_needles
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_needles": self.n_needles, "n_queries": self.n_queries, "digits": self.digits,
+                "chance": self.chance, "random_needle": self.random_needle}
+
+
+@dataclass
+class EncodedHaystack:
+    """A haystack as token ids (prompt + answer) and the token positions the analyses need."""
+
+    haystack: Haystack
+    ids: list[int]
+    answer_start: int  # first answer token; the query position (predicting it) is answer_start - 1
+    target: tuple[int, int]  # token span [start, end) of the target needle sentence
+    context_end: int  # tokens [0, context_end) are the context (filler + needles), before the questions
+
+    @property
+    def query_pos(self) -> int:
+        return self.answer_start - 1
+
+
+def encode_haystack(tok, h: Haystack) -> EncodedHaystack:
+    enc = tok.encode(h.prompt + h.answer)
+    cut = len(h.prompt)
+    offsets = enc.offsets
+    answer_start = next(i for i, (s, e) in enumerate(offsets) if e > cut)  # a token reaching into the answer
+    t0, t1 = h.target_span
+    covering = [i for i, (s, e) in enumerate(offsets) if s < t1 and e > t0]
+    context_end = next((i for i, (s, e) in enumerate(offsets) if s >= h.context_end), answer_start)
+    return EncodedHaystack(h, enc.ids, answer_start, (covering[0], covering[-1] + 1), context_end)
+
+
+def filler_sentences(ev: EvalModel) -> tuple[list[str], str]:
+    docs, note = held_out_documents(ev)
+    fill = [s for s in sentences(docs) if len(s) <= MAX_FILLER_CHARS]
+    if len(fill) < 8:
+        raise ValueError(f"held-out text ({note}) gives only {len(fill)} filler sentences; need at least 8")
+    return fill, note
+
+
+def build_haystack(ev: EvalModel, filler: Sequence[str], task: NeedleTask, length: int, depth: float,
+                   rng: random.Random) -> EncodedHaystack:
+    """A haystack of at most ``length`` tokens (prompt + answer), as long as the filler allows."""
+    probe = encode_haystack(ev.tokenizer, needle_haystack(random.Random(0), filler, n_filler=0, depth=depth,
+                                                          n_needles=task.n_needles, n_queries=task.n_queries,
+                                                          digits=task.digits))
+    if len(probe.ids) > length:
+        raise ValueError(f"--lengths: {length} tokens cannot hold {task.n_needles} needles and {task.n_queries} "
+                         f"questions ({len(probe.ids)} tokens without filler)")
+    per_sentence = sum(len(ev.tokenizer.encode(" " + s).ids) for s in filler[:64]) / min(64, len(filler))
+    n = max(0, int((length - len(probe.ids)) / per_sentence) + 2)
+    state = rng.getstate()
+    while True:
+        rng.setstate(state)
+        e = encode_haystack(ev.tokenizer, needle_haystack(rng, filler, n_filler=n, depth=depth,
+                                                          n_needles=task.n_needles, n_queries=task.n_queries,
+                                                          digits=task.digits))
+        if len(e.ids) <= length or n == 0:
+            return e
+        n -= 1
+
+
+def padded_batch(items: Sequence[EncodedHaystack], pad_id: int) -> torch.Tensor:
+    """(B, T) ids, right-padded: a causal model's logits before the padding do not see it."""
+    T = max(len(e.ids) for e in items)
+    return torch.tensor([e.ids + [pad_id] * (T - len(e.ids)) for e in items], dtype=torch.long)
+
+
+@torch.no_grad()
+def answers_correct(model, items: Sequence[EncodedHaystack], pad_id: int, batch_size: int = 16) -> list[bool]:
+    """Exact match of the greedy answer, by teacher forcing (see the module docstring)."""
+    out: list[bool] = []
+    for i in range(0, len(items), batch_size):
+        chunk = items[i:i + batch_size]
+        pred = model(padded_batch(chunk, pad_id)).logits.argmax(-1)  # (B, T)
+        for b, e in enumerate(chunk):
+            gold = torch.tensor(e.ids[e.answer_start:])
+            out.append(bool((pred[b, e.answer_start - 1:len(e.ids) - 1] == gold).all()))
+    return out
+
+
+def grid_lengths(ev: EvalModel, fractions: Sequence[float]) -> list[int]:
+    return sorted({max(16, min(int(round(f * ev.train_len)), ev.model.cfg.max_seq_len)) for f in fractions})
+
+
+def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK["lengths"], depths: Sequence[float] = QUICK["depths"],
+                samples: int = QUICK["samples"], seed: int = 0, task: Optional[NeedleTask] = None,
+                progress: bool = True) -> dict[str, Any]:
+    """Accuracy per (context length, needle depth) cell; lengths are fractions of the training length."""
+    task = task or NeedleTask.for_model(ev)
+    filler, note = filler_sentences(ev)
+    toks = grid_lengths(ev, lengths)
+    pad = ev.tokenizer.token_to_id(EOS)
+    acc = [[0.0] * len(depths) for _ in toks]
+    actual = [[0.0] * len(depths) for _ in toks]
+    bar = tqdm(total=len(toks) * len(depths), desc=f"needles {ev.label}", disable=not progress, leave=False)
+    for i, L in enumerate(toks):
+        for j, d in enumerate(depths):
+            rng = random.Random(f"{seed}-{L}-{d}")  # the same haystacks for every model with this tokenizer
+            items = [build_haystack(ev, filler, task, L, d, rng) for _ in range(samples)]
+            ok = answers_correct(ev.model, items, pad)
+            acc[i][j] = sum(ok) / len(ok)
+            actual[i][j] = sum(len(e.ids) for e in items) / len(items)
+            bar.update()
+    bar.close()
+    flat = [a for row in acc for a in row]
+    return {"analysis": "needles", "model": ev.describe(), "task": task.to_dict(), "held_out": note,
+            "seed": seed, "samples_per_cell": samples, "lengths": toks, "mean_tokens": actual,
+            "depths": list(depths), "accuracy": acc, "mean_accuracy": sum(flat) / len(flat),
+            "scoring": "exact match of the greedy answer (all tokens of the number)"}
+
+
+def format_needles(r: dict[str, Any]) -> str:
+    t = r["task"]
+    ref = f"(chance {t['chance']:.3g}, random needle {t['random_needle']:.3g})"
+    lines = [f"{r['model']['label']}: multi-needle retrieval, N={t['n_needles']} R={t['n_queries']} "
+             f"digits={t['digits']}, {r['samples_per_cell']} haystacks per cell {ref}",
+             "length\\depth " + " ".join(f"{d:>6.2f}" for d in r["depths"])]
+    for L, row in zip(r["lengths"], r["accuracy"]):
+        lines.append(f"{L:>12} " + " ".join(f"{a:>6.2f}" for a in row))
+    lines.append(f"mean accuracy {r['mean_accuracy']:.3f} {ref}")
+    return "\n".join(lines)
+
+
+def plot_heatmaps(results: Sequence[dict[str, Any]], path) -> None:
+    """One accuracy heatmap per model (paper Fig. 5), chance levels in the titles."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(3.6 * len(results), 3.2), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        im = ax.imshow(r["accuracy"], vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(r["depths"])), [f"{d:.2f}" for d in r["depths"]])
+        ax.set_yticks(range(len(r["lengths"])), [str(L) for L in r["lengths"]])
+        for i, row in enumerate(r["accuracy"]):
+            for j, a in enumerate(row):
+                ax.text(j, i, f"{a:.2f}", ha="center", va="center", color="w" if a < 0.6 else "k", fontsize=8)
+        ax.set_xlabel("needle depth")
+        ax.set_ylabel("context length (tokens)")
+        t = r["task"]
+        ax.set_title(f"{r['model']['label']}\nchance {t['chance']:.2g}, random needle {t['random_needle']:.2g}",
+                     fontsize=9)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def add_task_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--needles", type=int, help="needles per haystack (default: the run's data.retrieval_n_needles, else 4)")
+    p.add_argument("--queries", type=int, help="questions per haystack, the last one scored (default: the run's, else 2)")
+    p.add_argument("--digits", type=int, help="digits of each pass number (default: the run's, else 2)")
+
+
+def task_from_args(ev: EvalModel, args) -> NeedleTask:
+    return NeedleTask.for_model(ev, n_needles=args.needles, n_queries=args.queries, digits=args.digits)
+
+
+def run_cli(args) -> int:
+    ev = load_for_eval(args.run)
+    lengths, depths = floats(args.lengths), floats(args.depths)
+    if not lengths or any(f <= 0 for f in lengths):
+        raise ValueError(f"--lengths must be positive fractions of the training length, got {args.lengths!r}")
+    if not depths or any(not 0 <= d <= 1 for d in depths):
+        raise ValueError(f"--depths must be numbers in [0, 1], got {args.depths!r}")
+    if args.samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {args.samples}")
+    r = run_needles(ev, lengths, depths, args.samples, args.seed, task_from_args(ev, args))
+    print(format_needles(r))
+    if args.out:
+        write_json(r, args.out)
+    return 0
+
+
+HELP = "multi-needle retrieval grid: context length x needle depth (Table 2, Fig. 5)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lengths", default=",".join(map(str, QUICK["lengths"])),
+                   help="context lengths as fractions of the training length, comma-separated")
+    p.add_argument("--depths", default=",".join(map(str, QUICK["depths"])),
+                   help="target needle depths in [0, 1] (0 = start of the context), comma-separated")
+    p.add_argument("--samples", type=int, default=QUICK["samples"], help="haystacks per grid cell")
+    add_task_args(p)

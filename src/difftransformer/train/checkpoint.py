@@ -1,0 +1,160 @@
+"""Training checkpoints: a model directory (``model.pretrained`` format) plus the state to resume exactly.
+
+``RUN_DIR/checkpoints/step_XXXXXXXX/`` holds ``config.json``, ``model.safetensors``, ``tokenizer.json`` and
+
+* ``training_state.safetensors``: optimizer moments and step counts (keyed ``optim.<param name>.<key>``), the
+  batch sampler's generator state and the torch RNG states;
+* ``training_state.json``: the step, tokens seen, optimizer hyper-parameter groups, the sampler's draw count,
+  Python's RNG state;
+
+then ``manifest.json`` last. The directory is built under a temporary name and renamed (``save_pretrained``), so
+a SIGKILL mid-write leaves the previous checkpoints intact. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors.torch import save as save_tensors
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+
+from ..model.config import ModelConfig
+from ..model.pretrained import (CONFIG_NAME, WEIGHTS_NAME, list_checkpoints, load_state_dict, save_pretrained,
+                                verify_manifest)
+from ..model.transformer import DiffTransformerLM
+
+STATE_TENSORS = "training_state.safetensors"
+STATE_JSON = "training_state.json"
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
+
+
+@dataclass
+class TrainingState:
+    step: int
+    tokens_seen: int
+    sampler: dict  # WindowSampler.state_dict()
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def _flatten_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    tensors = {f"optim.{name}.{key}": v.detach().contiguous().cpu()
+               for name, st in osd["state"].items() for key, v in st.items()}
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in osd["param_groups"]]
+    return tensors, groups
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    out = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return out
+
+
+def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: ModelConfig,
+                    state: TrainingState, tokenizer_file: Path, is_main: bool) -> Optional[Path]:
+    """Gather full weights and optimizer state (a collective under FSDP) and let rank 0 write them."""
+    weights = get_model_state_dict(model, options=FULL)
+    osd = get_optimizer_state_dict(model, optimizer, options=FULL)
+    if not is_main:
+        return None
+    with torch.device("meta"):
+        host = DiffTransformerLM(cfg)
+    host.load_state_dict(_with_tied(weights, cfg), assign=True)
+    tensors, groups = _flatten_optimizer(osd)
+    tensors.update(_rng_tensors())
+    tensors["sampler.generator"] = state.sampler["generator"]
+    meta = {"step": state.step, "tokens_seen": state.tokens_seen, "param_groups": groups,
+            "sampler_batches_drawn": state.sampler["batches_drawn"], "python_rng": _python_rng_state()}
+    extra = {STATE_TENSORS: save_tensors(tensors), STATE_JSON: (json.dumps(meta, indent=1) + "\n").encode()}
+    return save_pretrained(host, step_dir(run_dir, state.step), tokenizer_file=tokenizer_file, extra_files=extra)
+
+
+def _with_tied(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    if cfg.tie_embeddings and "output.weight" not in weights:
+        weights = {**weights, "output.weight": weights["tok_embeddings.weight"]}
+    return weights
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints, and temp dirs a killed run left behind."""
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    root = Path(run_dir) / "checkpoints"
+    for tmp in root.glob(".step_*.tmp-*") if root.is_dir() else ():
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def find_resumable(run_dir: Path, warn=print) -> Path:
+    """The newest checkpoint whose manifest verifies; each newer broken one is reported in one line."""
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        raise FileNotFoundError(f"--resume: {run_dir} holds no checkpoint under checkpoints/")
+    for c in reversed(ckpts):
+        why = verify_manifest(c)
+        if why is None:
+            return c
+        warn(f"skipping checkpoint {c.name}: {why}")
+    raise FileNotFoundError(f"--resume: no complete checkpoint in {run_dir}/checkpoints (all failed verification)")
+
+
+def check_same_model(ckpt: Path, cfg: ModelConfig) -> None:
+    """Refuse to resume a run with a different model shape (the backend may differ: it is a runtime choice)."""
+    saved = ModelConfig.from_json(ckpt / CONFIG_NAME).to_dict()
+    want = cfg.to_dict()
+    diff = sorted(k for k in want if k != "backend" and saved.get(k) != want[k])
+    if diff:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} in the run vs {want[k]!r} now" for k in diff[:4])
+        raise ValueError(f"--resume: the model config differs from the run's ({shown}); resume with the run's "
+                         "config or choose another --out")
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    return int(json.loads((ckpt / STATE_JSON).read_text())["step"])
+
+
+def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    cfg: ModelConfig) -> TrainingState:
+    """Restore weights, optimizer, RNG states; return the step and sampler state to continue from."""
+    weights = _with_tied(load_state_dict(ckpt / WEIGHTS_NAME), cfg)
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    tensors = load_state_dict(ckpt / STATE_TENSORS)
+    meta = json.loads((ckpt / STATE_JSON).read_text())
+    state: dict[str, dict] = {}
+    for key, v in tensors.items():
+        if key.startswith("optim."):
+            name, _, field = key[len("optim."):].rpartition(".")
+            state.setdefault(name, {})[field] = v
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups},
+                             options=StateDictOptions(full_state_dict=True))
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    _set_python_rng_state(meta["python_rng"])
+    return TrainingState(step=int(meta["step"]), tokens_seen=int(meta["tokens_seen"]),
+                         sampler={"generator": tensors["sampler.generator"],
+                                  "batches_drawn": meta["sampler_batches_drawn"]})
+
+
+def _python_rng_state() -> list:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _set_python_rng_state(state: list) -> None:
+    random.setstate((state[0], tuple(state[1]), state[2]))

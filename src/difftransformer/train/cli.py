@@ -1,0 +1,58 @@
+"""`difftransformer train`: train one model from a preset or TOML config into a run directory.
+
+  difftransformer train --config demo --model.attention diff_v2 --out runs/v2
+  difftransformer train --out runs/v2 --resume --train.steps 4000   # the run's own config, more steps
+  python -m torch.distributed.run --nproc_per_node=2 -m difftransformer train --config tiny --out runs/ddp
+
+Every config key is also a flag --section.key VALUE (VALUE read as TOML: 3e-4, true, '["a.txt", "b/"]', or a
+bare word). The run directory receives run_config.json, tokenizer.json, data/, metrics.jsonl, tb/ and
+checkpoints/step_XXXXXXXX/. Under torchrun the same command runs DDP (or --train.parallel fsdp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .config import TrainConfig, parse_value, list_presets, load_config, merge, override_keys
+
+OVERRIDE_PREFIX = "override:"
+
+
+def run(args: argparse.Namespace) -> int:
+    from .trainer import RUN_CONFIG_NAME, train
+
+    overrides: dict[str, dict] = {}
+    for dest, raw in vars(args).items():
+        if dest.startswith(OVERRIDE_PREFIX) and raw is not None:
+            section, key = dest[len(OVERRIDE_PREFIX):].split(".", 1)
+            overrides.setdefault(section, {})[key] = parse_value(raw)
+    out = Path(args.out)
+    if args.config is None:
+        if not (args.resume and (out / RUN_CONFIG_NAME).is_file()):
+            raise ValueError("--config is required (a preset: " + ", ".join(list_presets()) +
+                             "; or a .toml file), unless --resume finds the run's run_config.json")
+        cfg = merge(TrainConfig.from_dict(json.loads((out / RUN_CONFIG_NAME).read_text())),
+                    overrides)
+    else:
+        cfg = load_config(args.config, overrides)
+    result = train(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
+    print(f"{cfg.model.attention}: {result.parameters:,} parameters, {result.tokens_per_s:,.0f} tokens/s, "
+          f"final validation loss {result.final_val_loss:.4f} ({out})")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a baseline / DIFF V1 / DIFF V2 model (alone or under torchrun)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, metavar="PRESET_OR_TOML",
+                   help=f"a preset name ({', '.join(list_presets())}) or a path to a TOML file")
+    p.add_argument("--out", default="runs/train", metavar="RUN_DIR", help="run directory (default runs/train)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue RUN_DIR from its newest complete checkpoint (a corrupt newest one is skipped)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    g = p.add_argument_group("config overrides (--section.key VALUE, VALUE parsed as TOML)")
+    for key, text in override_keys():
+        g.add_argument(f"--{key}", dest=OVERRIDE_PREFIX + key, default=None, metavar="VALUE", help=text)
+    p.set_defaults(func=run)

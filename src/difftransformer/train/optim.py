@@ -1,0 +1,38 @@
+"""AdamW parameter groups and the warmup + cosine learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+# DIFF V1's eq. (2) re-parameterisation vectors: decaying them would pull lambda towards lambda_init + 1 - 1.
+NO_DECAY_NAMES = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+
+
+def decays(name: str, p: nn.Parameter) -> bool:
+    """Weight decay on matrices only: never on norms, biases (all 1-D) or the V1 lambda vectors."""
+    return p.ndim >= 2 and not name.split(".")[-1] in NO_DECAY_NAMES
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if decays(name, p) else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, t) -> torch.optim.AdamW:
+    """AdamW over ``model`` with the ``[train]`` section's hyper-parameters (lr is set per step)."""
+    return torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+
+
+def lr_at(step: int, t) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warmup, then cosine from lr to min_lr."""
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    span = max(1, t.steps - t.warmup_steps)
+    progress = min(1.0, (step - t.warmup_steps) / span)
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * progress))

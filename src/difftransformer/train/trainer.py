@@ -1,0 +1,228 @@
+"""The training loop: AdamW, warmup + cosine, clipping, accumulation, bf16 autocast, evaluation, checkpoints.
+
+One function, ``train(cfg, run_dir)``, serves a single process and every rank under torchrun. The global batch
+``train.batch_size`` is split as (accumulation, ranks, micro batch): each optimizer step draws all its window
+starts from one seeded generator on every rank and each rank reads its slice, so 1 process x 4 sequences and
+2 processes x 2 sequences see the same tokens and the same averaged gradient.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from tqdm import tqdm
+
+from ..data.shards import (PreparedData, WindowSampler, check_fits, eval_starts, fingerprint, link_prepared,
+                           prepare_data, read_prepared, windows)
+from ..model.transformer import DiffTransformerLM
+from . import checkpoint as ckpt_io
+from .config import TrainConfig
+from .distributed import DistInfo, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
+from .metrics import LambdaProbe, MetricsLogger
+from .optim import build_optimizer, lr_at
+
+RUN_CONFIG_NAME = "run_config.json"
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    parameters: int
+    steps: int
+    tokens_per_s: float  # global training throughput, first step of this process excluded (warm-up)
+    final_val_loss: float
+    losses: list[float] = field(default_factory=list)  # training loss of every step this process ran
+
+
+# ---------------------------------------------------------------------------------------------- setup
+def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[[str], None]) -> Optional[Path]:
+    """The checkpoint to resume from (None for a fresh run); refuses to overwrite or to mix two runs."""
+    cfg_file = run_dir / RUN_CONFIG_NAME
+    if not resume:
+        if cfg_file.exists():
+            raise FileExistsError(f"--out {run_dir} already holds a run; pass --resume to continue it or choose "
+                                  "another --out")
+        return None
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"--resume: {run_dir} holds no {RUN_CONFIG_NAME} (not a run directory)")
+    ckpt = ckpt_io.find_resumable(run_dir, warn=warn)
+    ckpt_io.check_same_model(ckpt, cfg.model)
+    done = ckpt_io.checkpoint_step(ckpt)
+    if done >= cfg.train.steps:
+        raise ValueError(f"--resume: the run is already at step {done} >= train.steps={cfg.train.steps}; "
+                         "raise --train.steps to train further")
+    saved = TrainConfig.from_dict(json.loads(cfg_file.read_text()))
+    if fingerprint(saved.data) != fingerprint(cfg.data) or saved.data.seq_len != cfg.data.seq_len:
+        raise ValueError(f"--resume: the [data] section differs from the run's {cfg_file}; resume with the same data")
+    return ckpt
+
+
+def setup_data(cfg: TrainConfig, run_dir: Path, info: DistInfo, progress: bool) -> PreparedData:
+    """Tokenise once (rank 0), shared through ``data.prepared_dir`` when set; every rank then reads the shards."""
+    target = run_dir / "data"
+    if info.is_main:
+        if cfg.data.prepared_dir:
+            link_prepared(prepare_data(cfg.data, cfg.data.prepared_dir, progress), target)
+        else:
+            prepare_data(cfg.data, target, progress)
+    barrier(info)
+    data = read_prepared(target, cfg.data)
+    if data is None:
+        raise FileNotFoundError(f"{target} holds no prepared data (rank {info.rank})")
+    check_fits(data, cfg.data.seq_len, cfg.train.eval_batches, cfg.train.micro_batch_size)
+    return data
+
+
+def autocast_for(device: torch.device, precision: str):
+    """bf16 autocast where the device supports it (CUDA with bf16); float32 elsewhere unless asked."""
+    use_bf16 = precision == "bfloat16" or (
+        precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
+    if not use_bf16:
+        return nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------- steps
+def rank_slice(starts: torch.Tensor, accum: int, info: DistInfo) -> torch.Tensor:
+    """(batch,) global starts -> (accum, micro) starts of this rank; layout (accum, ranks, micro)."""
+    return starts.view(accum, info.world_size, -1)[:, info.rank]  # (accum, micro)
+
+
+def train_step(model, raw, optimizer, data: PreparedData, starts: torch.Tensor, cfg: TrainConfig, info: DistInfo,
+               autocast) -> tuple[float, float]:
+    """One optimizer step over this rank's micro-batches; returns (mean loss over all ranks, grad norm)."""
+    accum, T = starts.shape[0], cfg.data.seq_len
+    tokens = data.tokens("train")
+    loss_sum = torch.zeros((), device=info.device)
+    for i in range(accum):
+        x, y = (t.to(info.device, non_blocking=True) for t in windows(tokens, starts[i], T))
+        with no_grad_sync(model, skip=i < accum - 1), autocast():
+            loss = model(x, y).loss
+        (loss / accum).backward()
+        loss_sum += loss.detach()
+    clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), clip)
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+        norm = norm.full_tensor()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return mean_across(float(loss_sum) / accum, info), float(norm)
+
+
+@torch.no_grad()
+def evaluate(raw, data: PreparedData, cfg: TrainConfig, info: DistInfo, autocast) -> dict:
+    """Validation loss on fixed, evenly spaced windows (the same at every evaluation), plus the lambda probes."""
+    micro, T = cfg.train.micro_batch_size, cfg.data.seq_len
+    starts = eval_starts(data.num_tokens["val"], T, cfg.train.eval_batches * micro * info.world_size)
+    starts = starts.view(cfg.train.eval_batches, info.world_size, micro)[:, info.rank]  # (batches, micro)
+    tokens = data.tokens("val")
+    raw.eval()
+    probe = LambdaProbe(raw.layers)
+    total = 0.0
+    for i in range(starts.shape[0]):
+        x, y = (t.to(info.device) for t in windows(tokens, starts[i], T))
+        with autocast():
+            total += float(raw(x, y).loss)
+        if i == 0:
+            probe.remove()  # one batch is enough for the lambda statistics
+    raw.train()
+    return {"val_loss": mean_across(total / starts.shape[0], info), **probe.result()}
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
+          on_checkpoint: Optional[Callable[[int, Path], None]] = None, progress: Optional[bool] = None,
+          desc: str = "train") -> TrainResult:
+    """Train ``cfg`` into ``run_dir`` (alone or as one rank of torchrun); ``on_checkpoint(step, path)`` runs on
+    rank 0 after each complete checkpoint."""
+    run_dir = Path(run_dir)
+    info = init_distributed(cfg.train.device)
+    try:
+        return _train(cfg, run_dir, resume, on_checkpoint, info,
+                      cfg.log.progress if progress is None else progress, desc)
+    finally:
+        shutdown(info)
+
+
+def _warn(msg: str) -> None:
+    print(f"difftransformer train: {msg}", file=sys.stderr, flush=True)
+
+
+def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, desc: str) -> TrainResult:
+    accum = cfg.accumulation(info.world_size)
+    ckpt = check_run_dir(cfg, run_dir, resume, _warn if info.is_main else (lambda m: None))
+    data = setup_data(cfg, run_dir, info, progress and info.is_main)
+    if info.is_main:
+        (run_dir / RUN_CONFIG_NAME).write_text(cfg.to_json() + "\n")
+        shutil.copyfile(data.tokenizer_file, run_dir / "tokenizer.json")
+
+    torch.manual_seed(cfg.train.seed)
+    raw = DiffTransformerLM(cfg.model).to(info.device)  # built on CPU by the seed, so every rank starts equal
+    model = wrap(raw, cfg.train.parallel, info)
+    optimizer = build_optimizer(raw, cfg.train)
+    sampler = WindowSampler(data.num_tokens["train"], cfg.data.seq_len, cfg.train.seed)
+    start, tokens_seen = 0, 0
+    if ckpt is not None:
+        state = ckpt_io.load_checkpoint(ckpt, raw, optimizer, cfg.model)
+        sampler.load_state_dict(state.sampler)
+        start, tokens_seen = state.step, state.tokens_seen
+        if info.is_main:
+            _warn(f"resuming from {ckpt} (step {start})")
+    step_fn = torch.compile(model) if cfg.train.compile else model
+    autocast = autocast_for(info.device, cfg.train.precision)
+    logger = MetricsLogger(run_dir, cfg.log.tensorboard, resume_step=start if ckpt else None) if info.is_main else None
+
+    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+    losses, val_loss = [], float("nan")
+    window_t, window_tokens, total_t, total_tokens = 0.0, 0, 0.0, 0
+    bar = tqdm(total=cfg.train.steps, initial=start, desc=desc, unit="step", disable=not (progress and info.is_main),
+               dynamic_ncols=True)
+    raw.train()
+    for step in range(start, cfg.train.steps):
+        lr = lr_at(step, cfg.train)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        t0 = time.perf_counter()
+        starts = rank_slice(sampler.next_starts(cfg.train.batch_size), accum, info)
+        loss, gnorm = train_step(step_fn, raw, optimizer, data, starts, cfg, info, autocast)
+        dt = time.perf_counter() - t0
+        done, tokens_seen = step + 1, tokens_seen + tokens_per_step
+        losses.append(loss)
+        window_t, window_tokens = window_t + dt, window_tokens + tokens_per_step
+        if step > start:  # the first step pays for warm-up (allocations, compile)
+            total_t, total_tokens = total_t + dt, total_tokens + tokens_per_step
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{window_tokens / max(window_t, 1e-9):,.0f}", refresh=False)
+        bar.update(1)
+        last = done == cfg.train.steps
+        if logger and (done % cfg.log.every == 0 or last):
+            logger.log({"step": done, "loss": loss, "lr": lr, "grad_norm": gnorm, "tokens": tokens_seen,
+                        "tokens_per_s": window_tokens / max(window_t, 1e-9)})
+            window_t, window_tokens = 0.0, 0
+        if done % cfg.train.eval_every == 0 or last:
+            ev = evaluate(raw, data, cfg, info, autocast)
+            val_loss = ev["val_loss"]
+            if logger:
+                logger.log({"step": done, **ev})
+        if done % cfg.checkpoint.every == 0 or last:
+            state = ckpt_io.TrainingState(done, tokens_seen, sampler.state_dict())
+            path = ckpt_io.save_checkpoint(run_dir, raw, optimizer, cfg.model, state, data.tokenizer_file,
+                                           info.is_main)
+            if info.is_main:
+                ckpt_io.prune(run_dir, cfg.checkpoint.keep_last)
+                if on_checkpoint is not None:
+                    on_checkpoint(done, path)
+            barrier(info)
+    bar.close()
+    if logger:
+        logger.close()
+    tps = total_tokens / total_t if total_t > 0 else tokens_per_step / max(window_t, 1e-9)
+    return TrainResult(run_dir, raw.num_parameters(), cfg.train.steps, tps, val_loss, losses)
