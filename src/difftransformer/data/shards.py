@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from . import corpus
 from .synthetic import retrieval_documents
-from .tokenizer import eos_id, load_tokenizer, train_tokenizer
+from .tokenizer import eos_id, train_tokenizer
 
 META_NAME = "meta.json"
 TOKENIZER_NAME = "tokenizer.json"
@@ -153,7 +153,7 @@ def link_prepared(src: PreparedData, directory: str | Path) -> PreparedData:
     return PreparedData(out, src.dtype, src.vocab_size, dict(src.num_tokens))
 
 
-def check_fits(data: PreparedData, seq_len: int, eval_batches: int, micro_batch: int) -> None:
+def check_fits(data: PreparedData, seq_len: int) -> None:
     """Refuse a window longer than a split (one clear line instead of an index error mid-run)."""
     for split in SPLITS:
         n = data.num_tokens[split]

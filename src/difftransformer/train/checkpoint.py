@@ -130,7 +130,7 @@ def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimiz
                     cfg: ModelConfig) -> TrainingState:
     """Restore weights, optimizer, RNG states; return the step and sampler state to continue from."""
     weights = _with_tied(load_state_dict(ckpt / WEIGHTS_NAME), cfg)
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
     tensors = load_state_dict(ckpt / STATE_TENSORS)
     meta = json.loads((ckpt / STATE_JSON).read_text())
     state: dict[str, dict] = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from .config import TrainConfig, parse_value, list_presets, load_config, merge, override_keys
@@ -38,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.config, overrides)
     result = train(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
-    print(f"{cfg.model.attention}: {result.parameters:,} parameters, {result.tokens_per_s:,.0f} tokens/s, "
-          f"final validation loss {result.final_val_loss:.4f} ({out})")
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary line
+        print(f"{cfg.model.attention}: {result.parameters:,} parameters, {result.tokens_per_s:,.0f} tokens/s, "
+              f"final validation loss {result.final_val_loss:.4f} ({out})")
     return 0
 
 

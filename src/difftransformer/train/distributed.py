@@ -112,7 +112,10 @@ def mean_across(value: float, info: DistInfo) -> float:
     return float(t.item()) / info.world_size
 
 
-def sum_across(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    if info.distributed:
-        dist.all_reduce(t)
-    return t
+def all_ok(ok: bool, info: DistInfo) -> bool:
+    """True when every rank passes ``ok=True`` (a collective: every rank must call it once)."""
+    if not info.distributed:
+        return ok
+    t = torch.tensor([0 if ok else 1], dtype=torch.int64, device=info.device)
+    dist.all_reduce(t)
+    return int(t.item()) == 0

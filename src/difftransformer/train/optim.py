@@ -7,13 +7,14 @@ import math
 import torch
 from torch import nn
 
-# DIFF V1's eq. (2) re-parameterisation vectors: decaying them would pull lambda towards lambda_init + 1 - 1.
-NO_DECAY_NAMES = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
-
 
 def decays(name: str, p: nn.Parameter) -> bool:
-    """Weight decay on matrices only: never on norms, biases (all 1-D) or the V1 lambda vectors."""
-    return p.ndim >= 2 and not name.split(".")[-1] in NO_DECAY_NAMES
+    """Weight decay on matrices only: never on norms or biases (all 1-D), nor on any lambda parameter.
+
+    DIFF V1's eq. (2) vectors ``lambda_q1 .. lambda_k2`` (decay would pull lambda towards lambda_init) and DIFF V2's
+    ``wlambda`` projection (decay would pull sigmoid(lambda) towards 1/2) are left to the data.
+    """
+    return p.ndim >= 2 and "lambda" not in name
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

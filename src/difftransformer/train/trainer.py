@@ -26,7 +26,7 @@ from ..data.shards import (PreparedData, WindowSampler, check_fits, eval_starts,
 from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
-from .distributed import DistInfo, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
+from .distributed import DistInfo, all_ok, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
 from .metrics import LambdaProbe, MetricsLogger
 from .optim import build_optimizer, lr_at
 
@@ -70,15 +70,20 @@ def setup_data(cfg: TrainConfig, run_dir: Path, info: DistInfo, progress: bool) 
     """Tokenise once (rank 0), shared through ``data.prepared_dir`` when set; every rank then reads the shards."""
     target = run_dir / "data"
     if info.is_main:
-        if cfg.data.prepared_dir:
-            link_prepared(prepare_data(cfg.data, cfg.data.prepared_dir, progress), target)
-        else:
-            prepare_data(cfg.data, target, progress)
-    barrier(info)
+        try:
+            if cfg.data.prepared_dir:
+                link_prepared(prepare_data(cfg.data, cfg.data.prepared_dir, progress), target)
+            else:
+                prepare_data(cfg.data, target, progress)
+        except Exception:
+            all_ok(False, info)  # let the other ranks stop too instead of waiting at the barrier
+            raise
+    if not all_ok(True, info):
+        raise RuntimeError(f"rank 0 failed to prepare the data in {target} (its error is printed above)")
     data = read_prepared(target, cfg.data)
     if data is None:
         raise FileNotFoundError(f"{target} holds no prepared data (rank {info.rank})")
-    check_fits(data, cfg.data.seq_len, cfg.train.eval_batches, cfg.train.micro_batch_size)
+    check_fits(data, cfg.data.seq_len)
     return data
 
 
@@ -139,11 +144,13 @@ def evaluate(raw, data: PreparedData, cfg: TrainConfig, info: DistInfo, autocast
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
-          on_checkpoint: Optional[Callable[[int, Path], None]] = None, progress: Optional[bool] = None,
-          desc: str = "train") -> TrainResult:
-    """Train ``cfg`` into ``run_dir`` (alone or as one rank of torchrun); ``on_checkpoint(step, path)`` runs on
-    rank 0 after each complete checkpoint."""
+def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress: Optional[bool] = None, *,
+          on_checkpoint: Optional[Callable[[int, Path], None]] = None, desc: str = "train") -> TrainResult:
+    """Train ``cfg`` into ``run_dir`` (alone or as one rank of torchrun).
+
+    ``progress`` overrides ``log.progress``; ``on_checkpoint(step, path)`` runs on rank 0 after each complete
+    checkpoint (the tests use it to kill a run right after one). Under torchrun every rank returns a result.
+    """
     run_dir = Path(run_dir)
     info = init_distributed(cfg.train.device)
     try:

@@ -1,0 +1,56 @@
+"""Helpers of the training tests: the tiny preset with overrides, subprocess runs, run-directory reading."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from difftransformer.model.pretrained import load_state_dict
+from difftransformer.train.config import TrainConfig, load_config
+
+
+def tiny_config(**sections) -> TrainConfig:
+    """The tiny preset with ``section={key: value}`` changes, quiet (no bar, no TensorBoard)."""
+    changes = {"log": {"progress": False, "tensorboard": False}}
+    for section, values in sections.items():
+        changes.setdefault(section, {}).update(values)
+    return load_config("tiny", changes)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child process: this process's thread count, so float results compare exactly."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+    env.pop("DIFFTRANSFORMER_DEBUG", None)
+    return env
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "difftransformer", *args], capture_output=True, text=True,
+                          env=child_env(), timeout=timeout)
+
+
+def weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return load_state_dict(Path(ckpt) / "model.safetensors")
+
+
+def metric_records(run_dir: Path, key: str) -> dict[int, float]:
+    """``{step: value}`` of one metric in ``run_dir/metrics.jsonl``."""
+    out = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if key in rec:
+            out[rec["step"]] = rec[key]
+    return out
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """sha256 of every file under ``directory`` (to prove that a refused command changed nothing)."""
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(directory).rglob("*")) if p.is_file()}
