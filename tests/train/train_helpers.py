@@ -37,7 +37,8 @@ def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 
 def weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    return load_state_dict(Path(ckpt) / "model.safetensors")
+    """A checkpoint's weights, copied (safetensors may map the file: a later write to it would show through)."""
+    return {k: v.clone() for k, v in load_state_dict(Path(ckpt) / "model.safetensors").items()}
 
 
 def metric_records(run_dir: Path, key: str) -> dict[int, float]:

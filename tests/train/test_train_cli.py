@@ -1,0 +1,104 @@
+"""`difftransformer train` on bad input: one clear error line, exit code != 0, nothing overwritten."""
+
+from __future__ import annotations
+
+import pytest
+
+from difftransformer.cli import main
+from difftransformer.train.trainer import train
+from train_helpers import run_cli, snapshot, tiny_config
+
+QUIET = ["--no-progress", "--log.tensorboard", "false"]
+
+
+def _fails(capsys, argv: list[str], expected: str) -> None:
+    capsys.readouterr()
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert lines[0].startswith("difftransformer train: error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in out.err + out.out
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n\n")
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": 3}\n')
+    (tmp_path / "short.txt").write_text("In the beginning.\n\nAnd the earth.\n\nAnd the light.\n")
+    (tmp_path / "unknown_key.toml").write_text('[train]\nstep = 10\n')
+    return tmp_path
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("missing.txt", "missing.txt does not exist"),
+    ("empty.txt", "empty.txt is empty"),
+    ("binary.txt", "binary.txt looks binary"),
+    ("latin1.txt", "latin1.txt is not UTF-8 text"),
+    ("bad.jsonl", 'bad.jsonl:2 needs a string field "text"'),
+])
+def test_bad_data_files(files, capsys, source, expected):
+    out = files / "run"
+    _fails(capsys, ["train", "--config", "tiny", "--out", str(out), "--data.sources", f'["{files / source}"]', *QUIET],
+           expected)
+    assert not (out / "run_config.json").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--train.batch_size", "6", "--train.micro_batch_size", "4"], "train.batch_size=6 must be a multiple of"),
+    (["--data.seq_len", "65"], "data.seq_len=65 must be in [2, model.max_seq_len=64]"),
+    (["--train.micro_batch_size", "0"], "train.micro_batch_size must be a positive integer"),
+    (["--model.attention", "diff_v3"], "attention"),
+    (["--train.precision", "fp8"], "train.precision='fp8' is not allowed"),
+])
+def test_impossible_sizes_and_values(tmp_path, capsys, args, expected):
+    _fails(capsys, ["train", "--config", "tiny", "--out", str(tmp_path / "run"), *args, *QUIET], expected)
+    assert not (tmp_path / "run").exists()
+
+
+def test_window_longer_than_the_data(files, capsys):
+    _fails(capsys, ["train", "--config", "tiny", "--out", str(files / "run"), "--data.sources",
+                    f'["{files / "short.txt"}"]', "--data.val_fraction", "0.45", *QUIET],
+           "data.seq_len=32 needs at least 34 tokens")
+
+
+def test_unknown_config_key_in_a_file(files, capsys):
+    _fails(capsys, ["train", "--config", str(files / "unknown_key.toml"), "--out", str(files / "run"), *QUIET],
+           "unknown key(s) in [train]: step; allowed:")
+
+
+def test_unknown_flag_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--config", "tiny", "--out", str(tmp_path / "run"), "--train.stepz", "3"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --train.stepz" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_existing_run_is_not_overwritten_and_resume_refuses_another_model(tmp_path, prepared_dir, capsys):
+    run = tmp_path / "run"
+    train(tiny_config(data={"prepared_dir": prepared_dir}, train={"steps": 2}, checkpoint={"every": 1}), run)
+    before = snapshot(run)
+    _fails(capsys, ["train", "--config", "tiny", "--out", str(run), *QUIET], "already holds a run")
+    _fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--model.d_model", "64", *QUIET],
+           "--resume: the model config differs from the run's (d_model: 32 in the run vs 64 now")
+    _fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--model.attention", "baseline",
+                    *QUIET], "attention: 'diff_v1' in the run vs 'baseline' now")
+    _fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--data.vocab_size", "600", *QUIET],
+           "vocab_size: 512 in the run vs 600 now")
+    _fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--data.max_chars", "100000",
+                    *QUIET], "the [data] section differs")
+    _fails(capsys, ["train", "--out", str(run), "--resume", *QUIET], "already at step 2 >= train.steps=2")
+    assert snapshot(run) == before
+
+
+def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
+    res = run_cli("train", "--config", "tiny", "--out", str(tmp_path / "run"), "--data.sources",
+                  f'["{tmp_path / "nope.jsonl"}"]', *QUIET)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"difftransformer train: error: data.sources: {tmp_path / 'nope.jsonl'} does not exist (give \"kjv\", a "
+        ".txt/.jsonl file or a folder of them)"]
+    assert not (tmp_path / "run").exists()
