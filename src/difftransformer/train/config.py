@@ -282,7 +282,7 @@ FIELD_HELP: dict[str, str] = {
     "train.eps": "AdamW epsilon",
     "train.grad_clip": "max global gradient norm (0 disables clipping)",
     "train.eval_every": "steps between validation evaluations (the last step is always evaluated)",
-    "train.eval_batches": "validation batches per evaluation",
+    "train.eval_batches": "validation batches (of train.batch_size windows) per evaluation",
     "train.seed": "seed of model init and batch sampling",
     "train.device": '"auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N"',
     "train.precision": '"auto" (bf16 autocast on CUDA with bf16, else float32), "float32" or "bfloat16"',

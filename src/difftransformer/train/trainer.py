@@ -125,10 +125,11 @@ def train_step(model, raw, optimizer, data: PreparedData, starts: torch.Tensor, 
 
 @torch.no_grad()
 def evaluate(raw, data: PreparedData, cfg: TrainConfig, info: DistInfo, autocast) -> dict:
-    """Validation loss on fixed, evenly spaced windows (the same at every evaluation), plus the lambda probes."""
+    """Validation loss on ``eval_batches`` global batches of fixed, evenly spaced windows (the same at every
+    evaluation and for any number of ranks or micro-batch size), plus the lambda probes."""
     micro, T = cfg.train.micro_batch_size, cfg.data.seq_len
-    starts = eval_starts(data.num_tokens["val"], T, cfg.train.eval_batches * micro * info.world_size)
-    starts = starts.view(cfg.train.eval_batches, info.world_size, micro)[:, info.rank]  # (batches, micro)
+    starts = eval_starts(data.num_tokens["val"], T, cfg.train.eval_batches * cfg.train.batch_size)
+    starts = starts.view(-1, info.world_size, micro)[:, info.rank]  # (eval_batches * accum, micro)
     tokens = data.tokens("val")
     raw.eval()
     probe = LambdaProbe(raw.layers)
