@@ -13,6 +13,7 @@ VARIANTS = ("baseline", "diff_v1", "diff_v2")
 
 
 def tiny(attention: str, n_kv_heads: int = 2, **kw) -> ModelConfig:
+    """4 heads of 16 (V1: 2 differential heads), 2 layers, context 48; keyword arguments override."""
     base = dict(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, head_dim=16,
                 max_seq_len=48, attention=attention)
     base.update(kw)
@@ -55,6 +56,19 @@ def test_cached_decode_equals_full_forward(attention, n_kv_heads, backend):
     with torch.no_grad():
         full = model(ids).logits
         inc = cached_logits(model, ids, mask, n_prefill=5)
+    torch.testing.assert_close(inc, full, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("attention, kw", [("baseline", {}), ("diff_v1", {}), ("diff_v2", {}),
+                                        ("diff_v2", dict(v2_pairing="halves")), ("diff_v2", dict(v2_lambda="none")),
+                                        ("diff_v1", dict(headwise_norm=False, headwise_norm_weight=False))])
+def test_cached_decode_wide_gqa_and_ablations(attention, kw):
+    """8 query heads on 2 KV heads (V1: 4 heads per group, V2: 8 query heads per KV head) and the ablations."""
+    model = model_for(attention, n_kv_heads=2, n_heads=8, d_model=128, **kw)
+    ids = torch.randint(0, 64, (3, 11))
+    with torch.no_grad():
+        full = model(ids).logits
+        inc = cached_logits(model, ids, torch.ones_like(ids, dtype=torch.bool), n_prefill=3)
     torch.testing.assert_close(inc, full, rtol=0, atol=1e-10)
 
 

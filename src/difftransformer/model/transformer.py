@@ -160,7 +160,12 @@ class DiffTransformerLM(nn.Module):
         limit = self.cfg.max_seq_len
         if input_pos is None and self.layers[0].attn.kv_cache is not None:
             raise ValueError("input_pos is required when a KV cache is set up (call clear_caches() to drop it)")
-        last = int(input_pos[-1]) + 1 if input_pos is not None else T
+        if input_pos is None:
+            last = T
+        elif input_pos.device.type == "cpu" or self.layers[0].attn.kv_cache is None:
+            last = int(input_pos[-1]) + 1
+        else:  # decoding on an accelerator: no host sync per token (CUDA graphs, compile); the cache bounds it
+            last = 0
         if last > limit:
             raise ValueError(f"sequence length {last} exceeds ModelConfig.max_seq_len={limit}")
         pos = input_pos if input_pos is not None else torch.arange(T, device=idx.device)

@@ -64,6 +64,10 @@ class Attention(nn.Module):
     def use_eager(self, return_maps: bool) -> bool:
         return self.backend == "eager" or return_maps or self.logits_hook is not None
 
+    def use_decode(self, T: int, return_maps: bool) -> bool:
+        """The KV-cache decode step (one new token per row): ``grouped_attention``, no copies of the cache."""
+        return self.kv_cache is not None and T == 1 and not self.use_eager(return_maps)
+
     def update_cache(self, input_pos: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor):
         if self.kv_cache is None:
             return k, v
@@ -97,6 +101,34 @@ def softmax_maps(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor],
         mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
     logits = logits.masked_fill(~mask, float("-inf"))
     return torch.softmax(logits, dim=-1), logits
+
+
+def grouped_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) with R query heads per key head, without repeating the keys (GQA by reshaping).
+
+    q (B, *G, R, T, d), k (B, *G, N, d), mask (B or 1, 1, T, N) bool -> probabilities (B, *G, R, T, N) in at
+    least float32. The R*T query rows of a key head form one matrix, so each cached key is read once: the
+    decode step stays memory-bound on the cache like the baseline's, whatever the grouping.
+    """
+    *lead, R, T, d = q.shape
+    N = k.shape[-2]
+    s = torch.matmul(q.reshape(*lead, R * T, d), k.transpose(-1, -2)).view(*lead, R, T, N)
+    s = s.to(eager_dtype(q)) * scale
+    m = mask.reshape(mask.shape[0], *([1] * len(lead)), T, N)  # broadcast over *G and R
+    return torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Standard GQA attention for the decode step: q (B, Hq, T, d), k/v (B, Hk, N, d|dv) -> (B, Hq, T, dv).
+
+    Query head j reads KV head j // (Hq / Hk), as ``repeat_kv`` orders them, but nothing is repeated.
+    """
+    B, Hq, T, _ = q.shape
+    Hk, N = k.shape[1], k.shape[2]
+    p = grouped_probs(q.view(B, Hk, Hq // Hk, T, -1), k, mask, scale)  # (B, Hk, R, T, N)
+    out = torch.matmul(p.view(B, Hk, -1, N).to(v.dtype), v)  # (B, Hk, R*T, dv)
+    return out.view(B, Hq, T, -1)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:

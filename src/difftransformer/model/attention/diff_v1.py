@@ -29,7 +29,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..norm import RMSNorm
 from ..rope import apply_rope
-from .base import Attention, AttentionMaps, eager_dtype, repeat_kv, sdpa, softmax_maps
+from .base import Attention, AttentionMaps, eager_dtype, grouped_probs, repeat_kv, sdpa, softmax_maps
 
 
 class DiffV1Attention(Attention):
@@ -89,6 +89,8 @@ class DiffV1Attention(Attention):
             if return_maps:
                 logits = torch.stack((logits1, logits2), dim=2).flatten(1, 2)  # (B, 2h, T, Tk), projection order
                 maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2, lam=lam.detach())
+        elif self.use_decode(T, return_maps):
+            out = self._decode_diff(q, k, v, lam, mask)
         elif self.backend == "blocked" and mask is None and self.kv_cache is None:
             from .blocked import blocked_diff_attention  # imported here: only this path needs it
 
@@ -119,3 +121,19 @@ class DiffV1Attention(Attention):
         a1v = torch.cat((o1a, o1b), dim=-1)  # (B, h, T, 2d) = A1 V
         a2v = torch.cat((o2a, o2b), dim=-1)  # (B, h, T, 2d) = A2 V
         return a1v - lam.to(a1v.dtype) * a2v
+
+    def _decode_diff(self, q, k, v, lam, mask) -> torch.Tensor:
+        """Eq. (1) for the KV-cache decode step, reading each cached key and value once.
+
+        Half-head 2i+s of the query (i = g*rep + r) meets key half-head 2g+s: arrange the queries as
+        (group g, half s, r) and both softmax maps of every group come from one batched product with the cache
+        viewed as (B, h_kv, 2, N, d). Then (A1 - lambda A2) V with V (B, h_kv, N, 2d), as in the blocked kernel.
+        """
+        B, _, T, d = q.shape
+        hkv, N = self.n_kv_heads, k.shape[2]
+        rep = self.n_heads // hkv
+        q = q.view(B, hkv, rep, 2, T, d).transpose(2, 3)  # (B, hkv, 2, rep, T, d)
+        p = grouped_probs(q, k.view(B, hkv, 2, N, d), mask, self.scale)  # (B, hkv, 2, rep, T, N)
+        diff = p[:, :, 0] - lam.to(p.dtype) * p[:, :, 1]  # (B, hkv, rep, T, N)
+        out = torch.matmul(diff.reshape(B, hkv, rep * T, N).to(v.dtype), v)  # (B, hkv, rep*T, 2d)
+        return out.view(B, self.n_heads, T, 2 * d)

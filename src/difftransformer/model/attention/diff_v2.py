@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..rope import apply_rope
-from .base import Attention, AttentionMaps, eager_dtype, repeat_kv, sdpa, softmax_maps
+from .base import Attention, AttentionMaps, eager_dtype, grouped_attention, repeat_kv, sdpa, softmax_maps
 
 
 class DiffV2Attention(Attention):
@@ -75,6 +75,8 @@ class DiffV2Attention(Attention):
             if return_maps:
                 maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2,
                                      lam=None if lam is None else lam.detach())
+        elif self.use_decode(T, return_maps):  # KV-cache decode: the baseline's cache, read once
+            out = self.combine(*self.split_pairs(grouped_attention(q, k, v, mask, self.scale)), lam)  # (B, H, 1, d)
         elif (self.backend == "blocked" and mask is None and self.kv_cache is None
               and self.pairing == "interleaved"):
             q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, H, T, d): pair i reads KV head i // (H / Hkv)
