@@ -14,6 +14,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "difftransformer.demo",
     "difftransformer.train.cli",
     "difftransformer.bench.cli",
+    "difftransformer.inference.cli",
+    "difftransformer.interop.cli",
 )
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback.

@@ -1,9 +1,10 @@
 """`difftransformer bench attention`: forward+backward time and peak memory of one attention module of each
 variant, relative to the baseline with SDPA, measured in the same run.
 
-Each (variant, backend, N) runs in a fresh child process, so that its peak memory is its own: on CPU the peak is
-the rise of the process's resident-set high-water mark during the measured steps; on CUDA it is
-``torch.cuda.max_memory_allocated``.
+Times are taken round-robin in one process (each round runs every case once) and each ratio is the median over
+rounds of the per-round ratio, so that a change of machine load hits all cases alike. Peak memory is measured
+for each (variant, backend, N) in a fresh child process, so that it is its own: on CPU the rise of the process's
+resident-set high-water mark over its first step; on CUDA ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import argparse
 import multiprocessing as mp
 import resource
 import sys
-from typing import Optional
+import statistics
+from typing import Callable
 
 import torch
 
 from ..model.attention import build_attention
 from ..model.config import ModelConfig
 from ..model.rope import rope_cos_sin, rope_frequencies
-from .timing import median_time
+from .timing import median_ratio, paired_times
 
 # (label, attention, backend). "eager" V1 materialises both maps: the official plain computation.
 CASES: tuple[tuple[str, str, str], ...] = (
@@ -32,40 +34,47 @@ CASES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _measure(attention: str, backend: str, n: int, d_model: int, head_dim: int, n_kv_heads: Optional[int],
-             batch: int, repeats: int, device: str, dtype: str, queue) -> None:
+def _build(attention: str, backend: str, n: int, args) -> Callable[[], None]:
+    """One fwd+bwd step of a freshly built attention module on a fixed random input."""
     torch.manual_seed(0)
-    dt = getattr(torch, dtype)
-    cfg = ModelConfig(vocab_size=256, d_model=d_model, n_layers=1, n_heads=d_model // head_dim, head_dim=head_dim,
-                      n_kv_heads=n_kv_heads, attention=attention, backend=backend, max_seq_len=n)
-    attn = build_attention(cfg, layer_idx=0).to(device=device, dtype=dt)
-    x = torch.randn(batch, n, d_model, device=device, dtype=dt, requires_grad=True)
-    rope = rope_cos_sin(torch.arange(n, device=device), rope_frequencies(head_dim, cfg.rope_theta, device))
+    dt = getattr(torch, args.dtype)
+    cfg = ModelConfig(vocab_size=256, d_model=args.d_model, n_layers=1, n_heads=args.d_model // args.head_dim,
+                      head_dim=args.head_dim, n_kv_heads=args.kv_heads, attention=attention, backend=backend,
+                      max_seq_len=n)
+    attn = build_attention(cfg, layer_idx=0).to(device=args.device, dtype=dt)
+    x = torch.randn(args.batch, n, args.d_model, device=args.device, dtype=dt, requires_grad=True)
+    rope = rope_cos_sin(torch.arange(n, device=args.device),
+                        rope_frequencies(args.head_dim, cfg.rope_theta, args.device))
 
-    def step():
+    def step() -> None:
         out, _ = attn(x, rope, None)
         out.float().square().mean().backward()
+        x.grad = None
+        attn.zero_grad(set_to_none=True)
 
-    step()  # warm-up outside the memory window too
-    if device == "cuda":
+    return step
+
+
+def _peak_child(attention: str, backend: str, n: int, args, queue) -> None:
+    """In a fresh process: the rise of peak memory over the first fwd+bwd step, from just after building."""
+    step = _build(attention, backend, n, args)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+        step()
+        queue.put(torch.cuda.max_memory_allocated() - base)
     else:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    t = median_time(step, repeats=repeats, warmup=1)
-    if device == "cuda":
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    queue.put((t, peak))
+        step()
+        queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
 
 
-def measure(label_case, n: int, args) -> tuple[float, float]:
-    _, attention, backend = label_case
+def peak_memory(attention: str, backend: str, n: int, args) -> float:
+    """Peak extra memory (bytes) of one step, measured in a spawned child so that it is this case's alone."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_measure, args=(attention, backend, n, args.d_model, args.head_dim, args.kv_heads,
-                                           args.batch, args.repeats, args.device, args.dtype, q))
+    p = ctx.Process(target=_peak_child, args=(attention, backend, n, args, q))
     p.start()
     res = q.get()
     p.join()
@@ -77,18 +86,25 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--d-model {args.d_model} must be a multiple of --head-dim {args.head_dim}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but CUDA is not available")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     cases = [c for c in CASES if args.eager or c[2] != "eager"]
+    ref = cases[0][0]
     print(f"# attention fwd+bwd, d_model={args.d_model} head_dim={args.head_dim} kv_heads={args.kv_heads or 'all'} "
-          f"batch={args.batch} {args.dtype} on {args.device} ({torch.get_num_threads()} threads); median of "
-          f"{args.repeats} after warm-up; time and peak memory relative to baseline sdpa of the same N")
-    header = f"{'N':>6} " + " ".join(f"{c[0]:>20}" for c in cases)
-    print(header)
+          f"batch={args.batch} {args.dtype} on {args.device} ({torch.get_num_threads()} threads).\n"
+          f"# time: median over {args.repeats} rounds (after a warm-up round) of the ratio to {ref} in the same "
+          f"round; cases run round-robin in one process.\n"
+          f"# memory (xM): peak extra memory of one step, each case in a fresh process, relative to {ref}.")
+    print(f"{'N':>6} " + " ".join(f"{c[0]:>20}" for c in cases), flush=True)
     for n in args.seq_lens:
-        res = [measure(c, n, args) for c in cases]
-        t0, m0 = res[0]
+        steps = {label: _build(attention, backend, n, args) for label, attention, backend in cases}
+        times = paired_times(steps, repeats=args.repeats, warmup=1)
+        del steps
+        mems = {label: peak_memory(attention, backend, n, args) for label, attention, backend in cases}
+        t0, m0 = statistics.median(times[ref]), mems[ref]
         cells = [f"{t0 * 1e3:8.1f}ms {m0 / 2**20:7.1f}MB"]
-        for t, m in res[1:]:
-            cells.append(f"{t / t0:8.2f}x {m / max(m0, 1):8.2f}xM")
+        for label, _, _ in cases[1:]:
+            cells.append(f"{median_ratio(times, label, ref):8.2f}x {mems[label] / max(m0, 1):8.2f}xM")
         print(f"{n:>6} " + " ".join(f"{c:>20}" for c in cells), flush=True)
     return 0
 
@@ -102,7 +118,7 @@ def register(sub) -> None:
     p.add_argument("--head-dim", type=int, default=64, help="head dimension d (default 64)")
     p.add_argument("--kv-heads", type=int, default=None, help="the baseline's KV heads (default: as many as heads)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per cell, median reported (default 5)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds, median of per-round ratios reported (default 5)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="device (default cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="dtype (default float32)")
     p.add_argument("--eager", action="store_true",

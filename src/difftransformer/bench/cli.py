@@ -8,6 +8,7 @@ import importlib
 # Each module defines ``register(subparsers)`` adding one `bench` subcommand.
 BENCH_MODULES: tuple[str, ...] = (
     "difftransformer.bench.attention",
+    "difftransformer.bench.train",
 )
 
 

@@ -1,15 +1,16 @@
 """Synthetic multi-needle retrieval documents (paper section 3.4, Table 2), mixed into training data so that
 small models can learn to retrieve, and reused by the evaluation to build its haystacks.
 
-A document is filler text with N "needles" -- ``The pass number of <city> is <digits>.`` -- followed by R
-questions, each ``Q: What is the pass number of <city>? A: The pass number of <city> is <digits>.``. Cities are
-drawn without repetition inside a document; asked cities are drawn with replacement from the needles, so "rule
-out what was already answered" is no shortcut.
+A document is filler text with N needles -- ``Pass number: <city> <digits>.`` -- followed by R questions, each
+``Q: What is the pass number of <city>? A: <city> <digits>.``. Cities are drawn without repetition inside a
+document; asked cities are drawn with replacement from the needles, so "rule out what was already answered" is
+no shortcut.
 
-The answer restates the needle's words before the number. A large model answers ``A: <digits>`` directly (the
-paper's Table 2 prompts); a model of a few million parameters trained for minutes does not learn that two-hop
-lookup, but it does learn to copy the token that followed the same words earlier (an induction head, Olsson et
-al. 2022), which still has to pick the right needle out of N among the filler -- the part DIFF claims to improve.
+The answer repeats the city right before the number, as the needle has it. A large model answers ``A: <digits>``
+directly (the paper's Table 2 prompts), a two-hop lookup; a model of a few million parameters trained for
+minutes does not learn that (a calibration pilot stayed at chance), but it can learn to copy the token that
+followed the same token earlier (an induction head, Olsson et al. 2022), which still has to pick the right needle
+out of N among the filler -- the part DIFF claims to improve.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ CITIES: tuple[str, ...] = (
 )
 
 
+RETRIEVAL_MARKER = "Pass number:"  # every retrieval document holds it: how evaluation tells them from prose
+
+
 @dataclass
 class Needle:
     city: str
@@ -32,12 +36,12 @@ class Needle:
 
 
 def needle_sentence(n: Needle) -> str:
-    return f"The pass number of {n.city} is {n.number}."
+    return f"{RETRIEVAL_MARKER} {n.city} {n.number}."
 
 
 def question(n: Needle, with_answer: bool) -> str:
-    """The question and the answer's lead-in; with ``with_answer`` also the number and the full stop."""
-    q = f"Q: What is the pass number of {n.city}? A: The pass number of {n.city} is"
+    """The question and the answer's lead-in (the city); with ``with_answer`` also the number and the full stop."""
+    q = f"Q: What is the pass number of {n.city}? A: {n.city}"
     return f"{q} {n.number}." if with_answer else q
 
 
@@ -46,7 +50,7 @@ def retrieval_document(rng: random.Random, filler: Sequence[str], *, n_needles: 
     """One document: filler sentences with needles inserted at random places, then the questions.
 
     Returns the text and the needles asked, in order. With ``with_answers=False`` the text ends just before the
-    last question's number (``... of <city> is``) and only that last question is unanswered.
+    last question's number (``... A: <city>``) and only that last question is unanswered.
     """
     if n_needles > len(CITIES):
         raise ValueError(f"n_needles={n_needles} exceeds the {len(CITIES)} cities available")
@@ -72,7 +76,7 @@ def retrieval_documents(num_docs: int, filler: Sequence[str], *, seed: int = 0, 
 class Haystack:
     """One evaluation prompt: filler with needles, answered questions, then the target question left open.
 
-    ``prompt`` ends with ``... pass number of <city> is`` and ``answer`` is `` <digits>`` (with its space), so
+    ``prompt`` ends with ``... A: <city>`` and ``answer`` is `` <digits>`` (with its space), so
     ``prompt + answer`` is the text a perfect model continues with. Character spans index into ``prompt``.
     """
 

@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ..data import corpus
+from ..data.synthetic import RETRIEVAL_MARKER
 from ..data.tokenizer import EOS, load_tokenizer
 from ..model.pretrained import resolve_checkpoint
 from ..model.transformer import DiffTransformerLM
@@ -24,7 +25,6 @@ from ..model.transformer import DiffTransformerLM
 RUN_CONFIG = "run_config.json"
 TOKENIZER = "tokenizer.json"
 DEFAULT_VAL_FRACTION = 0.02  # DataConfig.val_fraction's default
-RETRIEVAL_MARKER = "pass number of"  # every synthetic retrieval document holds it (data/synthetic.py)
 
 
 @dataclass

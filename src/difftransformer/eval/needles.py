@@ -11,6 +11,7 @@ model that copies some needle's number without finding the right one.
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -71,6 +72,7 @@ class EncodedHaystack:
     answer_start: int  # first answer token; the query position (predicting it) is answer_start - 1
     target: tuple[int, int]  # token span [start, end) of the target needle sentence
     context_end: int  # tokens [0, context_end) are the context (filler + needles), before the questions
+    needle_first: list[int]  # first token of each needle's answer (`` <digits>``), the target's first
 
     @property
     def query_pos(self) -> int:
@@ -85,7 +87,8 @@ def encode_haystack(tok, h: Haystack) -> EncodedHaystack:
     t0, t1 = h.target_span
     covering = [i for i, (s, e) in enumerate(offsets) if s < t1 and e > t0]
     context_end = next((i for i, (s, e) in enumerate(offsets) if s >= h.context_end), answer_start)
-    return EncodedHaystack(h, enc.ids, answer_start, (covering[0], covering[-1] + 1), context_end)
+    firsts = [tok.encode(f" {n.number}").ids[0] for n in [h.target] + [n for n in h.needles if n is not h.target]]
+    return EncodedHaystack(h, enc.ids, answer_start, (covering[0], covering[-1] + 1), context_end, firsts)
 
 
 def filler_sentences(ev: EvalModel) -> tuple[list[str], str]:
@@ -96,17 +99,28 @@ def filler_sentences(ev: EvalModel) -> tuple[list[str], str]:
     return fill, note
 
 
+@functools.lru_cache(maxsize=64)
+def _sizes(tok, n_needles: int, n_queries: int, digits: int, sample: tuple[str, ...]) -> tuple[int, float]:
+    """(tokens of a haystack without filler, mean tokens per filler sentence), cached per tokenizer and task."""
+    bare = needle_haystack(random.Random(0), [], n_filler=0, depth=0.0, n_needles=n_needles, n_queries=n_queries,
+                           digits=digits)
+    per_sentence = sum(len(tok.encode(" " + s).ids) for s in sample) / max(1, len(sample))
+    return len(encode_haystack(tok, bare).ids), per_sentence
+
+
+def min_length(ev: EvalModel, task: NeedleTask) -> int:
+    """Tokens of a haystack without filler: the shortest context length the task fits in."""
+    return _sizes(ev.tokenizer, task.n_needles, task.n_queries, task.digits, ())[0]
+
+
 def build_haystack(ev: EvalModel, filler: Sequence[str], task: NeedleTask, length: int, depth: float,
                    rng: random.Random) -> EncodedHaystack:
     """A haystack of at most ``length`` tokens (prompt + answer), as long as the filler allows."""
-    probe = encode_haystack(ev.tokenizer, needle_haystack(random.Random(0), filler, n_filler=0, depth=depth,
-                                                          n_needles=task.n_needles, n_queries=task.n_queries,
-                                                          digits=task.digits))
-    if len(probe.ids) > length:
-        raise ValueError(f"--lengths: {length} tokens cannot hold {task.n_needles} needles and {task.n_queries} "
-                         f"questions ({len(probe.ids)} tokens without filler)")
-    per_sentence = sum(len(ev.tokenizer.encode(" " + s).ids) for s in filler[:64]) / min(64, len(filler))
-    n = max(0, int((length - len(probe.ids)) / per_sentence) + 2)
+    need, per_sentence = _sizes(ev.tokenizer, task.n_needles, task.n_queries, task.digits, tuple(filler[:64]))
+    if need > length:
+        raise ValueError(f"{length} tokens cannot hold {task.n_needles} needles and {task.n_queries} "
+                         f"questions ({need} tokens without filler); use fewer --needles/--queries or longer contexts")
+    n = max(0, int((length - need) / per_sentence) + 2)
     state = rng.getstate()
     while True:
         rng.setstate(state)
@@ -125,20 +139,33 @@ def padded_batch(items: Sequence[EncodedHaystack], pad_id: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def answers_correct(model, items: Sequence[EncodedHaystack], pad_id: int, batch_size: int = 16) -> list[bool]:
-    """Exact match of the greedy answer, by teacher forcing (see the module docstring)."""
-    out: list[bool] = []
+def score_answers(model, items: Sequence[EncodedHaystack], pad_id: int, batch_size: int = 16) -> list[tuple[bool, int]]:
+    """Per haystack: (exact match of the greedy answer, by teacher forcing -- see the module docstring; the
+    predicted first answer token)."""
+    out: list[tuple[bool, int]] = []
     for i in range(0, len(items), batch_size):
         chunk = items[i:i + batch_size]
         pred = model(padded_batch(chunk, pad_id)).logits.argmax(-1)  # (B, T)
         for b, e in enumerate(chunk):
             gold = torch.tensor(e.ids[e.answer_start:])
-            out.append(bool((pred[b, e.answer_start - 1:len(e.ids) - 1] == gold).all()))
+            got = pred[b, e.answer_start - 1:len(e.ids) - 1]
+            out.append((bool((got == gold).all()), int(got[0])))
     return out
 
 
-def grid_lengths(ev: EvalModel, fractions: Sequence[float]) -> list[int]:
-    return sorted({max(16, min(int(round(f * ev.train_len)), ev.model.cfg.max_seq_len)) for f in fractions})
+def answers_correct(model, items: Sequence[EncodedHaystack], pad_id: int, batch_size: int = 16) -> list[bool]:
+    """Exact match of the greedy answer per haystack."""
+    return [ok for ok, _ in score_answers(model, items, pad_id, batch_size)]
+
+
+def grid_lengths(ev: EvalModel, fractions: Sequence[float], task: NeedleTask) -> list[int]:
+    """Token lengths for fractions of the training length, raised to the shortest that holds the task."""
+    lo = min_length(ev, task) + 8
+    hi = ev.model.cfg.max_seq_len
+    if lo > hi:
+        raise ValueError(f"the model's max_seq_len {hi} cannot hold {task.n_needles} needles and {task.n_queries} "
+                         f"questions ({lo - 8} tokens without filler); use fewer --needles/--queries")
+    return sorted({min(max(lo, int(round(f * ev.train_len))), hi) for f in fractions})
 
 
 def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK["lengths"], depths: Sequence[float] = QUICK["depths"],
@@ -147,17 +174,20 @@ def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK["lengths"], dept
     """Accuracy per (context length, needle depth) cell; lengths are fractions of the training length."""
     task = task or NeedleTask.for_model(ev)
     filler, note = filler_sentences(ev)
-    toks = grid_lengths(ev, lengths)
+    toks = grid_lengths(ev, lengths, task)
     pad = ev.tokenizer.token_to_id(EOS)
     acc = [[0.0] * len(depths) for _ in toks]
+    first_ok = first_any = 0
     actual = [[0.0] * len(depths) for _ in toks]
     bar = tqdm(total=len(toks) * len(depths), desc=f"needles {ev.label}", disable=not progress, leave=False)
     for i, L in enumerate(toks):
         for j, d in enumerate(depths):
             rng = random.Random(f"{seed}-{L}-{d}")  # the same haystacks for every model with this tokenizer
             items = [build_haystack(ev, filler, task, L, d, rng) for _ in range(samples)]
-            ok = answers_correct(ev.model, items, pad)
-            acc[i][j] = sum(ok) / len(ok)
+            scored = score_answers(ev.model, items, pad)
+            acc[i][j] = sum(ok for ok, _ in scored) / len(scored)
+            first_ok += sum(first == e.needle_first[0] for (_, first), e in zip(scored, items))
+            first_any += sum(first in e.needle_first for (_, first), e in zip(scored, items))
             actual[i][j] = sum(len(e.ids) for e in items) / len(items)
             bar.update()
     bar.close()
@@ -165,6 +195,9 @@ def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK["lengths"], dept
     return {"analysis": "needles", "model": ev.describe(), "task": task.to_dict(), "held_out": note,
             "seed": seed, "samples_per_cell": samples, "lengths": toks, "mean_tokens": actual,
             "depths": list(depths), "accuracy": acc, "mean_accuracy": sum(flat) / len(flat),
+            # diagnostics: the first answer token right, and equal to the first token of some needle's number
+            "first_token_accuracy": first_ok / (len(flat) * samples),
+            "any_needle_first_token": first_any / (len(flat) * samples),
             "scoring": "exact match of the greedy answer (all tokens of the number)"}
 
 
@@ -176,7 +209,8 @@ def format_needles(r: dict[str, Any]) -> str:
              "length\\depth " + " ".join(f"{d:>6.2f}" for d in r["depths"])]
     for L, row in zip(r["lengths"], r["accuracy"]):
         lines.append(f"{L:>12} " + " ".join(f"{a:>6.2f}" for a in row))
-    lines.append(f"mean accuracy {r['mean_accuracy']:.3f} {ref}")
+    lines.append(f"mean accuracy {r['mean_accuracy']:.3f} {ref}; first answer token right "
+                 f"{r['first_token_accuracy']:.3f}, equal to some needle's {r['any_needle_first_token']:.3f}")
     return "\n".join(lines)
 
 

@@ -129,6 +129,54 @@ def compiled_decode_step(mode: Optional[str] = None) -> DecodeFn:
     return torch.compile(decode_step, mode=mode, dynamic=False)
 
 
+class CUDAGraphDecode:
+    """``decode_step`` captured once as a CUDA graph and replayed: no per-kernel launch cost (gpt-fast's
+    "reduce-overhead" without a compiler). Valid for one cache set-up: build a new one per generation.
+
+    The warm-up and capture run the real first step (same token, same position), so the cache writes they make
+    are the ones that step makes anyway.
+    """
+
+    def __init__(self) -> None:
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+
+    def __call__(self, model: DiffTransformerLM, token: torch.Tensor, input_pos: torch.Tensor,
+                 cache_mask: torch.Tensor) -> torch.Tensor:
+        if self.graph is None:
+            if token.device.type != "cuda":
+                raise ValueError(f"decode mode 'cuda-graph' needs a CUDA model, this one is on {token.device.type}")
+            self.token, self.pos, self.mask = token.clone(), input_pos.clone(), cache_mask
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    decode_step(model, self.token, self.pos, self.mask)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = decode_step(model, self.token, self.pos, self.mask)
+        elif cache_mask is not self.mask:
+            raise ValueError("a CUDAGraphDecode serves one generation; build a new one")
+        self.token.copy_(token)
+        self.pos.copy_(input_pos)
+        self.graph.replay()
+        return self.logits
+
+
+DECODE_MODES = ("eager", "compile", "cuda-graph")
+
+
+def decode_function(mode: str) -> DecodeFn:
+    """A fresh decode step for one generation: ``eager``, ``compile`` (torch.compile) or ``cuda-graph``."""
+    if mode == "eager":
+        return decode_step
+    if mode == "compile":
+        return compiled_decode_step()
+    if mode == "cuda-graph":
+        return CUDAGraphDecode()
+    raise ValueError(f"decode mode {mode!r} is not allowed; choose one of {', '.join(DECODE_MODES)}")
+
+
 def _check_context(model: DiffTransformerLM, prompt_len: int, max_new_tokens: int) -> int:
     limit = model.cfg.max_seq_len
     if prompt_len >= limit:
@@ -190,21 +238,22 @@ def stream(model: DiffTransformerLM, prompts: Sequence[Sequence[int]], sampling:
 
 
 def generate(model: DiffTransformerLM, prompts: Sequence[Sequence[int]], sampling: Optional[SamplingConfig] = None,
-             *, pad_id: int = 0, compile: bool = False,
-             on_token: Optional[Callable[[torch.Tensor], None]] = None) -> GenerationOutput:
+             *, pad_id: int = 0, decode: str = "eager",
+             on_token: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None) -> GenerationOutput:
     """Generate for a batch of token-id prompts (lists of ints, lengths may differ).
 
-    ``on_token(tokens)`` is called with each step's (B,) device tensor (streaming). ``compile=True`` compiles the
-    decode step with ``torch.compile`` (worth it on GPU; the first call pays the compilation).
+    ``on_token(tokens, done)`` is called with each step's (B,) device tensors (streaming). ``decode`` picks how
+    the per-token step runs: ``eager``, ``compile`` (``torch.compile``; the first call pays the compilation) or
+    ``cuda-graph`` (captured once per generation, CUDA only).
     """
     sampling = sampling or SamplingConfig()
-    decode_fn = compiled_decode_step() if compile else None
+    decode_fn = decode_function(decode)
     steps, dones = [], []
     for token, done in stream(model, prompts, sampling, pad_id=pad_id, decode_fn=decode_fn, stop_check_every=8):
         steps.append(token)
         dones.append(done)
         if on_token is not None:
-            on_token(token)
+            on_token(token, done)
     new = torch.stack(steps, dim=1).tolist()  # (B, steps): one host transfer at the end
     stop_set = set(sampling.stop_tokens)
     tokens, stopped = [], []

@@ -1,0 +1,129 @@
+"""`difftransformer generate`: sample from a trained model, streaming the text as it comes.
+
+    difftransformer generate --run runs/tiny --prompt "In the beginning" --max-new-tokens 64
+    difftransformer generate --checkpoint DIR --prompt "a" --prompt "b" --temperature 0   # a batch, greedy
+
+The model directory (``--checkpoint``, or the newest complete checkpoint of ``--run``) must be in our own format
+(config.json + model.safetensors); the tokenizer is its tokenizer.json (or the run's, or ``--tokenizer``).
+Generation stops at the tokenizer's end-of-text token unless ``--ignore-eos``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..model.pretrained import TOKENIZER_NAME, load_pretrained, resolve_checkpoint
+from .generate import DECODE_MODES, SamplingConfig, generate, stream
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a trained model (streams as it comes)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", type=Path, help="a training run directory: its newest complete checkpoint is used")
+    src.add_argument("--checkpoint", type=Path, help="a model directory (config.json + model.safetensors)")
+    p.add_argument("--prompt", action="append", required=True,
+                   help="prompt text; repeat for a batch (a single prompt is streamed)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json (default: the checkpoint's, else the run's)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default 128)")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set with mass >= p")
+    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--decode", choices=DECODE_MODES, default="eager",
+                   help="how the per-token step runs: eager, compile (torch.compile) or cuda-graph (default eager)")
+    p.set_defaults(func=run)
+
+
+def _find_tokenizer(args: argparse.Namespace, model_dir: Path) -> Path:
+    if args.tokenizer is not None:
+        return args.tokenizer
+    candidates = [model_dir / TOKENIZER_NAME] + ([args.run / TOKENIZER_NAME] if args.run is not None else [])
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(f"no {TOKENIZER_NAME} in {' or '.join(str(c.parent) for c in candidates)}; "
+                            "pass --tokenizer")
+
+
+def load_model(path: Path, device: Optional[str], dtype: Optional[str]):
+    """Our model from a model or run directory; a Hugging Face directory is refused with the way to convert it."""
+    from ..interop.hf import is_hf_dir  # a light import: JSON only
+
+    model_dir = resolve_checkpoint(path)
+    if is_hf_dir(model_dir):
+        raise ValueError(f"{model_dir} is a Hugging Face checkpoint; convert it first: "
+                         f"difftransformer convert --from-hf {model_dir} --out DIR")
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dt = DTYPES[dtype] if dtype else (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError) as e:
+        raise ValueError(f"--device {dev} is not usable here: {str(e).splitlines()[0]}") from None
+    return load_pretrained(model_dir, device=dev, dtype=dt), model_dir
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..data.tokenizer import EOS, load_tokenizer
+
+    sampling_kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, seed=args.seed)
+    SamplingConfig(**sampling_kw)  # bad values fail before the model loads
+    model, model_dir = load_model(args.run if args.run is not None else args.checkpoint, args.device, args.dtype)
+    tok = load_tokenizer(_find_tokenizer(args, model_dir))
+    if tok.get_vocab_size() > model.cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {tok.get_vocab_size()} tokens but the model only "
+                         f"{model.cfg.vocab_size}: wrong tokenizer for this checkpoint")
+    prompts = []
+    for i, text in enumerate(args.prompt):
+        ids = tok.encode(text).ids
+        if not ids:
+            raise ValueError(f"prompt {i + 1} is empty: give some text")
+        prompts.append(ids)
+    eos = tok.token_to_id(EOS)
+    stops = () if args.ignore_eos or eos is None else (eos,)
+    sampling = SamplingConfig(stop_tokens=stops, **sampling_kw)
+
+    t0 = time.perf_counter()
+    if len(prompts) == 1:
+        n = _stream_one(model, tok, prompts[0], args.prompt[0], sampling, args.decode)
+    else:
+        out = generate(model, prompts, sampling, decode=args.decode)
+        for text, new in zip(args.prompt, out.tokens):
+            print(text + tok.decode(new), end="\n\n", flush=True)
+        n = sum(len(t) for t in out.tokens)
+    dt = time.perf_counter() - t0
+    print(f"[{n} tokens in {dt:.2f} s, {n / dt:.1f} tokens/s, {model.cfg.attention} on "
+          f"{model.output.weight.device.type}]", file=sys.stderr)
+    return 0
+
+
+def _stream_one(model, tok, ids: list[int], text: str, sampling: SamplingConfig, decode: str) -> int:
+    """Print the prompt, then each new piece of text as soon as it decodes to whole characters."""
+    from .generate import decode_function
+
+    print(text, end="", flush=True)
+    new: list[int] = []
+    shown = ""
+    for token, done in stream(model, [ids], sampling, decode_fn=decode_function(decode)):
+        if bool(done[0]):
+            break
+        new.append(int(token[0]))
+        piece = tok.decode(new)
+        if not piece.endswith("\ufffd"):  # an unfinished multi-byte character: wait for its next byte
+            print(piece[len(shown):], end="", flush=True)
+            shown = piece
+    print(flush=True)
+    return len(new)
