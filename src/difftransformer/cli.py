@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "difftransformer.bench.cli",
     "difftransformer.inference.cli",
     "difftransformer.interop.cli",
+    "difftransformer.eval.cli",
 )
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback.
