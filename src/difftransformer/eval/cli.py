@@ -35,9 +35,7 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     esub = p.add_subparsers(dest="analysis", metavar="ANALYSIS")
     esub.required = True
-    import importlib.util
     for name in ANALYSES:
-        if importlib.util.find_spec(f"{__package__}.{name}") is not None:  # TEMP while analyses land
-            _add_analysis(esub, name)
+        _add_analysis(esub, name)
     from . import report
     report.register(sub)

@@ -1,0 +1,207 @@
+"""Every analysis of `difftransformer eval` on a tiny trained run per variant: well-formed results (keys, shapes,
+values in range, chance levels printed), plots written, and the keys the report reads present."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from difftransformer.eval import attnmap, icl, needles, noise, outliers, positions, quantized, report
+from eval_helpers import roundtrip
+
+VARIANTS = ("baseline", "diff_v1", "diff_v2")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _png(path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(PNG) and len(data) > 1000
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_needles(evs, variant):
+    ev = evs[variant]
+    r = roundtrip(needles.run_needles(ev, lengths=(0.5, 1.0), depths=(0.0, 1.0), samples=4, progress=False))
+    assert r["analysis"] == "needles" and r["model"]["attention"] == variant
+    assert r["task"] == {"n_needles": 2, "n_queries": 1, "digits": 2, "chance": 0.01, "random_needle": 0.5}
+    assert len(r["accuracy"]) == len(r["lengths"]) and all(len(row) == 2 for row in r["accuracy"])
+    assert all(L <= ev.model.cfg.max_seq_len for L in r["lengths"]) and r["lengths"] == sorted(r["lengths"])
+    for row, toks, L in zip(r["accuracy"], r["mean_tokens"], r["lengths"]):
+        assert all(0.0 <= a <= 1.0 for a in row)
+        assert all(0 < t <= L for t in toks)  # a haystack never exceeds its length
+    flat = [a for row in r["accuracy"] for a in row]
+    assert r["mean_accuracy"] == pytest.approx(sum(flat) / len(flat))
+    assert 0.0 <= r["first_token_accuracy"] <= r["any_needle_first_token"] <= 1.0
+    text = needles.format_needles(r)
+    assert "chance 0.01" in text and "random needle 0.5" in text
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_noise(evs, variant):
+    ev = evs[variant]
+    r = roundtrip(noise.run_noise(ev, samples=6, progress=False))
+    n_layers = ev.model.cfg.n_layers
+    assert r["analysis"] == "noise" and len(r["answer_per_layer"]) == len(r["noise_per_layer"]) == n_layers
+    assert r["answer"] == pytest.approx(sum(r["answer_per_layer"]) / n_layers)
+    assert r["noise"] == pytest.approx(sum(r["noise_per_layer"]) / n_layers)
+    assert 0.0 < r["uniform_answer_share"] < 1.0
+    if variant == "baseline":  # softmax rows: non-negative, at most 1 over the context
+        assert r["map"] == "softmax map"
+        for a, n in zip(r["answer_per_layer"], r["noise_per_layer"]):
+            assert 0.0 <= a and 0.0 <= n and a + n <= 1.0 + 1e-9
+    else:  # A1 - lambda*A2 rows sum to 1 - lambda: bounded by 1 + |lambda| in absolute value
+        assert r["map"].startswith("differential map")
+        assert all(abs(x) <= 2.0 for x in r["answer_per_layer"] + r["noise_per_layer"])
+    assert r["answer_sem"] >= 0 and r["noise_sem"] >= 0
+    assert "uniform attention" in noise.format_noise(r)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_outliers(evs, variant):
+    ev = evs[variant]
+    r = roundtrip(outliers.run_outliers(ev, n_seqs=2, progress=False))
+    assert r["sequences"] == 2 and r["length"] == ev.train_len
+    for kind in ("attention_logits", "hidden_states"):
+        s = r[kind]
+        ranked = [s[f"top{k}"] for k in outliers.RANKS]
+        assert ranked == sorted(ranked, reverse=True)
+        assert 0.0 <= s["median"] <= ranked[-1]
+    assert len(r["top1_logit_per_layer"]) == ev.model.cfg.n_layers
+    assert max(r["top1_logit_per_layer"]) == pytest.approx(r["attention_logits"]["top1"], rel=1e-6)
+    text = outliers.format_outliers(r)
+    assert "attention_logits" in text and "median" in text
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_quantized(evs, variant):
+    ev = evs[variant]
+    r = roundtrip(quantized.run_quantized(ev, sequences=2, samples=4, progress=False))
+    assert [row["bits"] for row in r["rows"]] == [None, 16, 8, 6, 4]
+    full = r["rows"][0]
+    assert full["loss_increase"] == 0.0 and full["accuracy_drop"] == 0.0
+    for row in r["rows"]:
+        assert math.isfinite(row["loss"]) and 0.0 <= row["accuracy"] <= 1.0
+        assert row["loss_increase"] == pytest.approx(row["loss"] - full["loss"])
+    assert abs(r["rows"][1]["loss_increase"]) < 1e-3  # 16 bits: the loss does not move
+    text = quantized.format_quantized(r)
+    assert "chance 0.01" in text and "random needle 0.5" in text
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_positions(evs, variant):
+    ev = evs[variant]
+    r = roundtrip(positions.run_positions(ev, factor=2.0, sequences=4, progress=False))
+    T = r["length"]
+    assert r["analysis"] == "positions" and r["train_len"] == 64 and T == 128 == 2 * r["train_len"]
+    assert r["note"] is None  # 2x fits in max_seq_len 128: nothing clipped
+    assert r["positions"] == list(range(1, T + 1)) and len(r["nll"]) == len(r["cumulative_nll"]) == T
+    nll = torch.tensor(r["nll"], dtype=torch.float64)
+    assert bool((nll > 0).all()) and float(nll.max()) < 3 * math.log(ev.model.cfg.vocab_size)
+    torch.testing.assert_close(torch.tensor(r["cumulative_nll"], dtype=torch.float64),
+                               nll.cumsum(0) / torch.arange(1, T + 1, dtype=torch.float64))
+    assert r["tail_start"] == T - T // 4 + 1
+    assert r["tail_nll"] == pytest.approx(float(nll[-(T // 4):].mean()))
+    assert r["tail_mean_nll"] == r["tail_nll"] and r["tail_nll_se"] > 0
+    assert r["within_train_nll"] == pytest.approx(float(nll[:64].mean()))
+    assert r["beyond_train_nll"] == pytest.approx(float(nll[64:].mean()))
+    assert "held_out" in r and r["model"]["attention"] == variant
+    text = positions.format_positions(r)
+    assert "<- training length" in text and "tail (positions 97-128)" in text
+
+
+def test_positions_clips_the_default_and_refuses_positions_past_max_seq_len(evs):
+    ev = evs["diff_v1"]
+    r = positions.run_positions(ev, factor=3.0, sequences=2, progress=False)
+    assert r["length"] == 128 and "clipped to the model's max_seq_len 128" in r["note"]
+    assert "note: " in positions.format_positions(r)
+    with pytest.raises(ValueError, match=r"--length 129 must be in \[2, 128\].*max_seq_len"):
+        positions.run_positions(ev, sequences=2, length=129, progress=False)
+    r = positions.run_positions(ev, sequences=2, length=32, progress=False)  # within the training length
+    assert r["length"] == 32 and r["beyond_train_nll"] is None and len(r["nll"]) == 32
+    assert "nothing evaluated beyond it" in positions.format_positions(r)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_icl(evs, variant):
+    ev = evs[variant]
+    r = roundtrip(icl.run_icl(ev, classes=4, samples=8, orders=3, words=4, progress=False))
+    assert r["analysis"] == "icl" and r["chance"] == 0.25 == r["task"]["chance"]
+    assert r["task"]["classes"] == 4 and len(set(r["task"]["label_ids"])) == 4
+    for w, i in zip(r["task"]["labels"], r["task"]["label_ids"]):
+        assert ev.tokenizer.encode(" " + w).ids == [i]  # every label is one token
+    shots = r["shots"]
+    assert shots[0] == 0 and shots == sorted(set(shots)) and shots[-1] == r["max_shots"] >= 1
+    assert len(r["accuracy"]) == len(r["label_mass"]) == len(r["prompt_tokens"]) == len(shots)
+    assert all(a in {k / 8 for k in range(9)} for a in r["accuracy"])  # 8 queries
+    assert all(0.0 < m <= 1.0 for m in r["label_mass"])
+    assert all(L <= r["context"] == ev.train_len for L in r["prompt_tokens"])
+    assert r["prompt_tokens"] == sorted(r["prompt_tokens"])  # more shots, longer prompts
+    assert r["max_shot_accuracy"] == r["accuracy"][-1] and r["max_shot_samples"] == 8
+    o = r["order"]
+    assert len(o["accuracies"]) == 3 and 1 <= o["shots"] <= r["max_shots"]
+    assert o["spread"] == pytest.approx(o["best"] - o["worst"]) and 0.0 <= o["spread"] <= 1.0
+    text = icl.format_icl(r)
+    rows = [line for line in text.splitlines()[2:-1]]
+    assert len(rows) == len(shots) and all(line.split()[2] == "0.250" for line in rows)  # chance on every row
+    assert "(chance 0.250)" in text.splitlines()[-1]
+
+
+def test_icl_more_context_fits_more_shots(evs):
+    ev = evs["baseline"]
+    short = icl.run_icl(ev, samples=4, orders=1, words=4, context=40, progress=False)
+    long = icl.run_icl(ev, samples=4, orders=1, words=4, context=128, progress=False)
+    assert short["max_shots"] < long["max_shots"]
+    assert max(long["prompt_tokens"]) <= 128 and max(short["prompt_tokens"]) <= 40
+    assert icl.run_icl(ev, classes=2, samples=4, orders=1, words=4, progress=False)["chance"] == 0.5
+
+
+def test_attnmap(evs, tmp_path):
+    models = [evs[v] for v in VARIANTS]
+    r = roundtrip(attnmap.run_attnmap(models, seed=0))
+    assert [m["attention"] for m in r["maps"]] == list(VARIANTS)
+    K = r["n_keys"]
+    assert len(r["tokens"]) == K and r["query_pos"] == K - 1
+    for m in r["maps"]:
+        assert len(m["row"]) == len(m["normalized_row"]) == K
+        assert sum(abs(x) for x in m["normalized_row"]) == pytest.approx(1.0)
+        assert -1.0 <= m["answer_score"] <= 1.0 and -1.0 <= m["noise_score"] <= 1.0
+        assert len(m["answer_score_per_layer"]) == 2
+    baseline = r["maps"][0]
+    assert sum(baseline["row"]) == pytest.approx(1.0)  # a softmax row
+    assert 0.0 < r["uniform_answer_score"] < 1.0
+    assert "uniform attention" in attnmap.format_attnmap(r)
+    attnmap.plot_attnmap(r, tmp_path / "a.png")
+    _png(tmp_path / "a.png")
+
+
+def test_plots_of_the_new_analyses(evs, tmp_path):
+    pos = [positions.run_positions(evs[v], sequences=2, progress=False) for v in VARIANTS]
+    positions.plot_positions(pos, tmp_path / "positions.png")
+    _png(tmp_path / "positions.png")
+    res = [icl.run_icl(evs[v], samples=4, orders=2, words=4, progress=False) for v in VARIANTS]
+    icl.plot_icl(res, tmp_path / "icl.png")
+    _png(tmp_path / "icl.png")
+
+
+def test_report_reads_positions_and_icl(evs):
+    """The report calls both analyses with its QUICK/FULL settings and reads the keys of its claims."""
+    runs = []
+    for v in ("baseline", "diff_v2"):
+        rr = report.RunResults(evs[v], {"step": [], "spikes": []})
+        for name in ("positions", "icl"):
+            rr.results[name] = report.run_analysis(name, evs[v], report.Settings(quick=True, progress=False))
+        runs.append(rr)
+    for mod in (positions, icl):
+        assert set(mod.FULL) == set(mod.QUICK)
+    assert report._positions_tail(runs[0]).value == runs[0].results["positions"]["tail_nll"]
+    assert report._icl_best(runs[0]).value == runs[0].results["icl"]["max_shot_accuracy"]
+    assert report._icl_spread(runs[0]).value == runs[0].results["icl"]["order"]["spread"]
+    assert report._chance(runs, "icl") == 0.25
+    rows = {(row["claim"], row["variant"]): row for row in report.verdicts(runs)}
+    for claim in ("lower NLL deep into long context", "more accurate many-shot in-context learning",
+                  "less sensitive to demonstration order"):
+        assert "not measured" not in rows[(claim, "diff_v2")]["why"]
+    html = report._module_section(runs, "positions") + report._module_section(runs, "icl")
+    assert "training length" in html and "chance" in html

@@ -1,0 +1,231 @@
+"""Known-answer cases: inputs built so that the right result is known exactly, and the analyses must report it."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+
+from difftransformer.eval import icl, noise, outliers, positions, quantized
+from difftransformer.eval.loading import held_out_documents, text_windows
+from difftransformer.eval.needles import EncodedHaystack
+from eval_helpers import fresh
+
+
+# ---------------------------------------------------------------------------------------------- noise
+def test_span_masses_of_a_hand_built_map():
+    rows = torch.tensor([[0.10, 0.30, 0.20, 0.05, 0.15, 0.20],  # softmax-like: sums to 1
+                         [0.40, -0.10, 0.25, 0.05, 0.00, 0.10]],  # differential: negative entries allowed
+                        dtype=torch.float64)
+    answer = torch.tensor([False, True, True, False, False, False])
+    noise_mask = torch.tensor([True, False, False, True, True, False])  # key 5 (a question) is in neither
+    a, n = noise.span_masses(rows, answer, noise_mask)
+    torch.testing.assert_close(a, torch.tensor([0.50, 0.15], dtype=torch.float64))
+    torch.testing.assert_close(n, torch.tensor([0.30, 0.45], dtype=torch.float64))
+    # the noise-to-answer ratio of the first row is 0.6; the batch dims are kept
+    a3, n3 = noise.span_masses(rows.expand(3, 2, 6), answer, noise_mask)
+    assert a3.shape == n3.shape == (3, 2) and float(n3[1, 0] / a3[1, 0]) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="overlap"):
+        noise.span_masses(rows, answer, answer)
+    with pytest.raises(ValueError, match="do not match"):
+        noise.span_masses(rows, answer[:5], noise_mask[:5])
+
+
+def test_key_masks_split_context_into_answer_and_noise():
+    e = EncodedHaystack(haystack=None, ids=list(range(10)), answer_start=9, target=(2, 4), context_end=6,
+                        needle_first=[0])
+    a, n = noise.key_masks(e, 9)
+    assert a.tolist() == [False, False, True, True, False, False, False, False, False]
+    assert n.tolist() == [True, True, False, False, True, True, False, False, False]  # questions excluded
+
+
+def test_uniform_rows_give_the_uniform_answer_share():
+    """A row spread evenly over the context puts exactly span/context on the answer."""
+    rows = torch.full((4, 8), 1 / 8, dtype=torch.float64)
+    answer = torch.zeros(8, dtype=torch.bool)
+    answer[3:5] = True
+    a, n = noise.span_masses(rows, answer, ~answer)
+    torch.testing.assert_close(a, torch.full((4,), 0.25, dtype=torch.float64))
+    torch.testing.assert_close(n, torch.full((4,), 0.75, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------- quantized
+def test_quantize_logits_grid():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 5) * 4
+    for bits in (4, 6, 8):
+        q = quantized.quantize_logits(bits)(x)
+        levels = 2 ** (bits - 1) - 1
+        visible = torch.ones(5, 5, dtype=torch.bool).tril()
+        amax = x.masked_fill(~visible, 0).abs().amax(dim=(-2, -1), keepdim=True)
+        scale = amax / levels
+        steps = q / scale
+        assert bool(((steps - steps.round()).abs() < 1e-4).all())  # on the grid
+        assert bool((((q - x).abs() <= scale / 2 + 1e-6) | ~visible).all())  # nearest point of the grid
+        for b in range(2):
+            for h in range(3):
+                assert q[b, h][visible].unique().numel() <= 2 * levels + 1
+    with pytest.raises(ValueError, match="--bits"):
+        quantized.quantize_logits(1)
+
+
+@pytest.mark.parametrize("variant", ["baseline", "diff_v1", "diff_v2"])
+def test_16_bit_logits_change_the_loss_by_less_than_1e_3(evs, variant):
+    ev = evs[variant]
+    docs, _ = held_out_documents(ev)
+    windows = text_windows(ev, docs, ev.train_len, 3)
+    full = quantized.text_loss(ev.model, windows)
+    with quantized.quantized_attention(ev.model, 16):
+        q16 = quantized.text_loss(ev.model, windows)
+    with quantized.quantized_attention(ev.model, 2):  # a 3-level grid does move it: the hook is in effect
+        q2 = quantized.text_loss(ev.model, windows)
+    assert abs(q16 - full) < 1e-3
+    assert abs(q2 - full) > abs(q16 - full)
+    assert all(layer.attn.logits_hook is None for layer in ev.model.layers)  # removed afterwards
+
+
+# ---------------------------------------------------------------------------------------------- outliers
+@torch.no_grad()
+def test_planted_hidden_state_outlier_is_reported(evs):
+    """Blocks that add nothing (W_o = W_2 = 0) leave the embeddings as the residual stream: a planted value in
+    one embedding channel is the largest |hidden state| exactly."""
+    ev = fresh(evs["baseline"])
+    m = ev.model
+    for layer in m.layers:
+        layer.attn.wo.weight.zero_()
+        layer.ffn.w2.weight.zero_()
+    m.tok_embeddings.weight[:, 5] = -1234.5  # every token: every position of every layer holds it
+    r = outliers.run_outliers(ev, n_seqs=2, progress=False)
+    assert r["hidden_states"]["top1"] == 1234.5
+    assert r["hidden_states"]["top100"] == 1234.5  # 2 windows x 64 positions x 2 layers of it
+    assert r["hidden_states"]["median"] < 1.0
+
+
+@torch.no_grad()
+def test_planted_attention_logit_outlier_is_reported(evs):
+    """Embeddings all ones make every normalised input the ones vector; W_q, W_k that map it to a*u and b*u (one
+    unit vector u, head 0 only) give logits a*b*cos(angle)/sqrt(d), largest on the diagonal where RoPE's
+    rotations cancel: the top-1 |logit| is a*b/sqrt(d)."""
+    ev = fresh(evs["baseline"])
+    m = ev.model
+    d_model, d = m.cfg.d_model, m.cfg.head_dim
+    a, b = 20.0, 30.0
+    u = torch.zeros(d)
+    u[0], u[1] = 0.6, 0.8
+    m.tok_embeddings.weight.fill_(1.0)
+    for i, layer in enumerate(m.layers):
+        layer.attn_norm.weight.fill_(1.0)
+        layer.attn.wq.weight.zero_()
+        layer.attn.wk.weight.zero_()
+        if i == 0:  # q head 0 = a*u, kv head 0 = b*u (rows: head-major, width d)
+            layer.attn.wq.weight[:d] = (a * u / d_model)[:, None].expand(d, d_model)
+            layer.attn.wk.weight[:d] = (b * u / d_model)[:, None].expand(d, d_model)
+    expected = a * b / math.sqrt(d) / (1 + m.cfg.norm_eps)  # RMSNorm of ones: 1/sqrt(1 + eps), squared
+    r = outliers.run_outliers(ev, n_seqs=2, progress=False)
+    assert r["attention_logits"]["top1"] == pytest.approx(expected, rel=1e-5)
+    assert r["top1_logit_per_layer"][0] == pytest.approx(expected, rel=1e-5)
+    assert r["top1_logit_per_layer"][1] == 0.0  # W_q = 0: every logit of layer 1 is 0
+    assert r["attention_logits"]["median"] == 0.0  # most maps (heads > 1, layer 1) are all zeros
+
+
+# ---------------------------------------------------------------------------------------------- positions
+@torch.no_grad()
+@pytest.mark.parametrize("variant", ["baseline", "diff_v2"])
+def test_uniform_model_has_log_vocab_nll_at_every_position(evs, variant):
+    ev = fresh(evs[variant])
+    ev.model.output.weight.zero_()  # logits 0: the uniform distribution over the vocabulary
+    r = positions.run_positions(ev, sequences=3, progress=False)
+    expected = math.log(ev.model.cfg.vocab_size)
+    assert len(r["nll"]) == 128
+    for key in ("nll", "cumulative_nll"):
+        assert max(abs(x - expected) for x in r[key]) < 1e-9, key
+    assert r["tail_nll"] == pytest.approx(expected, abs=1e-9) and r["tail_nll_se"] == pytest.approx(0.0, abs=1e-9)
+    assert r["within_train_nll"] == pytest.approx(expected) and r["beyond_train_nll"] == pytest.approx(expected)
+
+
+def test_positions_nll_matches_the_models_own_loss(evs):
+    """The per-position NLL averaged over positions is the model's mean next-token loss on the same windows."""
+    ev = evs["diff_v1"]
+    r = positions.run_positions(ev, sequences=3, length=48, seed=2, progress=False)
+    docs, _ = held_out_documents(ev)
+    from difftransformer.eval.loading import held_out_tokens
+    w = positions.select_windows(held_out_tokens(ev, docs), 48, 3, seed=2)
+    with torch.no_grad():
+        loss = float(ev.model(w[:, :-1], w[:, 1:]).loss)
+    assert r["cumulative_nll"][-1] == pytest.approx(loss, rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- icl
+class _Wrapped(torch.nn.Module):
+    """A stand-in for the model with the real one's config; ``fn(ids) -> logits``."""
+
+    def __init__(self, real, fn):
+        super().__init__()
+        self.cfg, self.real, self.fn = real.cfg, real, fn
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        return self.real.num_parameters(exclude_embeddings)
+
+    def forward(self, idx, *args, **kwargs):
+        return types.SimpleNamespace(logits=self.fn(idx))
+
+
+def test_icl_constant_model_scores_chance_exactly(evs):
+    """Logits that never change: the first label always wins the tie, and balanced queries make that 1/K."""
+    ev = evs["diff_v1"]
+    V = ev.model.cfg.vocab_size
+    const = fresh(ev)
+    const.model = _Wrapped(ev.model, lambda idx: torch.zeros(*idx.shape, V))
+    r = icl.run_icl(const, classes=4, samples=12, orders=3, words=4, progress=False)
+    assert all(a == 0.25 for a in r["accuracy"])
+    assert all(m == pytest.approx(4 / V) for m in r["label_mass"])
+    assert r["order"]["accuracies"] == [0.25] * 3 and r["order"]["spread"] == 0.0
+
+
+def test_icl_oracle_scores_one_and_reads_the_last_prompt_token(evs):
+    """A model that knows each query's book puts its label on the last prompt token: accuracy 1 at every shot count,
+    so the scoring reads the right position of right-padded prompts and maps labels to books in order."""
+    ev = evs["diff_v1"]
+    task = icl.build_task(ev, 4, 4, seed=0)
+    enc = icl.Encoder(ev, task)
+    answers: dict[int, dict[tuple, int]] = {}  # piece length -> {query piece: its label token}
+    for pool in task.queries:
+        for t, c in pool:
+            piece = tuple(enc.piece(t, c, False))
+            answers.setdefault(len(piece), {})[piece] = task.label_ids[c]
+    V = ev.model.cfg.vocab_size
+
+    def oracle(idx):  # at every position that ends a query, that query's label
+        logits = torch.zeros(*idx.shape, V)
+        for b, row in enumerate(idx.tolist()):
+            for t in range(len(row)):
+                for n, table in answers.items():
+                    label = table.get(tuple(row[t + 1 - n:t + 1])) if t + 1 >= n else None
+                    if label is not None:
+                        logits[b, t, label] = 10.0
+        return logits
+
+    o = fresh(ev)
+    o.model = _Wrapped(ev.model, oracle)
+    r = icl.run_icl(o, classes=4, samples=8, orders=2, words=4, progress=False)
+    assert r["accuracy"] == [1.0] * len(r["shots"]) and r["order"]["accuracies"] == [1.0, 1.0]
+    assert r["task"]["labels"] == task.labels
+
+
+def test_icl_prompt_layout(evs):
+    ev = evs["baseline"]
+    task = icl.build_task(ev, 3, 4, seed=0)
+    enc = icl.Encoder(ev, task)
+    demos = [task.demos[2][0], task.demos[0][0]]
+    q = task.queries[1][0]
+    ids = enc.prompt(demos, q)
+    assert ids[0] == enc.eos and len(ids) == 1 + sum(len(enc.piece(t, c, True)) for t, c in demos) + len(
+        enc.piece(*q, False))
+    text = ev.tokenizer.decode(ids[1:])
+    assert text == (f"{demos[0][0]} -> {task.labels[2]}\n{demos[1][0]} -> {task.labels[0]}\n{q[0]} ->")
+    # queries and demonstrations never share a snippet; all are 4 words long
+    for c in range(3):
+        assert not {t for t, _ in task.queries[c]} & {t for t, _ in task.demos[c]}
+        assert all(len(t.split()) == 4 for t, _ in task.queries[c] + task.demos[c])
