@@ -9,6 +9,7 @@ import importlib
 BENCH_MODULES: tuple[str, ...] = (
     "difftransformer.bench.attention",
     "difftransformer.bench.train",
+    "difftransformer.bench.decode",
 )
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..model.pretrained import TOKENIZER_NAME, load_pretrained, resolve_checkpoint
-from .generate import DECODE_MODES, SamplingConfig, generate, stream
+from .generate import DECODE_MODES, SamplingConfig, check_context, generate, stream
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -92,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
         if not ids:
             raise ValueError(f"prompt {i + 1} is empty: give some text")
         prompts.append(ids)
+    # Refused up front: generation itself would refuse these only after the prompt was echoed or a token printed.
+    check_context(model, max(len(p) for p in prompts), args.max_new_tokens)
+    if args.decode == "cuda-graph" and model.output.weight.device.type != "cuda":
+        raise ValueError(f"--decode cuda-graph needs a CUDA device, the model is on "
+                         f"{model.output.weight.device.type}")
     eos = tok.token_to_id(EOS)
     stops = () if args.ignore_eos or eos is None else (eos,)
     sampling = SamplingConfig(stop_tokens=stops, **sampling_kw)
@@ -125,5 +130,5 @@ def _stream_one(model, tok, ids: list[int], text: str, sampling: SamplingConfig,
         if not piece.endswith("\ufffd"):  # an unfinished multi-byte character: wait for its next byte
             print(piece[len(shown):], end="", flush=True)
             shown = piece
-    print(flush=True)
+    print(tok.decode(new)[len(shown):], flush=True)  # an unfinished character at the very end: as the batch prints
     return len(new)

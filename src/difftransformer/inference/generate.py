@@ -177,7 +177,8 @@ def decode_function(mode: str) -> DecodeFn:
     raise ValueError(f"decode mode {mode!r} is not allowed; choose one of {', '.join(DECODE_MODES)}")
 
 
-def _check_context(model: DiffTransformerLM, prompt_len: int, max_new_tokens: int) -> int:
+def check_context(model: DiffTransformerLM, prompt_len: int, max_new_tokens: int) -> int:
+    """``prompt_len + max_new_tokens`` when it fits the model's context, else a ValueError saying what to change."""
     limit = model.cfg.max_seq_len
     if prompt_len >= limit:
         raise ValueError(f"the prompt has {prompt_len} tokens but the model's context (max_seq_len) is {limit}: "
@@ -203,7 +204,7 @@ def stream(model: DiffTransformerLM, prompts: Sequence[Sequence[int]], sampling:
     ids, mask = left_pad(prompts, pad_id, device)
     check_vocab(ids, mask, model.cfg.vocab_size)
     B, P = ids.shape
-    total = _check_context(model, P, sampling.max_new_tokens)
+    total = check_context(model, P, sampling.max_new_tokens)
     decode_fn = decode_fn or decode_step
     gen = None
     if sampling.seed is not None:
@@ -248,6 +249,9 @@ def generate(model: DiffTransformerLM, prompts: Sequence[Sequence[int]], samplin
     """
     sampling = sampling or SamplingConfig()
     decode_fn = decode_function(decode)
+    if decode == "cuda-graph" and model.output.weight.device.type != "cuda":  # else it fails after the first step
+        raise ValueError(f"decode mode 'cuda-graph' needs a CUDA model, this one is on "
+                         f"{model.output.weight.device.type}")
     steps, dones = [], []
     for token, done in stream(model, prompts, sampling, pad_id=pad_id, decode_fn=decode_fn, stop_check_every=8):
         steps.append(token)

@@ -10,6 +10,7 @@ stays in our own format. A tokenizer.json beside the weights is copied along.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from ..model.pretrained import TOKENIZER_NAME, load_pretrained, resolve_checkpoint, save_pretrained
@@ -37,10 +38,22 @@ def _check_out(out: Path) -> None:
         raise FileExistsError(f"--out {out} exists and is not an empty directory; choose a new one")
 
 
+def _is_ours(path: Path) -> bool:
+    """True for our own model directory: a config.json with our ``attention`` key and no ``model_type``."""
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "attention" in cfg and "model_type" not in cfg
+
+
 def run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     expect = EXPECT[args.expect] if args.expect else None
     if args.from_hf is not None:
+        if _is_ours(args.from_hf):
+            raise ValueError(f"{args.from_hf} is in our own format, not a Hugging Face checkpoint (its config.json "
+                             "names no model_type); use --to-hf to export it")
         model = load_hf(args.from_hf, expect=expect)
         tok = args.from_hf / TOKENIZER_NAME
         if args.out.exists():

@@ -1,0 +1,197 @@
+"""`difftransformer convert` end to end: HF -> ours -> HF through the command line, and bad input failing with
+exactly one error line (no traceback, exit code != 0) and nothing written to --out."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from difftransformer.cli import main  # noqa: E402
+from difftransformer.interop.hf import read_hf_weights  # noqa: E402
+from difftransformer.model import DiffTransformerLM, ModelConfig  # noqa: E402
+from difftransformer.model.pretrained import save_pretrained  # noqa: E402
+
+VOCAB = 80
+IDS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def randomise(model: torch.nn.Module) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif "lambda" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            else:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    return model.eval()
+
+
+def hf_model(kind: str):
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=32, rms_norm_eps=1e-5,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    torch.manual_seed(0)
+    if kind == "diffllama":
+        return randomise(DiffLlamaForCausalLM(DiffLlamaConfig(**common)))
+    return randomise(LlamaForCausalLM(LlamaConfig(**common)))
+
+
+def ours(attention: str, **kw) -> DiffTransformerLM:
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden=96,
+                      max_seq_len=32, attention=attention, **kw)
+    torch.manual_seed(0)
+    return randomise(DiffTransformerLM(cfg))
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("convert")
+    for kind in ("diffllama", "llama"):
+        hf_model(kind).save_pretrained(root / kind)
+    (root / "diffllama" / "tokenizer.json").write_text('{"not": "read, only copied"}')
+    save_pretrained(ours("diff_v1", headwise_norm_weight=False), root / "ours_v1")
+    save_pretrained(ours("diff_v2"), root / "ours_v2")
+    save_pretrained(ours("baseline"), root / "ours_base")
+    return root
+
+
+def _fails(capsys, argv: list[str], expected: str) -> None:
+    capsys.readouterr()
+    rc = main(argv)
+    out = capsys.readouterr()
+    assert rc != 0
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert lines[0].startswith("difftransformer convert: error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in out.err + out.out
+
+
+# ---------------------------------------------------------------------------------------------- working conversions
+@pytest.mark.parametrize("kind, cls, attention", [("diffllama", DiffLlamaForCausalLM, "diff_v1"),
+                                                  ("llama", LlamaForCausalLM, "baseline")])
+def test_from_hf_and_back_through_the_cli(tmp_path, dirs, capsys, kind, cls, attention):
+    assert main(["convert", "--from-hf", str(dirs / kind), "--out", str(tmp_path / "ours")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    model = DiffTransformerLM.from_pretrained(tmp_path / "ours")
+    assert model.cfg.attention == attention and model.cfg.rope_theta == 1000.0
+    hf = cls.from_pretrained(dirs / kind).eval()
+    with torch.no_grad():
+        want, got = hf(IDS).logits, model(IDS).logits
+    assert want.abs().max() > 1.0 and (want - got).abs().max() <= 1e-5
+    assert (tmp_path / "ours" / "tokenizer.json").is_file() == (kind == "diffllama")
+    # and back: the very same Hugging Face tensors
+    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "back")]) == 0
+    a, b = read_hf_weights(dirs / kind), read_hf_weights(tmp_path / "back")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ours_to_hf_to_ours_through_the_cli_is_bitwise(tmp_path, dirs, capsys):
+    assert main(["convert", "--to-hf", str(dirs / "ours_v1"), "--out", str(tmp_path / "hf"),
+                 "--expect", "diff_v1"]) == 0
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back"),
+                 "--expect", "diffllama"]) == 0
+    a, b = DiffTransformerLM.from_pretrained(dirs / "ours_v1"), DiffTransformerLM.from_pretrained(tmp_path / "back")
+    assert a.cfg == b.cfg
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    hf = DiffLlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        assert (hf(IDS).logits - a(IDS).logits).abs().max() <= 1e-5
+
+
+def test_empty_out_directory_is_accepted(tmp_path, dirs):
+    (tmp_path / "out").mkdir()
+    assert main(["convert", "--from-hf", str(dirs / "llama"), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def _edited_copy(src, dst, **changes):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_missing_inputs(tmp_path, capsys):
+    out = tmp_path / "out"
+    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "nope"), "--out", str(out)], "nope does not exist")
+    _fails(capsys, ["convert", "--to-hf", str(tmp_path / "nope"), "--out", str(out)], "nope does not exist")
+    (tmp_path / "empty").mkdir()
+    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "empty"), "--out", str(out)], "config.json does not exist")
+    _fails(capsys, ["convert", "--to-hf", str(tmp_path / "empty"), "--out", str(out)], "holds neither")
+    (tmp_path / "file").write_text("x")
+    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "file"), "--out", str(out)], "is not a directory")
+    assert not out.exists()
+
+
+def test_missing_weights(tmp_path, dirs, capsys):
+    shutil.copytree(dirs / "llama", tmp_path / "hf")
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")],
+           "holds neither model.safetensors nor model.safetensors.index.json")
+    (tmp_path / "hf" / "pytorch_model.bin").write_bytes(b"pickle")
+    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], "pickle")
+    assert not (tmp_path / "out").exists()
+
+
+def test_wrong_architecture(tmp_path, dirs, capsys):
+    out = tmp_path / "out"
+    gpt2 = _edited_copy(dirs / "llama", tmp_path / "gpt2", model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    _fails(capsys, ["convert", "--from-hf", str(gpt2), "--out", str(out)], "model_type='gpt2' is not supported")
+    _fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--out", str(out), "--expect", "diffllama"],
+           "not the expected diff_v1")
+    _fails(capsys, ["convert", "--to-hf", str(dirs / "ours_base"), "--out", str(out), "--expect", "diff_v1"],
+           "not the expected diff_v1")
+    _fails(capsys, ["convert", "--to-hf", str(dirs / "ours_v2"), "--out", str(out)], "no Hugging Face class")
+    _fails(capsys, ["convert", "--to-hf", str(dirs / "diffllama"), "--out", str(out)],
+           "already a Hugging Face checkpoint (use --from-hf")
+    _fails(capsys, ["convert", "--from-hf", str(dirs / "ours_v1"), "--out", str(out)], "is in our own format, not a Hugging Face checkpoint")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind, changes, expected", [
+    ("diffllama", dict(hidden_size=32), "shape"),
+    ("diffllama", dict(num_attention_heads=8, head_dim=8), "shape"),
+    ("llama", dict(num_hidden_layers=3), "lacks tensor"),
+    ("llama", dict(num_hidden_layers=1), "no place for"),
+    ("llama", dict(vocab_size=VOCAB + 1), "shape"),
+])
+def test_hf_shape_mismatches(tmp_path, dirs, capsys, kind, changes, expected):
+    bad = _edited_copy(dirs / kind, tmp_path / "bad", **changes)
+    _fails(capsys, ["convert", "--from-hf", str(bad), "--out", str(tmp_path / "out")], expected)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("changes, expected", [(dict(d_model=128, head_dim=32), "has shape"),
+                                               (dict(n_layers=3), "does not match")])
+def test_our_shape_mismatches(tmp_path, dirs, capsys, changes, expected):
+    bad = _edited_copy(dirs / "ours_base", tmp_path / "bad", **changes)
+    _fails(capsys, ["convert", "--to-hf", str(bad), "--out", str(tmp_path / "out")], expected)
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_out_is_not_overwritten(tmp_path, dirs, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    _fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--out", str(out)], "exists and is not an empty")
+    _fails(capsys, ["convert", "--to-hf", str(dirs / "ours_v1"), "--out", str(out)], "exists and is not an empty")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
