@@ -48,7 +48,7 @@ def loss_and_grads(model, idx):
     return out.loss.detach().double().cpu(), {n: p.grad.double().cpu() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "blocked", "eager"])
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])  # "blocked" is a CPU path: sdpa on CUDA
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
 @pytest.mark.parametrize("attention", VARIANTS)
 def test_cuda_float32_matches_float64_oracle(attention, backend, n_kv_heads):
@@ -60,7 +60,7 @@ def test_cuda_float32_matches_float64_oracle(attention, backend, n_kv_heads):
     for name in g_ref:
         scale = g_ref[name].abs().max().item() + 1e-12
         err = (g[name] - g_ref[name]).abs().max().item()
-        assert err <= 1e-4 * scale, f"{name}: max |grad error| {err:.3g} vs max |grad| {scale:.3g}"
+        assert err <= 1e-4 * scale + 1e-9, f"{name}: max |grad error| {err:.3g} vs max |grad| {scale:.3g}"
 
 
 @pytest.mark.parametrize("attention", VARIANTS)

@@ -4,14 +4,13 @@ variant, relative to the baseline with SDPA, measured in the same run.
 Times are taken round-robin in one process (each round runs every case once) and each ratio is the median over
 rounds of the per-round ratio, so that a change of machine load hits all cases alike. Peak memory is measured
 for each (variant, backend, N) in a fresh child process, so that it is its own: on CPU the rise of the process's
-resident-set high-water mark over its first step; on CUDA ``torch.cuda.max_memory_allocated``.
+resident-set high-water mark over its first step (reset first); on CUDA ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import resource
 import sys
 import statistics
 from typing import Callable
@@ -55,6 +54,15 @@ def _build(attention: str, backend: str, n: int, args) -> Callable[[], None]:
     return step
 
 
+def _status_kib(field: str) -> int:
+    """A ``kB`` field of /proc/self/status (VmRSS: resident now, VmHWM: its high-water mark)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} (the CPU memory measurement needs Linux)")
+
+
 def _peak_child(attention: str, backend: str, n: int, args, queue) -> None:
     """In a fresh process: the rise of peak memory over the first fwd+bwd step, from just after building."""
     step = _build(attention, backend, n, args)
@@ -65,9 +73,13 @@ def _peak_child(attention: str, backend: str, n: int, args, queue) -> None:
         step()
         queue.put(torch.cuda.max_memory_allocated() - base)
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # The high-water mark of the resident set, reset just before the step (Linux: clear_refs 5), minus the
+        # resident set then. ru_maxrss alone cannot be reset, and importing torch can leave it above the step's peak.
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status_kib("VmRSS")
         step()
-        queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
+        queue.put((_status_kib("VmHWM") - base) * 1024)
 
 
 def peak_memory(attention: str, backend: str, n: int, args) -> float:

@@ -8,7 +8,8 @@ builds it once per forward from the causal rule, the cache positions and an opti
 Backends: ``eager`` materialises the softmax maps (the test oracle and the analysis tool); ``sdpa`` runs
 ``torch.nn.functional.scaled_dot_product_attention`` and never builds an N x N tensor; ``blocked`` runs
 DIFF's row-blocked kernel (``blocked.py``) that forms A1 - lambda*A2 block by block before multiplying by V
-(falls back to ``sdpa`` when a padding mask or a KV cache is in play, and for the baseline).
+(falls back to ``sdpa`` when a padding mask or a KV cache is in play, for the baseline, and off the CPU:
+the kernel is a CPU path; on CUDA the fused SDPA kernels are 4-7x faster than it, measured on an H100).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class DiffV1Attention(Attention):
                 maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2, lam=lam.detach())
         elif self.use_decode(T, return_maps):
             out = self._decode_diff(q, k, v, lam, mask)
-        elif self.backend == "blocked" and mask is None and self.kv_cache is None:
+        elif self.backend == "blocked" and mask is None and self.kv_cache is None and x.device.type == "cpu":
             from .blocked import blocked_diff_attention  # imported here: only this path needs it
 
             out = blocked_diff_attention(q1, q2, k1, k2, v, lam.to(x.dtype), scale=self.scale)  # (B, h, T, 2d)

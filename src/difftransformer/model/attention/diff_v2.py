@@ -78,7 +78,7 @@ class DiffV2Attention(Attention):
         elif self.use_decode(T, return_maps):  # KV-cache decode: the baseline's cache, read once
             out = self.combine(*self.split_pairs(grouped_attention(q, k, v, mask, self.scale)), lam)  # (B, H, 1, d)
         elif (self.backend == "blocked" and mask is None and self.kv_cache is None
-              and self.pairing == "interleaved"):
+              and self.pairing == "interleaved" and x.device.type == "cpu"):
             q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, H, T, d): pair i reads KV head i // (H / Hkv)
             lam_b = torch.ones((), dtype=x.dtype, device=x.device) if lam is None else lam
             from .blocked import blocked_diff_attention  # imported here: only this path needs it
