@@ -15,14 +15,6 @@ TINY = ["--batch", "1", "2", "--contexts", "6", "17", "--layers", "1", "--d-mode
         "--vocab-size", "64", "--new-tokens", "3", "--rounds", "1"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def parse(*extra: str):
     return build_parser().parse_args(["bench", "decode", *TINY, *extra])
 

@@ -9,17 +9,6 @@ import pytest
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared, loaded machine punishes spinning OpenMP workers."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """``{variant: run_dir}``: the tiny preset for 10 steps, 128-token positions (training windows of 64, so

@@ -20,14 +20,6 @@ TEXT = ["In the beginning was the word, and the word was with the model.",
 CONTEXT = 40
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"

@@ -21,14 +21,6 @@ VOCAB = 80
 IDS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def randomise(model: torch.nn.Module) -> torch.nn.Module:
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():

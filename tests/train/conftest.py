@@ -11,12 +11,3 @@ def prepared_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("prepared"))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared, loaded machine punishes spinning OpenMP workers."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
