@@ -346,6 +346,17 @@ def _plt():
     return plt
 
 
+def save_figure(plt, fig, axes, path: Path, grid: bool = True) -> None:
+    """Legends (and a light grid) on every panel, then write the PNG and free the figure."""
+    for a in axes:
+        a.legend(fontsize=7)
+        if grid:
+            a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
 COLORS = {"baseline": "#555555", "diff_v1": "#1f77b4", "diff_v2": "#d62728"}
 
 
@@ -366,12 +377,7 @@ def plot_training(runs: Sequence[RunResults], path: Path) -> None:
     ax[0].set(title="training loss (triangles: spikes)", xlabel="step", ylabel="loss")
     ax[1].set(title="validation loss", xlabel="step")
     ax[2].set(title="gradient norm before clipping", xlabel="step", yscale="log")
-    for a in ax:
-        a.legend(fontsize=7)
-        a.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(plt, fig, ax, path)
 
 
 def plot_noise(runs: Sequence[RunResults], path: Path) -> None:
@@ -385,12 +391,7 @@ def plot_noise(runs: Sequence[RunResults], path: Path) -> None:
         ax[1].plot(layers, x["noise_per_layer"], marker="o", color=COLORS.get(r.attention), label=r.ev.label)
     ax[0].set(title="attention on the answer span", xlabel="layer")
     ax[1].set(title="attention on the rest of the context (noise)", xlabel="layer")
-    for a in ax:
-        a.legend(fontsize=7)
-        a.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(plt, fig, ax, path)
 
 
 def plot_outliers(runs: Sequence[RunResults], path: Path) -> None:
@@ -406,10 +407,7 @@ def plot_outliers(runs: Sequence[RunResults], path: Path) -> None:
     for a, title in zip(ax, ("|attention logits|", "|hidden states|")):
         a.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))], keys)
         a.set(title=title, yscale="log")
-        a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(plt, fig, ax, path, grid=False)
 
 
 def plot_quantized(runs: Sequence[RunResults], path: Path) -> None:
@@ -427,12 +425,7 @@ def plot_quantized(runs: Sequence[RunResults], path: Path) -> None:
         ax[1].axhline(t["random_needle"], ls="--", color="k", lw=0.8, label="random needle")
     ax[0].set(title="validation loss vs attention-logit bits (32 = full)", xlabel="bits", xscale="log")
     ax[1].set(title="retrieval accuracy vs bits", xlabel="bits", xscale="log", ylim=(-0.02, 1.02))
-    for a in ax:
-        a.legend(fontsize=7)
-        a.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(plt, fig, ax, path)
 
 
 # ---------------------------------------------------------------------------------------------- HTML
