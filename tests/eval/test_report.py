@@ -1,6 +1,6 @@
 """The HTML report: written over three tiny runs, rendered in headless Chromium, its tables and images present.
 
-Chromium is Debian's `chromium` package (.ci/run installs it when missing); without it the rendering test fails
+Chromium is Debian's `chromium` package (`make test` installs it when missing); without it the rendering test fails
 rather than skips, since the report's promise is a page a person can open.
 """
 
@@ -51,7 +51,7 @@ def chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail("headless Chromium is needed to render the report (apt-get install chromium; .ci/run does it)")
+    pytest.fail("headless Chromium is needed to render the report (apt-get install chromium; `make test` does it)")
 
 
 @pytest.fixture(scope="module")

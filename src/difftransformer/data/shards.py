@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from . import corpus
-from .synthetic import retrieval_documents
+from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents
 from .tokenizer import eos_id, train_tokenizer
 
 META_NAME = "meta.json"
@@ -78,7 +78,9 @@ def mix_retrieval(docs: list[str], data_cfg, seed: int) -> list[str]:
     share = data_cfg.retrieval_share
     if share <= 0:
         return docs
-    filler = corpus.sentences(docs)
+    filler = [s for s in corpus.sentences(docs) if len(s) <= FILLER_MAX_CHARS]  # the evaluation's filler too
+    if not filler:
+        raise ValueError("data.retrieval_share > 0 needs corpus sentences of 20-150 characters for the filler")
     kw = dict(n_needles=data_cfg.retrieval_n_needles, n_queries=data_cfg.retrieval_n_queries,
               n_filler=data_cfg.retrieval_n_filler, digits=data_cfg.retrieval_digits)
     sample = retrieval_documents(16, filler, seed=seed, **kw)
@@ -93,6 +95,14 @@ def mix_retrieval(docs: list[str], data_cfg, seed: int) -> list[str]:
             out.append(extra[j])
             j += 1
     return out + extra[j:]
+
+
+def retrieval_doc_tokens(tok, docs: list[str], sample: int = 256) -> int:
+    """Median token length of the retrieval documents among ``docs`` (0 when there are none)."""
+    found = [d for d in docs if RETRIEVAL_MARKER in d][:sample]
+    if not found:
+        return 0
+    return int(np.median([len(e.ids) for e in tok.encode_batch(found)]))
 
 
 def _encode(tok, docs: list[str], split: str, progress: bool) -> np.ndarray:
@@ -133,6 +143,11 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
     meta = {"fingerprint": fingerprint(data_cfg), "dtype": dtype, "vocab_size": data_cfg.vocab_size,
             "num_tokens": counts, "documents": {s: len(d) for s, d in split_docs.items()},
             "data": dataclasses.asdict(data_cfg)}
+    if data_cfg.retrieval_share > 0:
+        meta["retrieval_doc_tokens"] = n = retrieval_doc_tokens(tok, split_docs["train"])
+        if n > data_cfg.seq_len // 2:
+            tqdm.write(f"note: retrieval documents are {n} tokens (median) for data.seq_len={data_cfg.seq_len}: few "
+                       "training windows hold a needle and its question; lower data.retrieval_n_filler")
     (out / META_NAME).write_text(json.dumps(meta, indent=1) + "\n")
     return PreparedData(out, dtype, data_cfg.vocab_size, counts)
 

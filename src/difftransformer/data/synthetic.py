@@ -26,6 +26,7 @@ CITIES: tuple[str, ...] = (
 )
 
 
+FILLER_MAX_CHARS = 150  # filler sentences of retrieval documents and haystacks: short ones keep documents short
 RETRIEVAL_MARKER = "Pass number:"  # every retrieval document holds it: how evaluation tells them from prose
 
 

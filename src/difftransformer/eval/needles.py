@@ -20,13 +20,12 @@ import torch
 from tqdm import tqdm
 
 from ..data.corpus import sentences
-from ..data.synthetic import Haystack, needle_haystack
+from ..data.synthetic import FILLER_MAX_CHARS, Haystack, needle_haystack
 from ..data.tokenizer import EOS
 from .loading import EvalModel, held_out_documents, load_for_eval, write_json
 
 QUICK = dict(lengths=(0.25, 0.5, 1.0), depths=(0.0, 0.5, 1.0), samples=16)
 FULL = dict(lengths=(0.25, 0.5, 0.75, 1.0), depths=(0.0, 0.25, 0.5, 0.75, 1.0), samples=40)
-MAX_FILLER_CHARS = 150  # short filler sentences give a finer control of the haystack length
 
 
 @dataclass
@@ -93,7 +92,7 @@ def encode_haystack(tok, h: Haystack) -> EncodedHaystack:
 
 def filler_sentences(ev: EvalModel) -> tuple[list[str], str]:
     docs, note = held_out_documents(ev)
-    fill = [s for s in sentences(docs) if len(s) <= MAX_FILLER_CHARS]
+    fill = [s for s in sentences(docs) if len(s) <= FILLER_MAX_CHARS]
     if len(fill) < 8:
         raise ValueError(f"held-out text ({note}) gives only {len(fill)} filler sentences; need at least 8")
     return fill, note
