@@ -229,3 +229,17 @@ def test_icl_prompt_layout(evs):
     for c in range(3):
         assert not {t for t, _ in task.queries[c]} & {t for t, _ in task.demos[c]}
         assert all(len(t.split()) == 4 for t, _ in task.queries[c] + task.demos[c])
+
+
+def test_noise_section_explains_negative_differential_mass():
+    from types import SimpleNamespace
+
+    from difftransformer.eval.report import _noise_section
+
+    def run(label, answer, noise):
+        return SimpleNamespace(ev=SimpleNamespace(label=label),
+                               results={"noise": {"map": "differential", "answer": answer, "noise": noise,
+                                                  "uniform_answer_share": 0.05}})
+
+    assert "negative mass" not in _noise_section([run("base", 0.02, 0.3), run("v2", 0.01, 0.1)])
+    assert "negative mass" in _noise_section([run("base", 0.02, 0.3), run("v1", -0.004, -0.09)])

@@ -559,7 +559,12 @@ def _noise_section(runs: Sequence[RunResults]) -> str:
     rs = [r for r in runs if "noise" in r.results]
     rows = [[r.ev.label, r.results["noise"]["map"], r.results["noise"]["answer"], r.results["noise"]["noise"],
              r.results["noise"]["uniform_answer_share"]] for r in rs]
-    return table(["run", "map", "answer mass", "noise mass", "uniform attention's answer mass"], rows, left=2)
+    out = table(["run", "map", "answer mass", "noise mass", "uniform attention's answer mass"], rows, left=2)
+    if any(r.results["noise"][k] < 0 for r in rs for k in ("answer", "noise")):
+        out += ("<p>A negative mass is possible for DIFF: its map A1 - lambda*A2 is not a probability distribution, "
+                "and where the second map outweighs the first the sum goes below zero. The noise verdict compares the "
+                "signed sums, as the paper's Table 3 does.</p>")
+    return out
 
 
 def _outliers_section(runs: Sequence[RunResults]) -> str:
