@@ -145,9 +145,10 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
             "data": dataclasses.asdict(data_cfg)}
     if data_cfg.retrieval_share > 0:
         meta["retrieval_doc_tokens"] = n = retrieval_doc_tokens(tok, split_docs["train"])
-        if n > data_cfg.seq_len // 2:
-            tqdm.write(f"note: retrieval documents are {n} tokens (median) for data.seq_len={data_cfg.seq_len}: few "
-                       "training windows hold a needle and its question; lower data.retrieval_n_filler")
+        if n > data_cfg.seq_len:
+            tqdm.write(f"note: retrieval documents are {n} tokens (median), longer than data.seq_len="
+                       f"{data_cfg.seq_len}: few training windows hold a needle and its question; lower "
+                       "data.retrieval_n_filler")
     (out / META_NAME).write_text(json.dumps(meta, indent=1) + "\n")
     return PreparedData(out, dtype, data_cfg.vocab_size, counts)
 
