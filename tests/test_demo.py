@@ -24,6 +24,10 @@ def test_demo_trains_three_variants_then_reuses_them(tmp_path, capsys):
     assert main(argv) == 0  # complete runs are reused, not retrained or refused
     again = capsys.readouterr().out
     assert again.count("reused") == 3
+    # A complete run from other options (here another preset) is refused, not silently reported as this one.
+    assert main(["demo", "--config", "demo", "--steps", "4", "--out", str(out), "--no-report", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "other model or data options" in err[0]
 
 
 def test_demo_bad_input_is_one_line(tmp_path, capsys):

@@ -36,6 +36,18 @@ def _run_state(run_dir: Path, steps: int) -> str:
     return "partial" if ckpts else "new-over-empty"
 
 
+def _check_same_run(run_dir: Path, cfg, out: Path) -> None:
+    """Refuse to reuse a complete run trained with other model or data options (e.g. an older preset)."""
+    from .data.shards import fingerprint
+    from .train.config import TrainConfig
+    from .train.trainer import RUN_CONFIG_NAME
+
+    saved = TrainConfig.from_dict(json.loads((run_dir / RUN_CONFIG_NAME).read_text()))
+    if saved.model != cfg.model or fingerprint(saved.data) != fingerprint(cfg.data):
+        raise ValueError(f"{run_dir} was trained with other model or data options than the preset's now; delete "
+                         f"{out} (or pass another --out) to train afresh")
+
+
 def _final_metrics(run_dir: Path) -> tuple[float, float]:
     """(mean logged training tokens/s, last validation loss) read back from a run's metrics.jsonl."""
     tps, val = [], float("nan")
@@ -88,6 +100,7 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
                 shutil.rmtree(run_dir)
                 state = "new"
             if state == "done":
+                _check_same_run(run_dir, cfg, out)
                 print(f"{name}: complete in {run_dir}, reused (delete {out} to retrain)")
                 params = None
             else:
