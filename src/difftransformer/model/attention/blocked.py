@@ -60,9 +60,9 @@ def _group_queries(q1: torch.Tensor, q2: torch.Tensor, hk: int, scale: float) ->
     as (2, B*Hk, (i1-i0)*r, d) with no copy.
     """
     b, hq, t, d = q1.shape
-    q = torch.stack((q1, q2))  # (2, B, Hq, T, d)
-    q = q.view(2, b * hk, hq // hk, t, d).transpose(2, 3)  # (2, G, T, r, d)
-    return (q * scale).contiguous()
+    q = torch.stack((q1, q2))  # (2, B, Hq, T, d), a fresh tensor
+    q = q.view(2, b * hk, hq // hk, t, d).transpose(2, 3).contiguous()  # (2, G, T, r, d); no copy when r == 1
+    return q.mul_(scale)  # in place: one query-sized buffer instead of two
 
 
 def _group_rows(x: torch.Tensor, hk: int) -> torch.Tensor:
