@@ -101,7 +101,7 @@ def test_lambda_probe_reads_v1_lambda_and_v2_mean_sigmoid():
     v2(x)
     want = torch.sigmoid(seen[0] @ v2.layers[1].attn.wlambda.weight.T).mean()
     res = probe.result()["lambda_v2_mean_sigmoid"]
-    assert len(res) == 2 and res[1] == pytest.approx(float(want), rel=1e-6)
+    assert len(res) == 2 and res[1] == pytest.approx(float(want.detach()), rel=1e-6)
     probe.remove()
     v2(x)
     assert len(seen) == 2 and probe.result()["lambda_v2_mean_sigmoid"][1] == res[1]  # removed: not re-recorded

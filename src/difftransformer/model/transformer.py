@@ -202,4 +202,5 @@ class DiffTransformerLM(nn.Module):
 
     def lambdas(self) -> list[float]:
         """DIFF V1's current lambda per layer (eq. 2); empty for other variants."""
-        return [float(l.attn.lambda_full()) for l in self.layers if hasattr(l.attn, "lambda_full")]
+        with torch.no_grad():
+            return [float(l.attn.lambda_full()) for l in self.layers if hasattr(l.attn, "lambda_full")]
