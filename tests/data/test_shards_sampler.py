@@ -73,3 +73,21 @@ def test_sampler_state_restores_the_position():
 def test_eval_starts_are_fixed_and_in_range():
     s = eval_starts(1000, 32, 8)
     assert s[0] == 0 and s[-1] == 1000 - 33 and torch.equal(s, eval_starts(1000, 32, 8))
+
+
+def test_retrieval_document_length_is_recorded_and_long_ones_get_a_note(tmp_path, capsys):
+    from difftransformer.data.shards import retrieval_doc_tokens
+    from difftransformer.data.synthetic import RETRIEVAL_MARKER
+
+    short = prepare_data(_cfg(retrieval_n_filler=1, seq_len=4096), tmp_path / "short", progress=False)
+    n_short = json.loads((short.directory / "meta.json").read_text())["retrieval_doc_tokens"]
+    tok = load_tokenizer(short.tokenizer_file)
+    doc = f"{RETRIEVAL_MARKER} Paris 12. And it was so."
+    assert retrieval_doc_tokens(tok, [doc, "prose without the marker"]) == len(tok.encode(doc).ids)
+    assert retrieval_doc_tokens(tok, ["prose only"]) == 0
+    assert n_short > 0 and "note: retrieval documents" not in capsys.readouterr().err
+    # More filler per document: longer documents, and a note on stderr once they outgrow data.seq_len.
+    long = prepare_data(_cfg(retrieval_n_filler=8), tmp_path / "long", progress=False)
+    n_long = json.loads((long.directory / "meta.json").read_text())["retrieval_doc_tokens"]
+    assert n_long > max(n_short, 32)  # 32 = data.seq_len of _cfg
+    assert "note: retrieval documents" in capsys.readouterr().err

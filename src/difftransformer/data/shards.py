@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,7 +149,7 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
         if n > data_cfg.seq_len:
             tqdm.write(f"note: retrieval documents are {n} tokens (median), longer than data.seq_len="
                        f"{data_cfg.seq_len}: few training windows hold a needle and its question; lower "
-                       "data.retrieval_n_filler")
+                       "data.retrieval_n_filler", file=sys.stderr)
     (out / META_NAME).write_text(json.dumps(meta, indent=1) + "\n")
     return PreparedData(out, dtype, data_cfg.vocab_size, counts)
 
