@@ -38,12 +38,11 @@ def _run_state(run_dir: Path, steps: int) -> str:
 
 def _check_same_run(run_dir: Path, cfg, out: Path) -> None:
     """Refuse to reuse a complete run trained with other model or data options (e.g. an older preset)."""
-    from .data.shards import fingerprint
     from .train.config import TrainConfig
-    from .train.trainer import RUN_CONFIG_NAME
+    from .train.trainer import RUN_CONFIG_NAME, same_data
 
     saved = TrainConfig.from_dict(json.loads((run_dir / RUN_CONFIG_NAME).read_text()))
-    if saved.model != cfg.model or fingerprint(saved.data) != fingerprint(cfg.data):
+    if saved.model != cfg.model or not same_data(saved.data, cfg.data):
         raise ValueError(f"{run_dir} was trained with other model or data options than the preset's now; delete "
                          f"{out} (or pass another --out) to train afresh")
 

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from . import corpus
-from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents
+from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents, short_sentences
 from .tokenizer import eos_id, train_tokenizer
 
 META_NAME = "meta.json"
@@ -79,9 +79,10 @@ def mix_retrieval(docs: list[str], data_cfg, seed: int) -> list[str]:
     share = data_cfg.retrieval_share
     if share <= 0:
         return docs
-    filler = [s for s in corpus.sentences(docs) if len(s) <= FILLER_MAX_CHARS]  # the evaluation's filler too
+    filler = short_sentences(corpus.sentences(docs))  # the evaluation's filler too
     if not filler:
-        raise ValueError("data.retrieval_share > 0 needs corpus sentences of 20-150 characters for the filler")
+        raise ValueError(f"data.retrieval_share > 0 needs corpus sentences of at most {FILLER_MAX_CHARS} characters "
+                         "for the filler")
     kw = dict(n_needles=data_cfg.retrieval_n_needles, n_queries=data_cfg.retrieval_n_queries,
               n_filler=data_cfg.retrieval_n_filler, digits=data_cfg.retrieval_digits)
     sample = retrieval_documents(16, filler, seed=seed, **kw)

@@ -30,6 +30,11 @@ FILLER_MAX_CHARS = 150  # filler sentences of retrieval documents and haystacks:
 RETRIEVAL_MARKER = "Pass number:"  # every retrieval document holds it: how evaluation tells them from prose
 
 
+def short_sentences(sentences: Sequence[str]) -> list[str]:
+    """The sentences short enough to be filler (at most ``FILLER_MAX_CHARS``), for training and evaluation alike."""
+    return [s for s in sentences if len(s) <= FILLER_MAX_CHARS]
+
+
 @dataclass
 class Needle:
     city: str

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.corpus import sentences
-from ..data.synthetic import FILLER_MAX_CHARS, Haystack, needle_haystack
+from ..data.synthetic import Haystack, needle_haystack, short_sentences
 from ..data.tokenizer import EOS
 from .loading import EvalModel, held_out_documents, load_for_eval, write_json
 
@@ -92,7 +92,7 @@ def encode_haystack(tok, h: Haystack) -> EncodedHaystack:
 
 def filler_sentences(ev: EvalModel) -> tuple[list[str], str]:
     docs, note = held_out_documents(ev)
-    fill = [s for s in sentences(docs) if len(s) <= FILLER_MAX_CHARS]
+    fill = short_sentences(sentences(docs))
     if len(fill) < 8:
         raise ValueError(f"held-out text ({note}) gives only {len(fill)} filler sentences; need at least 8")
     return fill, note

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..model.pretrained import TOKENIZER_NAME, load_pretrained, resolve_checkpoint
-from .generate import DECODE_MODES, SamplingConfig, check_context, generate, stream
+from .generate import DECODE_MODES, SamplingConfig, check_context, check_decode_device, generate, stream
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -94,9 +94,7 @@ def run(args: argparse.Namespace) -> int:
         prompts.append(ids)
     # Refused up front: generation itself would refuse these only after the prompt was echoed or a token printed.
     check_context(model, max(len(p) for p in prompts), args.max_new_tokens)
-    if args.decode == "cuda-graph" and model.output.weight.device.type != "cuda":
-        raise ValueError(f"--decode cuda-graph needs a CUDA device, the model is on "
-                         f"{model.output.weight.device.type}")
+    check_decode_device(model, args.decode)
     eos = tok.token_to_id(EOS)
     stops = () if args.ignore_eos or eos is None else (eos,)
     sampling = SamplingConfig(stop_tokens=stops, **sampling_kw)

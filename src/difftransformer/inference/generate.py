@@ -177,6 +177,13 @@ def decode_function(mode: str) -> DecodeFn:
     raise ValueError(f"decode mode {mode!r} is not allowed; choose one of {', '.join(DECODE_MODES)}")
 
 
+def check_decode_device(model: DiffTransformerLM, mode: str) -> None:
+    """Refuse 'cuda-graph' for a model off CUDA up front (it would fail only after the first decoded token)."""
+    device = model.output.weight.device.type
+    if mode == "cuda-graph" and device != "cuda":
+        raise ValueError(f"decode mode 'cuda-graph' needs a CUDA model, this one is on {device}")
+
+
 def check_context(model: DiffTransformerLM, prompt_len: int, max_new_tokens: int) -> int:
     """``prompt_len + max_new_tokens`` when it fits the model's context, else a ValueError saying what to change."""
     limit = model.cfg.max_seq_len
@@ -249,9 +256,7 @@ def generate(model: DiffTransformerLM, prompts: Sequence[Sequence[int]], samplin
     """
     sampling = sampling or SamplingConfig()
     decode_fn = decode_function(decode)
-    if decode == "cuda-graph" and model.output.weight.device.type != "cuda":  # else it fails after the first step
-        raise ValueError(f"decode mode 'cuda-graph' needs a CUDA model, this one is on "
-                         f"{model.output.weight.device.type}")
+    check_decode_device(model, decode)
     steps, dones = [], []
     for token, done in stream(model, prompts, sampling, pad_id=pad_id, decode_fn=decode_fn, stop_check_every=8):
         steps.append(token)

@@ -44,6 +44,11 @@ class TrainResult:
 
 
 # ---------------------------------------------------------------------------------------------- setup
+def same_data(a, b) -> bool:
+    """Two [data] sections give the same training tokens and windows (where prepared shards live aside)."""
+    return fingerprint(a) == fingerprint(b) and a.seq_len == b.seq_len
+
+
 def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[[str], None]) -> Optional[Path]:
     """The checkpoint to resume from (None for a fresh run); refuses to overwrite or to mix two runs."""
     cfg_file = run_dir / RUN_CONFIG_NAME
@@ -61,7 +66,7 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
         raise ValueError(f"--resume: the run is already at step {done} >= train.steps={cfg.train.steps}; "
                          "raise --train.steps to train further")
     saved = TrainConfig.from_dict(json.loads(cfg_file.read_text()))
-    if fingerprint(saved.data) != fingerprint(cfg.data) or saved.data.seq_len != cfg.data.seq_len:
+    if not same_data(saved.data, cfg.data):
         raise ValueError(f"--resume: the [data] section differs from the run's {cfg_file}; resume with the same data")
     return ckpt
 
