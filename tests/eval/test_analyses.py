@@ -20,6 +20,26 @@ def _png(path) -> None:
     assert data.startswith(PNG) and len(data) > 1000
 
 
+def test_haystack_records_the_last_answered_number(evs):
+    import random
+    import re
+
+    from difftransformer.data.synthetic import needle_haystack
+
+    tok = evs["baseline"].tokenizer
+    rng = random.Random(3)
+    for _ in range(20):
+        h = needle_haystack(rng, ["Filler one here.", "Filler two there."], n_filler=4, depth=0.5, n_needles=4,
+                            n_queries=3, digits=2)
+        last = re.findall(r"A: (\w+) (\d+)\.", h.prompt)[-1]  # the last answered question in the text
+        assert len(h.answered) == 2 and (h.answered[-1].city, h.answered[-1].number) == last
+        assert h.target not in h.answered  # answered questions never ask the target
+        e = needles.encode_haystack(tok, h)
+        assert e.last_answer_first == tok.encode(f" {last[1]}").ids[0]
+    bare = needle_haystack(rng, [], n_filler=0, depth=0.0, n_needles=2, n_queries=1)
+    assert bare.answered == [] and needles.encode_haystack(tok, bare).last_answer_first is None
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_needles(evs, variant):
     ev = evs[variant]
@@ -34,6 +54,7 @@ def test_needles(evs, variant):
     flat = [a for row in r["accuracy"] for a in row]
     assert r["mean_accuracy"] == pytest.approx(sum(flat) / len(flat))
     assert 0.0 <= r["first_token_accuracy"] <= r["any_needle_first_token"] <= 1.0
+    assert 0.0 <= r["last_answer_first_token"] <= 1.0
     text = needles.format_needles(r)
     assert "chance 0.01" in text and "random needle 0.5" in text
 

@@ -16,7 +16,7 @@ out of N among the filler -- the part DIFF claims to improve.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 CITIES: tuple[str, ...] = (
@@ -93,6 +93,7 @@ class Haystack:
     target_span: tuple[int, int]  # the target needle's sentence
     context_end: int  # where the questions begin: the context is prompt[:context_end]
     depth: float  # requested position of the target needle in the context, 0 = start, 1 = end
+    answered: list[Needle] = field(default_factory=list)  # the needles of the answered questions, in order
 
 
 def needle_haystack(rng: random.Random, filler: Sequence[str], *, n_filler: int, depth: float, n_needles: int = 4,
@@ -128,4 +129,4 @@ def needle_haystack(rng: random.Random, filler: Sequence[str], *, n_filler: int,
     asked = [rng.choice(others) for _ in range(n_queries - 1)]
     qs = [question(a, with_answer=True) for a in asked] + [question(target, with_answer=False)]
     prompt = context + "\n" + " ".join(qs)
-    return Haystack(prompt, f" {target.number}", target, needles, span, len(context), depth)
+    return Haystack(prompt, f" {target.number}", target, needles, span, len(context), depth, asked)

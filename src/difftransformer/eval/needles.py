@@ -72,6 +72,7 @@ class EncodedHaystack:
     target: tuple[int, int]  # token span [start, end) of the target needle sentence
     context_end: int  # tokens [0, context_end) are the context (filler + needles), before the questions
     needle_first: list[int]  # first token of each needle's answer (`` <digits>``), the target's first
+    last_answer_first: Optional[int] = None  # first token of the last answered question's number, if any
 
     @property
     def query_pos(self) -> int:
@@ -87,7 +88,8 @@ def encode_haystack(tok, h: Haystack) -> EncodedHaystack:
     covering = [i for i, (s, e) in enumerate(offsets) if s < t1 and e > t0]
     context_end = next((i for i, (s, e) in enumerate(offsets) if s >= h.context_end), answer_start)
     firsts = [tok.encode(f" {n.number}").ids[0] for n in [h.target] + [n for n in h.needles if n is not h.target]]
-    return EncodedHaystack(h, enc.ids, answer_start, (covering[0], covering[-1] + 1), context_end, firsts)
+    last = tok.encode(f" {h.answered[-1].number}").ids[0] if h.answered else None
+    return EncodedHaystack(h, enc.ids, answer_start, (covering[0], covering[-1] + 1), context_end, firsts, last)
 
 
 def filler_sentences(ev: EvalModel) -> tuple[list[str], str]:
@@ -176,7 +178,7 @@ def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK["lengths"], dept
     toks = grid_lengths(ev, lengths, task)
     pad = ev.tokenizer.token_to_id(EOS)
     acc = [[0.0] * len(depths) for _ in toks]
-    first_ok = first_any = 0
+    first_ok = first_any = first_last = 0
     actual = [[0.0] * len(depths) for _ in toks]
     bar = tqdm(total=len(toks) * len(depths), desc=f"needles {ev.label}", disable=not progress, leave=False)
     for i, L in enumerate(toks):
@@ -187,6 +189,7 @@ def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK["lengths"], dept
             acc[i][j] = sum(ok for ok, _ in scored) / len(scored)
             first_ok += sum(first == e.needle_first[0] for (_, first), e in zip(scored, items))
             first_any += sum(first in e.needle_first for (_, first), e in zip(scored, items))
+            first_last += sum(first == e.last_answer_first for (_, first), e in zip(scored, items))
             actual[i][j] = sum(len(e.ids) for e in items) / len(items)
             bar.update()
     bar.close()
@@ -197,6 +200,8 @@ def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK["lengths"], dept
             # diagnostics: the first answer token right, and equal to the first token of some needle's number
             "first_token_accuracy": first_ok / (len(flat) * samples),
             "any_needle_first_token": first_any / (len(flat) * samples),
+            # a recency shortcut: the number of the question just answered (never the target's, by construction)
+            "last_answer_first_token": first_last / (len(flat) * samples),
             "scoring": "exact match of the greedy answer (all tokens of the number)"}
 
 
@@ -209,7 +214,8 @@ def format_needles(r: dict[str, Any]) -> str:
     for L, row in zip(r["lengths"], r["accuracy"]):
         lines.append(f"{L:>12} " + " ".join(f"{a:>6.2f}" for a in row))
     lines.append(f"mean accuracy {r['mean_accuracy']:.3f} {ref}; first answer token right "
-                 f"{r['first_token_accuracy']:.3f}, equal to some needle's {r['any_needle_first_token']:.3f}")
+                 f"{r['first_token_accuracy']:.3f}, equal to some needle's {r['any_needle_first_token']:.3f}, "
+                 f"to the last answered question's {r['last_answer_first_token']:.3f}")
     return "\n".join(lines)
 
 

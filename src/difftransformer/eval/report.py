@@ -547,12 +547,13 @@ def _needles_section(runs: Sequence[RunResults]) -> str:
         return ""
     t = rs[0].results["needles"]["task"]
     rows = [[r.ev.label, r.results["needles"]["mean_accuracy"], r.results["needles"]["first_token_accuracy"],
-             r.results["needles"]["any_needle_first_token"], t["random_needle"], t["chance"]] for r in rs]
+             r.results["needles"]["any_needle_first_token"], r.results["needles"]["last_answer_first_token"],
+             t["random_needle"], t["chance"]] for r in rs]
     return (f"<p class='note'>{t['n_needles']} needles, {t['n_queries']} questions (the last scored), "
             f"{t['digits']}-digit numbers; exact match of the greedy answer. Chance (guessing the digits) "
             f"{t['chance']:.3g}; copying a random needle's number {t['random_needle']:.3g}.</p>"
-            + table(["run", "mean accuracy", "first token right", "first token = some needle's", "random needle",
-                     "chance"], rows))
+            + table(["run", "mean accuracy", "first token right", "first token = some needle's",
+                     "= the last answered question's (a wrong shortcut)", "random needle", "chance"], rows))
 
 
 def _noise_section(runs: Sequence[RunResults]) -> str:
