@@ -25,7 +25,6 @@ LEVEL = 0.95
 SMOKE_MIN_STEPS = 100  # fewer optimizer steps than this: the loss is still in its first fall, nothing to compare
 
 WithinSE = Union[float, tuple[float, float], None]
-UNKNOWN_SPREAD = "one seed: the seed spread is unknown, within-seed interval only"
 
 
 @dataclass(frozen=True)
@@ -94,9 +93,9 @@ def _interval(b: np.ndarray, d: np.ndarray, paired: bool, within_se: WithinSE, l
         if within_se is None:
             return est, math.nan, "none", "one seed each and no within-seed standard error: no interval"
         parts = within_se if isinstance(within_se, tuple) and len(within_se) == 2 else (within_se,)
-        se = math.hypot(*(_num(x, "within_se", 0, math.inf, "[0, inf): one SE of the difference or (se_base, "
-                                                            "se_diff)") for x in parts))
-        return est, t_crit(math.inf, level) * se, "normal, within-seed SE", UNKNOWN_SPREAD
+        se = math.hypot(*(_num(x, "within_se", 0, math.inf, "[0, inf), or a pair (se_base, se_diff)") for x in parts))
+        return est, t_crit(math.inf, level) * se, "normal, within-seed SE", \
+            "one seed: the seed spread is unknown, within-seed interval only"
     if paired:
         return est, t_crit(nb - 1, level) * float((d - b).std(ddof=1)) / math.sqrt(nb), f"paired t, df={nb - 1}", ""
     if nb == 1 or nd == 1:  # one side's spread unknown: pooled (equal-variance) t, df = nb + nd - 2
