@@ -117,7 +117,7 @@ def test_missing_tokenizer(tmp_path, model_dirs, capsys):
 
 def test_tokenizer_larger_than_the_model(tmp_path, tokenizer_file, capsys):
     small = save_pretrained(tiny_model("baseline", vocab_size=200), tmp_path / "small", tokenizer_file=tokenizer_file)
-    _fails(capsys, ["generate", "--checkpoint", str(small), "--prompt", "a"], "wrong tokenizer for this checkpoint")
+    _fails(capsys, ["generate", "--checkpoint", str(small), "--prompt", "a"], "tokenizer does not belong to this model")
 
 
 def test_hugging_face_directory_is_refused_with_the_way_to_convert(tmp_path, model_dirs, capsys):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from difftransformer.model import DiffTransformerLM, ModelConfig
-from difftransformer.model.pretrained import load_pretrained, resolve_checkpoint
+from difftransformer.rundir import resolve_checkpoint
 
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
 BACKENDS = ("eager", "sdpa", "blocked")
@@ -98,7 +98,7 @@ def test_save_load_round_trip(tmp_path, attention):
     torch.manual_seed(0)
     model = DiffTransformerLM(tiny(attention, tie_embeddings=attention == "baseline")).eval()
     model.save_pretrained(tmp_path / "m")
-    loaded = load_pretrained(tmp_path / "m")
+    loaded = DiffTransformerLM.from_pretrained(tmp_path / "m")
     assert loaded.cfg == model.cfg
     for (k, a), (k2, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert k == k2 and torch.equal(a, b), k
@@ -127,7 +127,7 @@ def test_load_rejects_mismatched_weights(tmp_path):
     cfg = tiny("diff_v1", d_model=32, head_dim=8)
     cfg.to_json(tmp_path / "m" / "config.json")
     with pytest.raises(ValueError, match="shape"):
-        load_pretrained(tmp_path / "m")
+        DiffTransformerLM.from_pretrained(tmp_path / "m")
 
 
 def test_sequence_longer_than_max_seq_len_raises():
