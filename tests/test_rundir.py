@@ -7,12 +7,7 @@ import json
 import pytest
 
 from difftransformer import rundir
-from difftransformer.model.config import ModelConfig
 from difftransformer.model.transformer import DiffTransformerLM
-
-
-def tiny(attention: str = "diff_v1") -> ModelConfig:
-    return ModelConfig.from_flavour("tiny", attention=attention)
 
 
 def write_lines(run, *lines: str) -> None:
@@ -54,10 +49,10 @@ def test_lambda_keys_are_the_variants_own():
     assert rundir.LAMBDA_KEYS == (rundir.LAMBDA_V1, rundir.LAMBDA_V2) == ("lambda_v1", "lambda_v2_mean_sigmoid")
 
 
-def test_dir_kind(tmp_path):
+def test_dir_kind(tmp_path, tiny_config):
     assert rundir.dir_kind(tmp_path / "missing") is None
     assert rundir.dir_kind(tmp_path) is None
-    model_dir = DiffTransformerLM(tiny()).save_pretrained(tmp_path / "m")
+    model_dir = DiffTransformerLM(tiny_config()).save_pretrained(tmp_path / "m")
     assert rundir.dir_kind(model_dir) == "model"
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -72,8 +67,8 @@ def test_dir_kind(tmp_path):
     assert rundir.dir_kind(run2) == "run" and rundir.read_run_config(run2) == {}
 
 
-def test_checkpoint_choice(tmp_path):
-    model = DiffTransformerLM(tiny("diff_v2"))
+def test_checkpoint_choice(tmp_path, tiny_config):
+    model = DiffTransformerLM(tiny_config("diff_v2"))
     run = tmp_path / "run"
     for step in (5, 20, 100):
         model.save_pretrained(rundir.step_dir(run, step))
@@ -90,9 +85,9 @@ def test_checkpoint_choice(tmp_path):
     assert rundir.run_of_checkpoint(tmp_path / "m") is None
 
 
-def test_from_pretrained_refuses_a_run_directory(tmp_path):
+def test_from_pretrained_refuses_a_run_directory(tmp_path, tiny_config):
     run = tmp_path / "run"
-    DiffTransformerLM(tiny()).save_pretrained(rundir.step_dir(run, 1))
+    DiffTransformerLM(tiny_config()).save_pretrained(rundir.step_dir(run, 1))
     with pytest.raises(FileNotFoundError, match="resolve_checkpoint"):
         DiffTransformerLM.from_pretrained(run)
 
