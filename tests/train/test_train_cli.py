@@ -95,3 +95,27 @@ def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
         f"difftransformer train: error: data.sources: {tmp_path / 'nope.jsonl'} does not exist (give \"kjv\", a "
         ".txt/.jsonl file or a folder of them)"]
     assert not (tmp_path / "run").exists()
+
+
+def test_help_documents_every_config_key(capsys):
+    """Each section key's help comes from its field (one source) and --help shows a flag for each."""
+    from dataclasses import fields
+
+    from difftransformer.train.config import SECTIONS, override_keys
+
+    keys = dict(override_keys())
+    for section, typ in SECTIONS.items():
+        for f in fields(typ):
+            assert keys[f"{section}.{f.name}"] == f.metadata["help"] and f.metadata["help"]
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(f"--{k}" in text for k in keys)
+    assert "--train.weight_decay VALUE AdamW weight decay on matrices" in text
+
+
+def test_load_config_refuses_a_list_of_overrides():
+    from difftransformer.train.config import load_config
+
+    with pytest.raises(TypeError, match="overrides must be a dict"):
+        load_config("tiny", ["--train.lr", "3e-4"])
