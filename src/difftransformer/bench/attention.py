@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import sys
 import statistics
 from typing import Callable
 

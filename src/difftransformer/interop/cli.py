@@ -10,7 +10,6 @@ stays in our own format. A tokenizer.json beside the weights is copied along.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..model.pretrained import is_model_dir, save_pretrained

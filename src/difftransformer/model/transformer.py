@@ -8,7 +8,7 @@ training machinery: parallelism, compile, quantisation and checkpoint I/O are ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
