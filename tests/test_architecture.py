@@ -106,7 +106,8 @@ def string_constants(path: Path) -> list[str]:
 def test_run_file_names_are_spelled_once():
     """Every path a run's file is found by comes from one constant (help and error text may name the files)."""
     names = [rundir.RUN_CONFIG_NAME, rundir.TOKENIZER_NAME, rundir.METRICS_NAME, rundir.CHECKPOINTS_DIR,
-             rundir.TENSORBOARD_DIR, rundir.MANIFEST_NAME, *rundir.LAMBDA_KEYS]
+             rundir.TENSORBOARD_DIR, rundir.MANIFEST_NAME, rundir.STATE_TENSORS, rundir.STATE_JSON,
+             *rundir.LAMBDA_KEYS]
     where: dict[str, list[str]] = {n: [] for n in names}
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()

@@ -8,7 +8,7 @@ A run directory holds
 * ``metrics.jsonl``: one JSON object per line (``MetricsRecord``), appended as training goes;
 * ``tb/``: TensorBoard event files;
 * ``checkpoints/step_XXXXXXXX/``: one model directory per checkpoint (``model.pretrained`` format: config,
-  weights, manifest) plus the training state to resume (``train.checkpoint``).
+  weights, tokenizer, manifest) plus the training state to resume (``training_state.*``, ``train.checkpoint``).
 
 It sits above ``model`` and ``data`` (it may import them, never the reverse) and below ``train``, ``eval``,
 ``inference`` and ``interop``, which all find a run's files through it.
@@ -36,8 +36,12 @@ DATA_DIR = "data"
 TENSORBOARD_DIR = "tb"
 CHECKPOINTS_DIR = "checkpoints"
 STEP_PREFIX = "step_"
+# Beside the model files of each checkpoint: what resuming needs (written and read by ``train.checkpoint``).
+STATE_TENSORS = "training_state.safetensors"
+STATE_JSON = "training_state.json"
 
 __all__ = ["RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR", "TOKENIZER_NAME",
+           "STATE_TENSORS", "STATE_JSON",
            "CONFIG_NAME", "WEIGHTS_NAME", "MANIFEST_NAME", "LAMBDA_V1", "LAMBDA_V2", "LAMBDA_KEYS",
            "MetricsRecord", "MetricsCurves", "run_config_path", "tokenizer_path", "data_dir", "metrics_path",
            "tensorboard_dir", "checkpoints_dir", "step_dir", "is_run_dir", "dir_kind", "list_checkpoints",

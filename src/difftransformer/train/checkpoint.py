@@ -30,10 +30,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ..model.config import ModelConfig
 from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_state_dict, write_model_dir
-from ..rundir import leftover_temp_checkpoints, list_checkpoints, newest_complete_checkpoint, step_dir
+from ..rundir import (STATE_JSON, STATE_TENSORS, leftover_temp_checkpoints, list_checkpoints,
+                      newest_complete_checkpoint, step_dir)
 
-STATE_TENSORS = "training_state.safetensors"
-STATE_JSON = "training_state.json"
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
