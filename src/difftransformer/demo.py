@@ -13,7 +13,6 @@ meaningless) and uses the report's quick settings.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -24,11 +23,10 @@ QUICK_CHARS = 1_500_000  # a slice of the corpus, so tokenising and training the
 
 def _run_state(run_dir: Path, steps: int) -> str:
     """'new', 'partial' (resume it) or 'done' (reuse it) for the run directory of one model."""
-    from .model.pretrained import list_checkpoints
+    from .rundir import list_checkpoints, run_config_path
     from .train.checkpoint import checkpoint_step
-    from .train.trainer import RUN_CONFIG_NAME
 
-    if not (run_dir / RUN_CONFIG_NAME).is_file():
+    if not run_config_path(run_dir).is_file():
         return "new"
     ckpts = list_checkpoints(run_dir)
     if ckpts and checkpoint_step(ckpts[-1]) >= steps:
@@ -38,28 +36,22 @@ def _run_state(run_dir: Path, steps: int) -> str:
 
 def _check_same_run(run_dir: Path, cfg, out: Path) -> None:
     """Refuse to reuse a complete run trained with other model or data options (e.g. an older preset)."""
+    from .rundir import read_run_config
     from .train.config import TrainConfig
-    from .train.trainer import RUN_CONFIG_NAME, same_data
+    from .train.trainer import same_data
 
-    saved = TrainConfig.from_dict(json.loads((run_dir / RUN_CONFIG_NAME).read_text()))
+    saved = TrainConfig.from_dict(read_run_config(run_dir))
     if saved.model != cfg.model or not same_data(saved.data, cfg.data):
         raise ValueError(f"{run_dir} was trained with other model or data options than the preset's now; delete "
                          f"{out} (or pass another --out) to train afresh")
 
 
 def _final_metrics(run_dir: Path) -> tuple[float, float]:
-    """(mean logged training tokens/s, last validation loss) read back from a run's metrics.jsonl."""
-    tps, val = [], float("nan")
-    p = run_dir / "metrics.jsonl"
-    for line in p.read_text().splitlines() if p.is_file() else []:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "tokens_per_s" in rec:
-            tps.append(rec["tokens_per_s"])
-        if "val_loss" in rec:
-            val = rec["val_loss"]
+    """(mean logged training tokens/s, last validation loss) read back from a run's metrics."""
+    from .rundir import read_metrics
+
+    m = read_metrics(run_dir)
+    tps, val = m["tokens_per_s"], (m["val_loss"][-1] if m["val_loss"] else float("nan"))
     return (sum(tps[1:]) / len(tps[1:]) if len(tps) > 1 else (tps[0] if tps else float("nan"))), val
 
 

@@ -11,7 +11,7 @@ import pytest
 from difftransformer.cli import main
 from difftransformer.data.tokenizer import train_tokenizer
 from difftransformer.eval import cli as eval_cli
-from difftransformer.model.pretrained import resolve_checkpoint
+from difftransformer.rundir import resolve_checkpoint
 from eval_helpers import cli_fails
 
 

@@ -14,10 +14,8 @@ VARIANTS = ("baseline", "diff_v1", "diff_v2")
 
 def tiny(attention: str, n_kv_heads: int = 2, **kw) -> ModelConfig:
     """4 heads of 16 (V1: 2 differential heads), 2 layers, context 48; keyword arguments override."""
-    base = dict(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, head_dim=16,
-                max_seq_len=48, attention=attention)
-    base.update(kw)
-    return ModelConfig(**base)
+    return ModelConfig.from_flavour("tiny", **{"attention": attention, "n_kv_heads": n_kv_heads, "max_seq_len": 48,
+                                               **kw})
 
 
 def model_for(attention: str, n_kv_heads: int = 2, dtype=torch.float64, **kw) -> DiffTransformerLM:

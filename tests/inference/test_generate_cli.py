@@ -14,6 +14,7 @@ from difftransformer.data.tokenizer import train_tokenizer
 from difftransformer.inference.generate import SamplingConfig, generate
 from difftransformer.model import DiffTransformerLM, ModelConfig
 from difftransformer.model.pretrained import save_pretrained
+from suite_helpers import cli_fails
 
 TEXT = ["In the beginning was the word, and the word was with the model.",
         "The quick brown fox jumps over the lazy dog; the dog sleeps on."] * 20
@@ -29,8 +30,8 @@ def tokenizer_file(tmp_path_factory):
 
 def tiny_model(attention: str, vocab_size: int = 320) -> DiffTransformerLM:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                      max_seq_len=CONTEXT, attention=attention)
+    cfg = ModelConfig.from_flavour("tiny", vocab_size=vocab_size, d_model=32, head_dim=8, max_seq_len=CONTEXT,
+                                   attention=attention)
     model = DiffTransformerLM(cfg)
     with torch.no_grad():  # weights far from the near-uniform init: greedy tokens are well separated
         for p in model.parameters():
@@ -46,18 +47,6 @@ def model_dirs(tmp_path_factory, tokenizer_file):
     for attention in ("baseline", "diff_v1", "diff_v2"):
         dirs[attention] = save_pretrained(tiny_model(attention), root / attention, tokenizer_file=tokenizer_file)
     return dirs
-
-
-def _fails(capsys, argv: list[str], expected: str) -> None:
-    capsys.readouterr()
-    rc = main(argv)
-    out = capsys.readouterr()
-    assert rc != 0
-    lines = out.err.strip().splitlines()
-    assert len(lines) == 1, out.err
-    assert lines[0].startswith("difftransformer generate: error: ") and expected in lines[0], lines[0]
-    assert "Traceback" not in out.err + out.out
-    assert out.out == "", out.out  # nothing streamed before the error
 
 
 GREEDY = ["--max-new-tokens", "6", "--temperature", "0", "--ignore-eos", "--device", "cpu"]
@@ -101,31 +90,34 @@ def test_seeded_sampling_is_reproducible(model_dirs, capsys):
 
 # ---------------------------------------------------------------------------------------------- bad input
 def test_missing_checkpoint_and_run(tmp_path, capsys):
-    _fails(capsys, ["generate", "--checkpoint", str(tmp_path / "nope"), "--prompt", "a"], "nope does not exist")
+    cli_fails(capsys, ["generate", "--checkpoint", str(tmp_path / "nope"), "--prompt", "a"],
+              "nope does not exist", stdout_empty=True)
     (tmp_path / "run").mkdir()
-    _fails(capsys, ["generate", "--run", str(tmp_path / "run"), "--prompt", "a"], "holds neither model.safetensors")
+    cli_fails(capsys, ["generate", "--run", str(tmp_path / "run"), "--prompt", "a"],
+              "holds neither model.safetensors", stdout_empty=True)
 
 
 def test_missing_tokenizer(tmp_path, model_dirs, capsys):
     bare = tmp_path / "bare"
     shutil.copytree(model_dirs["baseline"], bare)
     (bare / "tokenizer.json").unlink()
-    _fails(capsys, ["generate", "--checkpoint", str(bare), "--prompt", "a"], "pass --tokenizer")
-    _fails(capsys, ["generate", "--checkpoint", str(bare), "--prompt", "a", "--tokenizer", str(tmp_path / "t.json")],
-           "t.json does not exist")
+    cli_fails(capsys, ["generate", "--checkpoint", str(bare), "--prompt", "a"], "pass --tokenizer", stdout_empty=True)
+    cli_fails(capsys, ["generate", "--checkpoint", str(bare), "--prompt", "a", "--tokenizer", str(tmp_path / "t.json")],
+              "t.json does not exist", stdout_empty=True)
 
 
 def test_tokenizer_larger_than_the_model(tmp_path, tokenizer_file, capsys):
     small = save_pretrained(tiny_model("baseline", vocab_size=200), tmp_path / "small", tokenizer_file=tokenizer_file)
-    _fails(capsys, ["generate", "--checkpoint", str(small), "--prompt", "a"], "wrong tokenizer for this checkpoint")
+    cli_fails(capsys, ["generate", "--checkpoint", str(small), "--prompt", "a"],
+              "tokenizer does not belong to this model", stdout_empty=True)
 
 
 def test_hugging_face_directory_is_refused_with_the_way_to_convert(tmp_path, model_dirs, capsys):
     from difftransformer.interop.hf import save_hf
 
     save_hf(DiffTransformerLM.from_pretrained(model_dirs["baseline"]), tmp_path / "hf")
-    _fails(capsys, ["generate", "--checkpoint", str(tmp_path / "hf"), "--prompt", "a"],
-           "is a Hugging Face checkpoint; convert it first: difftransformer convert --from-hf")
+    cli_fails(capsys, ["generate", "--checkpoint", str(tmp_path / "hf"), "--prompt", "a"],
+              "is a Hugging Face checkpoint; convert it first: difftransformer convert --from-hf", stdout_empty=True)
 
 
 def test_wrong_architecture_in_config(tmp_path, model_dirs, capsys):
@@ -134,7 +126,7 @@ def test_wrong_architecture_in_config(tmp_path, model_dirs, capsys):
     cfg = json.loads((bad / "config.json").read_text())
     cfg["attention"] = "diff_v3"
     (bad / "config.json").write_text(json.dumps(cfg))
-    _fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"], "attention")
+    cli_fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"], "attention", stdout_empty=True)
 
 
 @pytest.mark.parametrize("changes, expected", [
@@ -148,31 +140,33 @@ def test_config_and_weights_that_do_not_match(tmp_path, model_dirs, capsys, chan
     cfg = json.loads((bad / "config.json").read_text())
     cfg.update(changes)
     (bad / "config.json").write_text(json.dumps(cfg))
-    _fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"], expected)
+    cli_fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"], expected, stdout_empty=True)
 
 
 def test_corrupt_weights(tmp_path, model_dirs, capsys):
     bad = tmp_path / "bad"
     shutil.copytree(model_dirs["diff_v2"], bad)
     (bad / "model.safetensors").write_bytes(b"not a safetensors file")
-    _fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"], "not a readable safetensors file")
+    cli_fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"],
+              "not a readable safetensors file", stdout_empty=True)
 
 
 def test_empty_prompt(model_dirs, capsys):
-    _fails(capsys, ["generate", "--checkpoint", str(model_dirs["diff_v2"]), "--prompt", "a", "--prompt", ""],
-           "prompt 2 is empty")
-    _fails(capsys, ["generate", "--checkpoint", str(model_dirs["diff_v2"]), "--prompt", ""], "prompt 1 is empty")
+    cli_fails(capsys, ["generate", "--checkpoint", str(model_dirs["diff_v2"]), "--prompt", "a", "--prompt", ""],
+              "prompt 2 is empty", stdout_empty=True)
+    cli_fails(capsys, ["generate", "--checkpoint", str(model_dirs["diff_v2"]), "--prompt", ""],
+              "prompt 1 is empty", stdout_empty=True)
 
 
 @pytest.mark.parametrize("n_prompts", [1, 2])  # streamed and batched
 def test_prompt_longer_than_the_context(model_dirs, capsys, n_prompts):
     long = " ".join(["zebra quartz"] * 40)  # far more than 40 tokens
     prompts = ["--prompt", long] + (["--prompt", "a"] if n_prompts == 2 else [])
-    _fails(capsys, ["generate", "--checkpoint", str(model_dirs["diff_v1"]), *prompts],
-           f"the model's context (max_seq_len) is {CONTEXT}")
+    cli_fails(capsys, ["generate", "--checkpoint", str(model_dirs["diff_v1"]), *prompts],
+              f"the model's context (max_seq_len) is {CONTEXT}", stdout_empty=True)
     # a prompt that fits, but not with the new tokens
-    _fails(capsys, ["generate", "--checkpoint", str(model_dirs["diff_v1"]), "--prompt", "The quick brown fox",
-                    "--max-new-tokens", str(CONTEXT)], "exceeds the model's context")
+    cli_fails(capsys, ["generate", "--checkpoint", str(model_dirs["diff_v1"]), "--prompt", "The quick brown fox",
+                       "--max-new-tokens", str(CONTEXT)], "exceeds the model's context", stdout_empty=True)
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -183,13 +177,14 @@ def test_prompt_longer_than_the_context(model_dirs, capsys, n_prompts):
     (["--device", "nonsense"], "--device nonsense is not usable"),
 ])
 def test_bad_sampling_and_device_flags(model_dirs, capsys, flags, expected):
-    _fails(capsys, ["generate", "--checkpoint", str(model_dirs["baseline"]), "--prompt", "a", *flags], expected)
+    cli_fails(capsys, ["generate", "--checkpoint", str(model_dirs["baseline"]), "--prompt", "a", *flags],
+              expected, stdout_empty=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_cuda_graph_decode_on_cpu_is_refused_before_output(model_dirs, capsys):
-    _fails(capsys, ["generate", "--checkpoint", str(model_dirs["baseline"]), "--prompt", "a", "--device", "cpu",
-                    "--decode", "cuda-graph", "--max-new-tokens", "4"], "cuda-graph")
+    cli_fails(capsys, ["generate", "--checkpoint", str(model_dirs["baseline"]), "--prompt", "a", "--device", "cpu",
+                       "--decode", "cuda-graph", "--max-new-tokens", "4"], "cuda-graph", stdout_empty=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")

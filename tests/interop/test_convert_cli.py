@@ -16,6 +16,7 @@ from difftransformer.cli import main  # noqa: E402
 from difftransformer.interop.hf import read_hf_weights  # noqa: E402
 from difftransformer.model import DiffTransformerLM, ModelConfig  # noqa: E402
 from difftransformer.model.pretrained import save_pretrained  # noqa: E402
+from suite_helpers import cli_fails
 
 VOCAB = 80
 IDS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
@@ -45,8 +46,7 @@ def hf_model(kind: str):
 
 
 def ours(attention: str, **kw) -> DiffTransformerLM:
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden=96,
-                      max_seq_len=32, attention=attention, **kw)
+    cfg = ModelConfig.from_flavour("tiny", vocab_size=VOCAB, ffn_hidden=96, max_seq_len=32, attention=attention, **kw)
     torch.manual_seed(0)
     return randomise(DiffTransformerLM(cfg))
 
@@ -61,17 +61,6 @@ def dirs(tmp_path_factory):
     save_pretrained(ours("diff_v2"), root / "ours_v2")
     save_pretrained(ours("baseline"), root / "ours_base")
     return root
-
-
-def _fails(capsys, argv: list[str], expected: str) -> None:
-    capsys.readouterr()
-    rc = main(argv)
-    out = capsys.readouterr()
-    assert rc != 0
-    lines = out.err.strip().splitlines()
-    assert len(lines) == 1, out.err
-    assert lines[0].startswith("difftransformer convert: error: ") and expected in lines[0], lines[0]
-    assert "Traceback" not in out.err + out.out
 
 
 # ---------------------------------------------------------------------------------------------- working conversions
@@ -124,38 +113,40 @@ def _edited_copy(src, dst, **changes):
 
 def test_missing_inputs(tmp_path, capsys):
     out = tmp_path / "out"
-    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "nope"), "--out", str(out)], "nope does not exist")
-    _fails(capsys, ["convert", "--to-hf", str(tmp_path / "nope"), "--out", str(out)], "nope does not exist")
+    cli_fails(capsys, ["convert", "--from-hf", str(tmp_path / "nope"), "--out", str(out)], "nope does not exist")
+    cli_fails(capsys, ["convert", "--to-hf", str(tmp_path / "nope"), "--out", str(out)], "nope does not exist")
     (tmp_path / "empty").mkdir()
-    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "empty"), "--out", str(out)], "config.json does not exist")
-    _fails(capsys, ["convert", "--to-hf", str(tmp_path / "empty"), "--out", str(out)], "holds neither")
+    cli_fails(capsys, ["convert", "--from-hf", str(tmp_path / "empty"), "--out", str(out)],
+              "config.json does not exist")
+    cli_fails(capsys, ["convert", "--to-hf", str(tmp_path / "empty"), "--out", str(out)], "holds neither")
     (tmp_path / "file").write_text("x")
-    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "file"), "--out", str(out)], "is not a directory")
+    cli_fails(capsys, ["convert", "--from-hf", str(tmp_path / "file"), "--out", str(out)], "is not a directory")
     assert not out.exists()
 
 
 def test_missing_weights(tmp_path, dirs, capsys):
     shutil.copytree(dirs / "llama", tmp_path / "hf")
     (tmp_path / "hf" / "model.safetensors").unlink()
-    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")],
-           "holds neither model.safetensors nor model.safetensors.index.json")
+    cli_fails(capsys, ["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")],
+              "holds neither model.safetensors nor model.safetensors.index.json")
     (tmp_path / "hf" / "pytorch_model.bin").write_bytes(b"pickle")
-    _fails(capsys, ["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], "pickle")
+    cli_fails(capsys, ["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], "pickle")
     assert not (tmp_path / "out").exists()
 
 
 def test_wrong_architecture(tmp_path, dirs, capsys):
     out = tmp_path / "out"
     gpt2 = _edited_copy(dirs / "llama", tmp_path / "gpt2", model_type="gpt2", architectures=["GPT2LMHeadModel"])
-    _fails(capsys, ["convert", "--from-hf", str(gpt2), "--out", str(out)], "model_type='gpt2' is not supported")
-    _fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--out", str(out), "--expect", "diffllama"],
-           "not the expected diff_v1")
-    _fails(capsys, ["convert", "--to-hf", str(dirs / "ours_base"), "--out", str(out), "--expect", "diff_v1"],
-           "not the expected diff_v1")
-    _fails(capsys, ["convert", "--to-hf", str(dirs / "ours_v2"), "--out", str(out)], "no Hugging Face class")
-    _fails(capsys, ["convert", "--to-hf", str(dirs / "diffllama"), "--out", str(out)],
-           "already a Hugging Face checkpoint (use --from-hf")
-    _fails(capsys, ["convert", "--from-hf", str(dirs / "ours_v1"), "--out", str(out)], "is in our own format, not a Hugging Face checkpoint")
+    cli_fails(capsys, ["convert", "--from-hf", str(gpt2), "--out", str(out)], "model_type='gpt2' is not supported")
+    cli_fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--out", str(out), "--expect", "diffllama"],
+              "not the expected diff_v1")
+    cli_fails(capsys, ["convert", "--to-hf", str(dirs / "ours_base"), "--out", str(out), "--expect", "diff_v1"],
+              "not the expected diff_v1")
+    cli_fails(capsys, ["convert", "--to-hf", str(dirs / "ours_v2"), "--out", str(out)], "no Hugging Face class")
+    cli_fails(capsys, ["convert", "--to-hf", str(dirs / "diffllama"), "--out", str(out)],
+              "already a Hugging Face checkpoint (use --from-hf")
+    cli_fails(capsys, ["convert", "--from-hf", str(dirs / "ours_v1"), "--out", str(out)],
+              "is in our own format, not a Hugging Face checkpoint")
     assert not out.exists()
 
 
@@ -168,7 +159,7 @@ def test_wrong_architecture(tmp_path, dirs, capsys):
 ])
 def test_hf_shape_mismatches(tmp_path, dirs, capsys, kind, changes, expected):
     bad = _edited_copy(dirs / kind, tmp_path / "bad", **changes)
-    _fails(capsys, ["convert", "--from-hf", str(bad), "--out", str(tmp_path / "out")], expected)
+    cli_fails(capsys, ["convert", "--from-hf", str(bad), "--out", str(tmp_path / "out")], expected)
     assert not (tmp_path / "out").exists()
 
 
@@ -176,7 +167,7 @@ def test_hf_shape_mismatches(tmp_path, dirs, capsys, kind, changes, expected):
                                                (dict(n_layers=3), "does not match")])
 def test_our_shape_mismatches(tmp_path, dirs, capsys, changes, expected):
     bad = _edited_copy(dirs / "ours_base", tmp_path / "bad", **changes)
-    _fails(capsys, ["convert", "--to-hf", str(bad), "--out", str(tmp_path / "out")], expected)
+    cli_fails(capsys, ["convert", "--to-hf", str(bad), "--out", str(tmp_path / "out")], expected)
     assert not (tmp_path / "out").exists()
 
 
@@ -184,6 +175,6 @@ def test_existing_out_is_not_overwritten(tmp_path, dirs, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    _fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--out", str(out)], "exists and is not an empty")
-    _fails(capsys, ["convert", "--to-hf", str(dirs / "ours_v1"), "--out", str(out)], "exists and is not an empty")
+    cli_fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--out", str(out)], "exists and is not an empty")
+    cli_fails(capsys, ["convert", "--to-hf", str(dirs / "ours_v1"), "--out", str(out)], "exists and is not an empty")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]

@@ -67,3 +67,15 @@ def test_diff_v2_odd_kv_heads_allowed():
     # V2 keeps the baseline's KV heads; 2H / H_kv is always even, so pairs stay inside a group.
     cfg = ModelConfig(d_model=96, n_heads=3, n_kv_heads=1, head_dim=32, attention="diff_v2")
     assert cfg.n_kv_heads == 1
+
+
+def test_flavours():
+    from difftransformer.model.config import FLAVOURS
+
+    cfg = ModelConfig.from_flavour("tiny", attention="diff_v2", max_seq_len=32)
+    assert (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.max_seq_len, cfg.attention) == (64, 4, 2, 32, "diff_v2")
+    assert set(FLAVOURS) >= {"tiny", "bench", "paper-3b"}
+    with pytest.raises(ValueError, match="flavour 'huge' is not defined; choose one of tiny"):
+        ModelConfig.from_flavour("huge")
+    with pytest.raises(ValueError, match="unknown ModelConfig key"):
+        ModelConfig.from_flavour("tiny", dmodel=3)

@@ -6,17 +6,15 @@ import pytest
 import torch
 
 from difftransformer.model import DiffTransformerLM, ModelConfig
-from difftransformer.model.pretrained import load_pretrained, resolve_checkpoint
+from difftransformer.rundir import resolve_checkpoint
+from suite_helpers import tiny_model_config
 
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
 BACKENDS = ("eager", "sdpa", "blocked")
 
 
 def tiny(attention: str, **kw) -> ModelConfig:
-    base = dict(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
-                attention=attention)
-    base.update(kw)
-    return ModelConfig(**base)
+    return tiny_model_config(attention, **kw)
 
 
 @pytest.mark.parametrize("d_model, n_heads, n_kv_heads", [(512, 8, 8), (512, 8, 2), (2048, 32, 8)])
@@ -98,7 +96,7 @@ def test_save_load_round_trip(tmp_path, attention):
     torch.manual_seed(0)
     model = DiffTransformerLM(tiny(attention, tie_embeddings=attention == "baseline")).eval()
     model.save_pretrained(tmp_path / "m")
-    loaded = load_pretrained(tmp_path / "m")
+    loaded = DiffTransformerLM.from_pretrained(tmp_path / "m")
     assert loaded.cfg == model.cfg
     for (k, a), (k2, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert k == k2 and torch.equal(a, b), k
@@ -127,7 +125,7 @@ def test_load_rejects_mismatched_weights(tmp_path):
     cfg = tiny("diff_v1", d_model=32, head_dim=8)
     cfg.to_json(tmp_path / "m" / "config.json")
     with pytest.raises(ValueError, match="shape"):
-        load_pretrained(tmp_path / "m")
+        DiffTransformerLM.from_pretrained(tmp_path / "m")
 
 
 def test_sequence_longer_than_max_seq_len_raises():
@@ -138,8 +136,7 @@ def test_sequence_longer_than_max_seq_len_raises():
 
 def test_paper_3b_shape_on_meta():
     """The paper's 3B shape (Section 3.1 / Appendix B: 28 layers, d_model 3072, 24 vs 12 heads of 128)."""
-    cfg = ModelConfig(vocab_size=100288, d_model=3072, n_layers=28, n_heads=24, head_dim=128, ffn_hidden=8192,
-                      attention="diff_v1", max_seq_len=4096)
+    cfg = ModelConfig.from_flavour("paper-3b", attention="diff_v1")
     with torch.device("meta"):
         n = DiffTransformerLM(cfg).num_parameters()
     assert 3.0e9 < n < 4.0e9  # 3.17B in the blocks plus 2 x 0.31B untied embeddings

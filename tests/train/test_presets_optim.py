@@ -11,6 +11,7 @@ import torch
 from difftransformer.model.transformer import DiffTransformerLM
 from difftransformer.train.config import OptimConfig, TrainConfig, list_presets, load_config
 from difftransformer.train.metrics import LambdaProbe
+from difftransformer import rundir
 from difftransformer.train.optim import build_optimizer, lr_at, param_groups
 from difftransformer.train.trainer import train
 from train_helpers import metric_records, tiny_config
@@ -123,6 +124,11 @@ def test_tiny_trains_and_logs(tmp_path, prepared_dir):
     assert [r["step"] for r in evals] == [15, 30] and evals[-1]["val_loss"] == res.final_val_loss
     assert len(evals[-1]["lambda_v2_mean_sigmoid"]) == cfg.model.n_layers
     assert all(0 < v < 1 for v in evals[-1]["lambda_v2_mean_sigmoid"])
+    # read back the way the report and the demo read it: the V2 lambda under its one defined key
+    curves = rundir.read_metrics(tmp_path)
+    assert curves["lambda"]["name"] == rundir.LAMBDA_V2 == "lambda_v2_mean_sigmoid"
+    assert curves["lambda"]["step"] == 30 and curves["lambda"]["values"] == evals[-1][rundir.LAMBDA_V2]
+    assert curves["val_loss"][-1] == res.final_val_loss and len(curves["tokens_per_s"]) == 6
     assert metric_records(tmp_path, "tokens")[30] == 30 * cfg.train.batch_size * cfg.data.seq_len
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -6,19 +6,10 @@ import pytest
 
 from difftransformer.cli import main
 from difftransformer.train.trainer import train
+from suite_helpers import cli_fails
 from train_helpers import run_cli, snapshot, tiny_config
 
 QUIET = ["--no-progress", "--log.tensorboard", "false"]
-
-
-def _fails(capsys, argv: list[str], expected: str) -> None:
-    capsys.readouterr()
-    assert main(argv) == 2
-    out = capsys.readouterr()
-    lines = out.err.strip().splitlines()
-    assert len(lines) == 1, out.err
-    assert lines[0].startswith("difftransformer train: error: ") and expected in lines[0], lines[0]
-    assert "Traceback" not in out.err + out.out
 
 
 @pytest.fixture
@@ -41,8 +32,9 @@ def files(tmp_path):
 ])
 def test_bad_data_files(files, capsys, source, expected):
     out = files / "run"
-    _fails(capsys, ["train", "--config", "tiny", "--out", str(out), "--data.sources", f'["{files / source}"]', *QUIET],
-           expected)
+    cli_fails(capsys, ["train", "--config", "tiny", "--out", str(out), "--data.sources", f'["{files / source}"]',
+                       *QUIET],
+              expected)
     assert not (out / "run_config.json").exists()
 
 
@@ -54,19 +46,19 @@ def test_bad_data_files(files, capsys, source, expected):
     (["--train.precision", "fp8"], "train.precision='fp8' is not allowed"),
 ])
 def test_impossible_sizes_and_values(tmp_path, capsys, args, expected):
-    _fails(capsys, ["train", "--config", "tiny", "--out", str(tmp_path / "run"), *args, *QUIET], expected)
+    cli_fails(capsys, ["train", "--config", "tiny", "--out", str(tmp_path / "run"), *args, *QUIET], expected)
     assert not (tmp_path / "run").exists()
 
 
 def test_window_longer_than_the_data(files, capsys):
-    _fails(capsys, ["train", "--config", "tiny", "--out", str(files / "run"), "--data.sources",
-                    f'["{files / "short.txt"}"]', "--data.val_fraction", "0.45", *QUIET],
-           "data.seq_len=32 needs at least 34 tokens")
+    cli_fails(capsys, ["train", "--config", "tiny", "--out", str(files / "run"), "--data.sources",
+                       f'["{files / "short.txt"}"]', "--data.val_fraction", "0.45", *QUIET],
+              "data.seq_len=32 needs at least 34 tokens")
 
 
 def test_unknown_config_key_in_a_file(files, capsys):
-    _fails(capsys, ["train", "--config", str(files / "unknown_key.toml"), "--out", str(files / "run"), *QUIET],
-           "unknown key(s) in [train]: step; allowed:")
+    cli_fails(capsys, ["train", "--config", str(files / "unknown_key.toml"), "--out", str(files / "run"), *QUIET],
+              "unknown key(s) in [train]: step; allowed:")
 
 
 def test_unknown_flag_is_refused_by_the_parser(tmp_path, capsys):
@@ -81,16 +73,17 @@ def test_existing_run_is_not_overwritten_and_resume_refuses_another_model(tmp_pa
     run = tmp_path / "run"
     train(tiny_config(data={"prepared_dir": prepared_dir}, train={"steps": 2}, checkpoint={"every": 1}), run)
     before = snapshot(run)
-    _fails(capsys, ["train", "--config", "tiny", "--out", str(run), *QUIET], "already holds a run")
-    _fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--model.d_model", "64", *QUIET],
-           "--resume: the model config differs from the run's (d_model: 32 in the run vs 64 now")
-    _fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--model.attention", "baseline",
-                    *QUIET], "attention: 'diff_v1' in the run vs 'baseline' now")
-    _fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--data.vocab_size", "600", *QUIET],
-           "vocab_size: 512 in the run vs 600 now")
-    _fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--data.max_chars", "100000",
-                    *QUIET], "the [data] section differs")
-    _fails(capsys, ["train", "--out", str(run), "--resume", *QUIET], "already at step 2 >= train.steps=2")
+    cli_fails(capsys, ["train", "--config", "tiny", "--out", str(run), *QUIET], "already holds a run")
+    cli_fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--model.d_model", "64", *QUIET],
+              "--resume: the model config differs from the run's (d_model: 32 in the run vs 64 now")
+    cli_fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--model.attention", "baseline",
+                       *QUIET], "attention: 'diff_v1' in the run vs 'baseline' now")
+    cli_fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--data.vocab_size", "600",
+                       *QUIET],
+              "vocab_size: 512 in the run vs 600 now")
+    cli_fails(capsys, ["train", "--out", str(run), "--resume", "--train.steps", "4", "--data.max_chars", "100000",
+                       *QUIET], "the [data] section differs")
+    cli_fails(capsys, ["train", "--out", str(run), "--resume", *QUIET], "already at step 2 >= train.steps=2")
     assert snapshot(run) == before
 
 
@@ -102,3 +95,27 @@ def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
         f"difftransformer train: error: data.sources: {tmp_path / 'nope.jsonl'} does not exist (give \"kjv\", a "
         ".txt/.jsonl file or a folder of them)"]
     assert not (tmp_path / "run").exists()
+
+
+def test_help_documents_every_config_key(capsys):
+    """Each section key's help comes from its field (one source) and --help shows a flag for each."""
+    from dataclasses import fields
+
+    from difftransformer.train.config import SECTIONS, override_keys
+
+    keys = dict(override_keys())
+    for section, typ in SECTIONS.items():
+        for f in fields(typ):
+            assert keys[f"{section}.{f.name}"] == f.metadata["help"] and f.metadata["help"]
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(f"--{k}" in text for k in keys)
+    assert "--train.weight_decay VALUE AdamW weight decay on matrices" in text
+
+
+def test_load_config_refuses_a_list_of_overrides():
+    from difftransformer.train.config import load_config
+
+    with pytest.raises(TypeError, match="overrides must be a dict"):
+        load_config("tiny", ["--train.lr", "3e-4"])

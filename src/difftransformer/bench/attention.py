@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import sys
 import statistics
 from typing import Callable
 
 import torch
 
 from ..model.attention import build_attention
-from ..model.config import ModelConfig
+from .common import SHAPE, bench_config, table_row
 from ..model.rope import rope_cos_sin, rope_frequencies
 from .timing import median_ratio, paired_times
 
@@ -37,9 +36,8 @@ def _build(attention: str, backend: str, n: int, args) -> Callable[[], None]:
     """One fwd+bwd step of a freshly built attention module on a fixed random input."""
     torch.manual_seed(0)
     dt = getattr(torch, args.dtype)
-    cfg = ModelConfig(vocab_size=256, d_model=args.d_model, n_layers=1, n_heads=args.d_model // args.head_dim,
-                      head_dim=args.head_dim, n_kv_heads=args.kv_heads, attention=attention, backend=backend,
-                      max_seq_len=n)
+    cfg = bench_config(attention, backend, d_model=args.d_model, head_dim=args.head_dim, n_layers=1,
+                       vocab_size=256, max_seq_len=n, n_kv_heads=args.kv_heads)  # one layer, no LM head: tiny vocab
     attn = build_attention(cfg, layer_idx=0).to(device=args.device, dtype=dt)
     x = torch.randn(args.batch, n, args.d_model, device=args.device, dtype=dt, requires_grad=True)
     rope = rope_cos_sin(torch.arange(n, device=args.device),
@@ -107,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
           f"# time: median over {args.repeats} rounds (after a warm-up round) of the ratio to {ref} in the same "
           f"round; cases run round-robin in one process.\n"
           f"# memory (xM): peak extra memory of one step, each case in a fresh process, relative to {ref}.")
-    print(f"{'N':>6} " + " ".join(f"{c[0]:>20}" for c in cases), flush=True)
+    widths = (6, *(20 for _ in cases))
+    print(table_row(("N", *(c[0] for c in cases)), widths), flush=True)
     for n in args.seq_lens:
         steps = {label: _build(attention, backend, n, args) for label, attention, backend in cases}
         times = paired_times(steps, repeats=args.repeats, warmup=1)
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         cells = [f"{t0 * 1e3:8.1f}ms {m0 / 2**20:7.1f}MB"]
         for label, _, _ in cases[1:]:
             cells.append(f"{median_ratio(times, label, ref):8.2f}x {mems[label] / max(m0, 1):8.2f}xM")
-        print(f"{n:>6} " + " ".join(f"{c:>20}" for c in cells), flush=True)
+        print(table_row((n, *cells), widths), flush=True)
     return 0
 
 
@@ -126,8 +125,9 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], metavar="N",
                    help="sequence lengths to measure (default: 512 1024 2048 4096)")
-    p.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
-    p.add_argument("--head-dim", type=int, default=64, help="head dimension d (default 64)")
+    p.add_argument("--d-model", type=int, default=SHAPE["d_model"], help=f"model width (default {SHAPE['d_model']})")
+    p.add_argument("--head-dim", type=int, default=SHAPE["head_dim"],
+                   help=f"head dimension d (default {SHAPE['head_dim']})")
     p.add_argument("--kv-heads", type=int, default=None, help="the baseline's KV heads (default: as many as heads)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds, median of per-round ratios reported (default 5)")

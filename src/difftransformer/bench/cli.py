@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
+from . import attention, decode, train
 
-# Each module defines ``register(subparsers)`` adding one `bench` subcommand.
-BENCH_MODULES: tuple[str, ...] = (
-    "difftransformer.bench.attention",
-    "difftransformer.bench.train",
-    "difftransformer.bench.decode",
-)
+# Each module defines ``register(subparsers)`` adding one `bench` subcommand, in this order in --help.
+BENCH_MODULES = (attention, train, decode)
 
 
 def register(sub) -> None:
@@ -18,5 +13,5 @@ def register(sub) -> None:
                        description=__doc__)
     bsub = p.add_subparsers(dest="bench", metavar="WHAT")
     bsub.required = True
-    for name in BENCH_MODULES:
-        importlib.import_module(name).register(bsub)
+    for module in BENCH_MODULES:
+        module.register(bsub)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 from ..inference.generate import DECODE_MODES, SamplingConfig, decode_function, sample_next
 from ..model.config import ModelConfig
 from ..model.transformer import DiffTransformerLM
+from .common import SHAPE, bench_config, print_load, table_row
 from .timing import median_ratio, paired_times
 
 # (label, attention). The baseline is the reference of the V1/V2 ratios; "HF" (DiffLlama) is V1's.
@@ -52,9 +52,8 @@ def resolve_dtype(args: argparse.Namespace) -> torch.dtype:
 
 def model_config(args: argparse.Namespace, attention: str, max_seq_len: int) -> ModelConfig:
     """The matched config of one variant: the baseline's heads are d_model / head_dim."""
-    return ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_layers=args.layers,
-                       n_heads=args.d_model // args.head_dim, head_dim=args.head_dim, n_kv_heads=args.kv_heads,
-                       attention=attention, backend="sdpa", max_seq_len=max_seq_len)
+    return bench_config(attention, "sdpa", d_model=args.d_model, head_dim=args.head_dim, n_layers=args.layers,
+                        vocab_size=args.vocab_size, max_seq_len=max_seq_len, n_kv_heads=args.kv_heads)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -245,12 +244,7 @@ def format_row(row: dict) -> str:
 
 
 def header() -> str:
-    w = (5, 7, 14, 10, 8, 10, 8, 18, 11)
-    return " ".join(f"{c:>{n}}" for c, n in zip(COLUMNS, w))
-
-
-def _load() -> str:
-    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
+    return table_row(COLUMNS, (5, 7, 14, 10, 8, 10, 8, 18, 11))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,13 +262,13 @@ def run(args: argparse.Namespace) -> int:
           + ("" if args.no_hf else f"; {HF_LABEL} = our V1 weights exported by our converter"), flush=True)
     print(f"# median of {args.rounds} paired rounds after 1 warm-up round; ratios are medians of per-round "
           f"tokens/s ratios within the same run", flush=True)
-    print(f"# load average (1 min) before: {_load()} on {os.cpu_count()} CPUs", flush=True)
+    print_load("before")
     print(header(), flush=True)
     rows = measure(args, emit=lambda r: print(format_row(r), flush=True))
     diffs = [r["hf_logit_diff"] for r in rows if r["hf_logit_diff"] is not None]
     if diffs:
         print(f"# same weights check: max |prefill logits HF - ours V1| = {max(diffs):.2e}")
-    print(f"# load average (1 min) after: {_load()}")
+    print_load("after")
     return 0
 
 
@@ -291,12 +285,15 @@ def register(sub) -> None:
                    help="batch sizes (default: 1 8)")
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 2048], metavar="C",
                    help="context lengths already in the cache when decoding starts (default: 512 2048)")
-    p.add_argument("--layers", type=int, default=8, help="number of layers (default 8)")
-    p.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
-    p.add_argument("--head-dim", type=int, default=64,
-                   help="head dimension d; the baseline has d_model/d heads (default 64, i.e. 8 heads)")
+    p.add_argument("--layers", type=int, default=SHAPE["n_layers"],
+                   help=f"number of layers (default {SHAPE['n_layers']})")
+    p.add_argument("--d-model", type=int, default=SHAPE["d_model"], help=f"model width (default {SHAPE['d_model']})")
+    p.add_argument("--head-dim", type=int, default=SHAPE["head_dim"],
+                   help=f"head dimension d; the baseline has d_model/d heads (default {SHAPE['head_dim']}, i.e. "
+                        f"{SHAPE['n_heads']} heads)")
     p.add_argument("--kv-heads", type=int, default=None, help="the baseline's KV heads (default: as many as heads)")
-    p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size (default 8192, the data default)")
+    p.add_argument("--vocab-size", type=int, default=SHAPE["vocab_size"],
+                   help=f"vocabulary size (default {SHAPE['vocab_size']}, the data default)")
     p.add_argument("--rounds", type=int, default=3,
                    help="timed rounds, each decoding once with every model; medians reported (default 3)")
     p.add_argument("--decode-mode", choices=DECODE_MODES, default="eager",

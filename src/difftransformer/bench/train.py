@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import statistics
 
 import torch
 
 from ..model.config import ModelConfig
+from .common import SHAPE, bench_config, print_load, table_row
 from .timing import median_time
 
 # (label, attention, backend). The baseline has one attention path worth timing (SDPA); "blocked" is DIFF's kernel.
@@ -33,8 +33,11 @@ CASES: tuple[tuple[str, str, str], ...] = (
 
 
 def model_config(args: argparse.Namespace, attention: str, backend: str) -> ModelConfig:
-    return ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                       n_kv_heads=args.kv_heads, attention=attention, backend=backend, max_seq_len=args.seq_len)
+    if args.heads < 1 or args.d_model % args.heads:
+        raise ValueError(f"--heads {args.heads} must be a positive divisor of --d-model {args.d_model}")
+    return bench_config(attention, backend, d_model=args.d_model, head_dim=args.d_model // args.heads,
+                        n_layers=args.layers, vocab_size=args.vocab_size, max_seq_len=args.seq_len,
+                        n_kv_heads=args.kv_heads)
 
 
 def _measure(cfg: ModelConfig, args: argparse.Namespace, queue) -> None:
@@ -81,10 +84,6 @@ def measure(cfg: ModelConfig, args: argparse.Namespace) -> tuple[float, int]:
     return result
 
 
-def _load() -> str:
-    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
-
-
 def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.steps, args.warmup = min(args.steps, 3), 1
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
           f"{args.vocab_size}; {args.device} {args.precision}{' compiled' if args.compile else ''}, "
           f"{threads} threads; median of {args.steps} steps after {args.warmup} warm-up, {args.rounds} round(s)",
           flush=True)
-    print(f"# load average (1 min) before: {_load()} on {os.cpu_count()} CPUs", flush=True)
+    print_load("before")
     times: list[list[float]] = [[] for _ in cases]
     params = [0] * len(cases)
     for _ in range(args.rounds):
@@ -110,11 +109,12 @@ def run(args: argparse.Namespace) -> int:
             times[i].append(seconds)
     tokens = args.batch * args.seq_len
     base = statistics.median(times[0])
-    print(f"{'case':<14} {'parameters':>12} {'ms/step':>9} {'tokens/s':>10} {'vs baseline':>12}")
+    widths = (-14, 12, 9, 10, 12)  # negative: left-aligned
+    print(table_row(("case", "parameters", "ms/step", "tokens/s", "vs baseline"), widths))
     for (label, _, _), n, ts in zip(cases, params, times):
         t = statistics.median(ts)
-        print(f"{label:<14} {n:>12,} {t * 1e3:>9.1f} {tokens / t:>10,.0f} {base / t:>11.3f}x")
-    print(f"# load average (1 min) after: {_load()}; targets: V1 >= 0.92x, V2 >= 0.88x (tokens/s vs baseline)")
+        print(table_row((label, f"{n:,}", f"{t * 1e3:.1f}", f"{tokens / t:,.0f}", f"{base / t:.3f}x"), widths))
+    print_load("after", "targets: V1 >= 0.92x, V2 >= 0.88x (tokens/s vs baseline)")
     return 0
 
 
@@ -123,11 +123,14 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq-len", type=int, default=1024, help="sequence length (default 1024)")
     p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
-    p.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
-    p.add_argument("--layers", type=int, default=8, help="number of layers (default 8)")
-    p.add_argument("--heads", type=int, default=8, help="the baseline's query heads (default 8, head_dim 64)")
+    p.add_argument("--d-model", type=int, default=SHAPE["d_model"], help=f"model width (default {SHAPE['d_model']})")
+    p.add_argument("--layers", type=int, default=SHAPE["n_layers"],
+                   help=f"number of layers (default {SHAPE['n_layers']})")
+    p.add_argument("--heads", type=int, default=SHAPE["n_heads"],
+                   help=f"the baseline's query heads (default {SHAPE['n_heads']}, head_dim {SHAPE['head_dim']})")
     p.add_argument("--kv-heads", type=int, default=None, help="the baseline's KV heads (default: as many as heads)")
-    p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size (default 8192, the data default)")
+    p.add_argument("--vocab-size", type=int, default=SHAPE["vocab_size"],
+                   help=f"vocabulary size (default {SHAPE['vocab_size']}, the data default)")
     p.add_argument("--backends", nargs="+", choices=["sdpa", "blocked"], default=["sdpa", "blocked"],
                    help="DIFF backends to time (default: sdpa blocked); the baseline always uses sdpa")
     p.add_argument("--steps", type=int, default=5, help="timed steps per case, median reported (default 5)")

@@ -28,10 +28,10 @@ from tqdm import tqdm
 
 from . import corpus
 from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents, short_sentences
+from ..model.pretrained import TOKENIZER_NAME  # the one spelling of the file name; shards sit in a run
 from .tokenizer import eos_id, train_tokenizer
 
 META_NAME = "meta.json"
-TOKENIZER_NAME = "tokenizer.json"
 SPLITS = ("train", "val")
 ENCODE_CHUNK = 256  # documents per encode_batch call (one progress-bar tick)
 

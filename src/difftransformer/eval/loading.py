@@ -16,14 +16,13 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from .. import rundir
 from ..data import corpus
+from ..data.shards import read_prepared
 from ..data.synthetic import RETRIEVAL_MARKER
-from ..data.tokenizer import EOS, load_tokenizer
-from ..model.pretrained import resolve_checkpoint
+from ..data.tokenizer import EOS
 from ..model.transformer import DiffTransformerLM
 
-RUN_CONFIG = "run_config.json"
-TOKENIZER = "tokenizer.json"
 DEFAULT_VAL_FRACTION = 0.02  # DataConfig.val_fraction's default
 
 
@@ -52,44 +51,18 @@ class EvalModel:
                 "parameters": self.model.num_parameters(), "model_config": self.model.cfg.to_dict()}
 
 
-def _read_run_config(run_dir: Path) -> dict[str, Any]:
-    p = run_dir / RUN_CONFIG
-    if not p.is_file():
-        return {}
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p} is not valid JSON: {e}") from None
-
-
-def _find_tokenizer(checkpoint: Path, source: Path) -> Path:
-    for p in (checkpoint / TOKENIZER, source / TOKENIZER):
-        if p.is_file():
-            return p
-    raise FileNotFoundError(f"--run {source}: no {TOKENIZER} in {checkpoint} or {source}")
-
-
-def check_tokenizer(tok: Tokenizer, vocab_size: int, where: Path) -> None:
-    """Refuse a tokenizer whose ids the model cannot embed, or that lacks the document separator."""
-    n = tok.get_vocab_size()
-    if n > vocab_size:
-        raise ValueError(f"--run {where}: {TOKENIZER} has {n} tokens but the model's vocab_size is {vocab_size}; "
-                         "the tokenizer does not belong to this model")
-    eos = tok.token_to_id(EOS)
-    if eos is None or eos >= vocab_size:
-        raise ValueError(f"--run {where}: {TOKENIZER} has no {EOS} token inside the model's vocabulary; "
-                         "the tokenizer does not belong to this model")
-
-
 def load_for_eval(path: str | Path, device: str = "cpu", label: Optional[str] = None) -> EvalModel:
     """The model of a run or model directory, on ``device`` in float32, with its tokenizer."""
     source = Path(path)
-    checkpoint = resolve_checkpoint(source)  # clear errors for a missing dir or a run without checkpoints
-    run_dir = checkpoint.parent.parent if checkpoint != source else None
-    run_cfg = _read_run_config(run_dir) if run_dir is not None else {}
+    checkpoint = rundir.resolve_checkpoint(source)  # clear errors for a missing dir or a run without checkpoints
+    run_dir = rundir.run_of_checkpoint(checkpoint) if checkpoint != source else None
+    run_cfg = rundir.read_run_config(run_dir)
     model = DiffTransformerLM.from_pretrained(checkpoint, device=device, dtype=torch.float32, backend="sdpa")
-    tok = load_tokenizer(_find_tokenizer(checkpoint, source))
-    check_tokenizer(tok, model.cfg.vocab_size, source)
+    try:
+        tok_file = rundir.find_tokenizer(checkpoint, source)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"--run {source}: {e}") from None
+    tok = rundir.read_tokenizer(tok_file, model.cfg.vocab_size, where=f"--run {source}")
     train_len = int(run_cfg.get("data", {}).get("seq_len", model.cfg.max_seq_len))
     seed = run_cfg.get("train", {}).get("seed")
     label = label or f"{model.cfg.attention}" + (f" seed {seed}" if seed is not None else "")
@@ -99,14 +72,13 @@ def load_for_eval(path: str | Path, device: str = "cpu", label: Optional[str] = 
 
 # ---------------------------------------------------------------------------------------------- held-out text
 def _run_val_tokens(ev: EvalModel) -> Optional[np.ndarray]:
-    if ev.run_dir is None:
+    data = read_prepared(rundir.data_dir(ev.run_dir)) if ev.run_dir is not None else None
+    if data is None:
         return None
-    data_dir = ev.run_dir / "data"
-    meta, val = data_dir / "meta.json", data_dir / "val.bin"
-    if not (meta.is_file() and val.is_file()):
+    try:
+        return np.asarray(data.tokens("val"))
+    except FileNotFoundError:  # shards deleted to save space: fall back to the embedded corpus
         return None
-    dtype = json.loads(meta.read_text()).get("dtype", "uint16")
-    return np.fromfile(val, dtype=dtype)
 
 
 def held_out_documents(ev: EvalModel, min_docs: int = 8) -> tuple[list[str], str]:

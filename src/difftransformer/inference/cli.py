@@ -18,7 +18,8 @@ from typing import Optional
 
 import torch
 
-from ..model.pretrained import TOKENIZER_NAME, load_pretrained, resolve_checkpoint
+from .. import rundir
+from ..model.transformer import DiffTransformerLM
 from .generate import DECODE_MODES, SamplingConfig, check_context, check_decode_device, generate, stream
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,23 +48,10 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _find_tokenizer(args: argparse.Namespace, model_dir: Path) -> Path:
-    if args.tokenizer is not None:
-        return args.tokenizer
-    candidates = [model_dir / TOKENIZER_NAME] + ([args.run / TOKENIZER_NAME] if args.run is not None else [])
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError(f"no {TOKENIZER_NAME} in {' or '.join(str(c.parent) for c in candidates)}; "
-                            "pass --tokenizer")
-
-
 def load_model(path: Path, device: Optional[str], dtype: Optional[str]):
     """Our model from a model or run directory; a Hugging Face directory is refused with the way to convert it."""
-    from ..interop.hf import is_hf_dir  # a light import: JSON only
-
-    model_dir = resolve_checkpoint(path)
-    if is_hf_dir(model_dir):
+    model_dir = rundir.resolve_checkpoint(path)
+    if rundir.dir_kind(model_dir) == "hf":
         raise ValueError(f"{model_dir} is a Hugging Face checkpoint; convert it first: "
                          f"difftransformer convert --from-hf {model_dir} --out DIR")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -72,20 +60,25 @@ def load_model(path: Path, device: Optional[str], dtype: Optional[str]):
         torch.empty(0, device=dev)
     except (RuntimeError, AssertionError) as e:
         raise ValueError(f"--device {dev} is not usable here: {str(e).splitlines()[0]}") from None
-    return load_pretrained(model_dir, device=dev, dtype=dt), model_dir
+    return DiffTransformerLM.from_pretrained(model_dir, device=dev, dtype=dt), model_dir
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data.tokenizer import EOS, load_tokenizer
+    from ..data.tokenizer import EOS
 
     sampling_kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, seed=args.seed)
     SamplingConfig(**sampling_kw)  # bad values fail before the model loads
     model, model_dir = load_model(args.run if args.run is not None else args.checkpoint, args.device, args.dtype)
-    tok = load_tokenizer(_find_tokenizer(args, model_dir))
-    if tok.get_vocab_size() > model.cfg.vocab_size:
-        raise ValueError(f"the tokenizer has {tok.get_vocab_size()} tokens but the model only "
-                         f"{model.cfg.vocab_size}: wrong tokenizer for this checkpoint")
+    if args.tokenizer is not None:
+        tok_file = args.tokenizer
+    else:
+        try:
+            tok_file = rundir.find_tokenizer(model_dir, args.run)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e}; pass --tokenizer") from None
+    # No end-of-text token is fine here: generation then runs to --max-new-tokens.
+    tok = rundir.read_tokenizer(tok_file, model.cfg.vocab_size, require_eos=False)
     prompts = []
     for i, text in enumerate(args.prompt):
         ids = tok.encode(text).ids

@@ -10,10 +10,11 @@ stays in our own format. A tokenizer.json beside the weights is copied along.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from ..model.pretrained import TOKENIZER_NAME, load_pretrained, resolve_checkpoint, save_pretrained
+from ..model.pretrained import is_model_dir, save_pretrained
+from ..model.transformer import DiffTransformerLM
+from ..rundir import TOKENIZER_NAME, resolve_checkpoint
 from .hf import is_hf_dir, load_hf, save_hf
 
 EXPECT = {"diff_v1": "diff_v1", "baseline": "baseline", "diffllama": "diff_v1", "llama": "baseline"}
@@ -38,20 +39,11 @@ def _check_out(out: Path) -> None:
         raise FileExistsError(f"--out {out} exists and is not an empty directory; choose a new one")
 
 
-def _is_ours(path: Path) -> bool:
-    """True for our own model directory: a config.json with our ``attention`` key and no ``model_type``."""
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and "attention" in cfg and "model_type" not in cfg
-
-
 def run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     expect = EXPECT[args.expect] if args.expect else None
     if args.from_hf is not None:
-        if _is_ours(args.from_hf):
+        if is_model_dir(args.from_hf):
             raise ValueError(f"{args.from_hf} is in our own format, not a Hugging Face checkpoint (its config.json "
                              "names no model_type); use --to-hf to export it")
         model = load_hf(args.from_hf, expect=expect)
@@ -64,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         if args.to_hf.is_dir() and is_hf_dir(args.to_hf):
             raise ValueError(f"{args.to_hf} is already a Hugging Face checkpoint (use --from-hf to import it)")
         model_dir = resolve_checkpoint(args.to_hf)
-        model = load_pretrained(model_dir)
+        model = DiffTransformerLM.from_pretrained(model_dir)
         if expect is not None and model.cfg.attention != expect:
             raise ValueError(f"{model_dir} holds attention={model.cfg.attention!r}, not the expected {expect}")
         tok = model_dir / TOKENIZER_NAME

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -37,8 +36,9 @@ import torch
 from safetensors.torch import save_file
 
 from ..model.config import ModelConfig
-from ..model.pretrained import TOKENIZER_NAME, load_state_dict
+from ..model.pretrained import TOKENIZER_NAME, atomic_directory, load_state_dict
 from ..model.transformer import DiffTransformerLM
+from ..rundir import dir_kind
 
 PathLike = Union[str, os.PathLike]
 
@@ -293,25 +293,6 @@ def read_hf_weights(hf_dir: PathLike) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{d} holds neither {HF_WEIGHTS} nor {HF_INDEX}")
 
 
-def _build_on_meta(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> DiffTransformerLM:
-    """Build the model on the meta device and assign the tensors (no random init, no second copy)."""
-    with torch.device("meta"):
-        model = DiffTransformerLM(cfg)
-    expected = model.state_dict()
-    if cfg.tie_embeddings:
-        expected.pop("output.weight")
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    for k, v in state.items():
-        if v.shape != expected[k].shape:
-            raise ValueError(f"tensor {k} has shape {tuple(v.shape)}, the config needs {tuple(expected[k].shape)}")
-    model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    return model.eval()
-
-
 def load_hf(hf_dir: PathLike, expect: Optional[str] = None) -> DiffTransformerLM:
     """Our model (DIFF V1 or baseline) from a saved DiffLlamaForCausalLM / LlamaForCausalLM directory.
 
@@ -322,7 +303,7 @@ def load_hf(hf_dir: PathLike, expect: Optional[str] = None) -> DiffTransformerLM
     if expect is not None and cfg.attention != expect:
         raise ValueError(f"{hf_dir} holds a {hf_cfg.get('model_type')} model (our {cfg.attention}), "
                          f"not the expected {expect}")
-    return _build_on_meta(cfg, state_from_hf(cfg, read_hf_weights(hf_dir)))
+    return DiffTransformerLM.from_state_dict(cfg, state_from_hf(cfg, read_hf_weights(hf_dir)), where=str(hf_dir))
 
 
 def save_hf(model: DiffTransformerLM, out_dir: PathLike, tokenizer_file: Optional[PathLike] = None) -> Path:
@@ -332,32 +313,17 @@ def save_hf(model: DiffTransformerLM, out_dir: PathLike, tokenizer_file: Optiona
     dtype = model.output.weight.dtype
     hf_cfg = config_to_hf(model.cfg, dtype)  # validates first: nothing is written for an unsupported model
     state = {k: v.cpu() for k, v in state_to_hf(model).items()}
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_directory(out_dir, replace=False) as tmp:
         (tmp / HF_CONFIG).write_text(json.dumps(hf_cfg, indent=2) + "\n")
         save_file(state, str(tmp / HF_WEIGHTS), metadata={"format": "pt"})
         if tokenizer_file is not None:
             shutil.copyfile(tokenizer_file, tmp / TOKENIZER_NAME)
-        if out.exists():
-            if not out.is_dir() or any(out.iterdir()):
-                raise FileExistsError(f"{out} exists and is not an empty directory; choose a new --out")
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir)
 
 
 def is_hf_dir(path: PathLike) -> bool:
     """True when ``path`` holds a Hugging Face config.json (it names a ``model_type``)."""
-    p = Path(path) / HF_CONFIG
-    try:
-        return p.is_file() and "model_type" in json.loads(p.read_text())
-    except (json.JSONDecodeError, OSError):
-        return False
+    return dir_kind(path) == "hf"
 
 
 __all__ = ["load_hf", "save_hf", "config_from_hf", "config_to_hf", "state_from_hf", "state_to_hf",

@@ -172,6 +172,16 @@ class ModelConfig:
             raise ValueError(f"model config {p or 'text'} is not valid JSON: {e}") from None
         return cls.from_dict(data)
 
+    @classmethod
+    def from_flavour(cls, name: str, **changes: Any) -> "ModelConfig":
+        """The named shape of ``FLAVOURS`` with ``changes`` on top (e.g. ``attention="diff_v2"``)."""
+        if name not in FLAVOURS:
+            raise ValueError(f"ModelConfig flavour {name!r} is not defined; choose one of {', '.join(FLAVOURS)}")
+        unknown = sorted(set(changes) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown ModelConfig key(s): {', '.join(unknown)}")
+        return cls(**{**FLAVOURS[name], **changes})
+
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed (validated; unknown fields raise)."""
         d = self.to_dict()
@@ -187,3 +197,15 @@ class ModelConfig:
         if "n_kv_heads" not in changes and "n_heads" in changes and self.n_kv_heads == self.n_heads:
             d["n_kv_heads"] = None
         return ModelConfig(**d)
+
+
+# Named model shapes (the attention kind and backend are chosen per use). Head counts are the baseline's.
+FLAVOURS: dict[str, dict[str, Any]] = {
+    # the tests' model: 4 heads of 16 (V1: 2 differential heads), GQA with 2 KV heads, a few thousand weights
+    "tiny": dict(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64),
+    # the matched benchmark shape: d_model 512, 8 layers, 8 heads of 64
+    "bench": dict(vocab_size=8192, d_model=512, n_layers=8, n_heads=8, head_dim=64, max_seq_len=1024),
+    # the paper's 3B shape (Section 3.1 / Appendix B): 28 layers, d_model 3072, 24 heads of 128
+    "paper-3b": dict(vocab_size=100288, d_model=3072, n_layers=28, n_heads=24, head_dim=128, ffn_hidden=8192,
+                     max_seq_len=4096),
+}

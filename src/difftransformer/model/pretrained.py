@@ -1,11 +1,13 @@
-"""Our own checkpoint format, and finding the checkpoint inside a run directory.
+"""Our own model-directory format: one directory from (config, state_dict), and back.
 
-A model directory holds ``config.json`` (the ``ModelConfig``), ``model.safetensors`` (the weights) and usually
-``tokenizer.json``. Training writes one such directory per checkpoint, ``RUN_DIR/checkpoints/step_XXXXXXXX``,
-completed by a ``manifest.json`` (file names, sizes, sha256) written last; the directory is built under a
-temporary name and renamed, so a directory with a matching manifest is complete.
+A model directory holds ``config.json`` (the ``ModelConfig``), ``model.safetensors`` (the weights), usually
+``tokenizer.json``, and ``manifest.json`` (file names, sizes, sha256) written last. The directory is built under a
+temporary name and renamed, so a directory with a matching manifest is complete. Where such directories sit
+inside a training run (``checkpoints/step_*``) is ``difftransformer.rundir``'s business, not this module's.
 
-Only JSON and safetensors are ever read from a user path (no pickle).
+This module does not import the model class (``transformer.py`` imports it): loading goes through
+``DiffTransformerLM.from_pretrained`` / ``from_state_dict``, which build on the meta device and call
+``assign_weights`` here. Only JSON and safetensors are ever read from a user path (no pickle).
 """
 
 from __future__ import annotations
@@ -15,21 +17,23 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from .config import ModelConfig
-from .transformer import DiffTransformerLM
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 MANIFEST_NAME = "manifest.json"
-CHECKPOINTS_DIR = "checkpoints"
+# With tie_embeddings the head is the embedding: saved once (safetensors refuses shared storage), re-tied on load.
+TIED = {"output.weight": "tok_embeddings.weight"}
 
 PathLike = Union[str, os.PathLike]
 
@@ -71,59 +75,27 @@ def verify_manifest(directory: PathLike, check_hashes: bool = True) -> Optional[
     return None
 
 
-def list_checkpoints(run_dir: PathLike) -> list[Path]:
-    """Checkpoint directories of a run, oldest first (by step number in the name)."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    steps = []
-    for p in root.iterdir():
-        if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit():
-            steps.append((int(p.name[5:]), p))
-    return [p for _, p in sorted(steps)]
+def temp_prefix(name: str) -> str:
+    """The name prefix of the temporary sibling ``atomic_directory`` builds ``name`` under (to clean leftovers)."""
+    return f".{name}.tmp-"
 
 
-def resolve_checkpoint(path: PathLike, check_hashes: bool = True) -> Path:
-    """A model directory for ``path``: itself if it holds weights, else the newest complete checkpoint of a run."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
-    if not p.is_dir():
-        raise NotADirectoryError(f"{p} is not a directory (expected a run or model directory)")
-    if (p / WEIGHTS_NAME).is_file():
-        return p
-    ckpts = list_checkpoints(p)
-    if not ckpts:
-        raise FileNotFoundError(f"{p} holds neither {WEIGHTS_NAME} nor any checkpoint under {CHECKPOINTS_DIR}/")
-    problems = []
-    for c in reversed(ckpts):
-        why = verify_manifest(c, check_hashes)
-        if why is None:
-            return c
-        problems.append(why)
-    raise FileNotFoundError(f"no complete checkpoint in {p}: " + "; ".join(problems))
+@contextmanager
+def atomic_directory(directory: PathLike, replace: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling directory to fill; on success it is renamed to ``directory``.
 
-
-def save_pretrained(model: DiffTransformerLM, directory: PathLike, tokenizer_file: Optional[PathLike] = None,
-                    extra_files: Optional[dict[str, bytes]] = None) -> Path:
-    """Write config.json, model.safetensors (and tokenizer.json) to ``directory``, atomically.
-
-    Everything is written to a temporary sibling directory and renamed over ``directory`` when complete.
+    A kill mid-write leaves ``directory`` as it was. ``replace=False`` refuses an existing non-empty directory
+    (an empty one, e.g. made by a CLI's output check, is taken over).
     """
     out = Path(directory)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), dir=out.parent))
     try:
-        model.cfg.to_json(tmp / CONFIG_NAME)
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        if model.cfg.tie_embeddings:
-            state.pop("output.weight", None)  # safetensors refuses shared storage; re-tied on load
-        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "library": "difftransformer"})
-        if tokenizer_file is not None:
-            shutil.copyfile(tokenizer_file, tmp / TOKENIZER_NAME)
-        for name, data in (extra_files or {}).items():
-            (tmp / name).write_bytes(data)
-        write_manifest(tmp)
+        yield tmp
+        if out.exists() and not replace:
+            if not out.is_dir() or any(out.iterdir()):
+                raise FileExistsError(f"{out} exists and is not an empty directory; choose a new --out")
+            out.rmdir()
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
@@ -134,7 +106,29 @@ def save_pretrained(model: DiffTransformerLM, directory: PathLike, tokenizer_fil
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+
+
+def write_model_dir(directory: PathLike, cfg: ModelConfig, state: dict[str, torch.Tensor],
+                    tokenizer_file: Optional[PathLike] = None,
+                    extra_files: Optional[dict[str, bytes]] = None) -> Path:
+    """Write config.json, model.safetensors (and tokenizer.json, ``extra_files``, the manifest), atomically."""
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()
+             if not (cfg.tie_embeddings and k in TIED)}
+    with atomic_directory(directory) as tmp:
+        cfg.to_json(tmp / CONFIG_NAME)
+        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "library": "difftransformer"})
+        if tokenizer_file is not None:
+            shutil.copyfile(tokenizer_file, tmp / TOKENIZER_NAME)
+        for name, data in (extra_files or {}).items():
+            (tmp / name).write_bytes(data)
+        write_manifest(tmp)
+    return Path(directory)
+
+
+def save_pretrained(model: nn.Module, directory: PathLike, tokenizer_file: Optional[PathLike] = None,
+                    extra_files: Optional[dict[str, bytes]] = None) -> Path:
+    """``write_model_dir`` for a ``DiffTransformerLM`` (its ``cfg`` and ``state_dict()``)."""
+    return write_model_dir(directory, model.cfg, model.state_dict(), tokenizer_file, extra_files)
 
 
 def load_state_dict(path: PathLike) -> dict[str, torch.Tensor]:
@@ -148,37 +142,49 @@ def load_state_dict(path: PathLike) -> dict[str, torch.Tensor]:
         raise ValueError(f"{p} is not a readable safetensors file: {e}") from None
 
 
-def load_pretrained(path: PathLike, device: Union[str, torch.device] = "cpu",
-                    dtype: Optional[torch.dtype] = None, backend: Optional[str] = None) -> DiffTransformerLM:
-    """Load a model directory (or a run directory's newest complete checkpoint).
+def is_model_dir(path: PathLike) -> bool:
+    """True for one of our model directories: weights plus a config.json of ours (it names an ``attention``)."""
+    p = Path(path)
+    try:
+        cfg = json.loads((p / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "attention" in cfg and "model_type" not in cfg
 
-    The model is built on the meta device and the weights are assigned (no random init, no double memory).
-    """
-    d = resolve_checkpoint(path)
+
+def read_model_dir(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(config, weights) of one model directory; a training run directory is refused with what to pass."""
+    d = Path(path)
+    if not d.exists():
+        raise FileNotFoundError(f"{d} does not exist")
+    if not d.is_dir():
+        raise NotADirectoryError(f"{d} is not a directory (expected a model directory)")
+    if not (d / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"{d} holds no {WEIGHTS_NAME}; for a training run pass its checkpoint "
+                                "(difftransformer.rundir.resolve_checkpoint)")
     cfg_path = d / CONFIG_NAME
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} does not exist")
-    cfg = ModelConfig.from_json(cfg_path)
-    if backend is not None:
-        cfg = cfg.replace(backend=backend)
-    state = load_state_dict(d / WEIGHTS_NAME)
-    with torch.device("meta"):
-        model = DiffTransformerLM(cfg)
-    expected = set(model.state_dict())
-    if cfg.tie_embeddings:
-        expected.discard("output.weight")
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    return ModelConfig.from_json(cfg_path), load_state_dict(d / WEIGHTS_NAME)
+
+
+def assign_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> nn.Module:
+    """Assign ``state`` to a model built on the meta device: keys and shapes checked, tied weights re-tied.
+
+    No random init and no second copy of the weights. ``where`` names the source in error messages.
+    """
+    tied = TIED if model.cfg.tie_embeddings else {}
+    expected = {k: v for k, v in model.state_dict().items() if k not in tied}
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{d / WEIGHTS_NAME} does not match {cfg_path}: missing {missing[:5]}, "
+        raise ValueError(f"{where} does not match the config: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
     for k, v in state.items():
-        want = model.state_dict()[k].shape
-        if v.shape != want:
-            raise ValueError(f"{d / WEIGHTS_NAME}: tensor {k} has shape {tuple(v.shape)}, config needs {tuple(want)}")
+        if v.shape != expected[k].shape:
+            raise ValueError(f"{where}: tensor {k} has shape {tuple(v.shape)}, the config needs "
+                             f"{tuple(expected[k].shape)}")
     model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    model = model.to(device=device)
-    if dtype is not None:
-        model = model.to(dtype=dtype)
-    return model.eval()
+    for dst, src in tied.items():
+        owner, _, attr = dst.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(src))
+    return model

@@ -8,17 +8,19 @@ training machinery: parallelism, compile, quantisation and checkpoint I/O are ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionMaps, build_attention
+from .attention import Attention, AttentionMaps, build_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .norm import RMSNorm
+from .pretrained import WEIGHTS_NAME, assign_weights, read_model_dir, save_pretrained
 from .rope import rope_cos_sin, rope_frequencies
 
 
@@ -85,7 +87,7 @@ class DiffTransformerLM(nn.Module):
                 nn.init.normal_(m.weight, mean=0.0, std=self.cfg.init_std)
             elif isinstance(m, RMSNorm) and m.weight is not None:
                 nn.init.ones_(m.weight)
-            if hasattr(m, "reset_lambda"):
+            if isinstance(m, Attention):
                 m.reset_lambda()
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
@@ -190,17 +192,27 @@ class DiffTransformerLM(nn.Module):
 
     # ------------------------------------------------------------------ our own format (see pretrained.py)
     @classmethod
+    def from_state_dict(cls, cfg: ModelConfig, state: dict, where: str = "weights") -> "DiffTransformerLM":
+        """The model of ``cfg`` holding ``state``: built on the meta device, the tensors assigned (no init)."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        return assign_weights(model, state, where).eval()
+
+    @classmethod
     def from_pretrained(cls, path, device="cpu", dtype=None, backend=None) -> "DiffTransformerLM":
-        """Load config.json + model.safetensors from a model directory or a run's newest complete checkpoint."""
-        from .pretrained import load_pretrained
-        return load_pretrained(path, device=device, dtype=dtype, backend=backend)
+        """Load config.json + model.safetensors from one model directory (a run's: ``rundir.resolve_checkpoint``)."""
+        cfg, state = read_model_dir(path)
+        if backend is not None:
+            cfg = cfg.replace(backend=backend)
+        model = cls.from_state_dict(cfg, state, where=str(Path(path) / WEIGHTS_NAME)).to(device=device)
+        return model.to(dtype=dtype) if dtype is not None else model
 
     def save_pretrained(self, directory, tokenizer_file=None):
         """Write config.json + model.safetensors (+ tokenizer.json) atomically to ``directory``."""
-        from .pretrained import save_pretrained
         return save_pretrained(self, directory, tokenizer_file=tokenizer_file)
 
     def lambdas(self) -> list[float]:
         """DIFF V1's current lambda per layer (eq. 2); empty for other variants."""
         with torch.no_grad():
-            return [float(l.attn.lambda_full()) for l in self.layers if hasattr(l.attn, "lambda_full")]
+            lams = (l.attn.static_lambda() for l in self.layers)
+            return [float(x) for x in lams if x is not None]

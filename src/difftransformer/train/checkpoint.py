@@ -7,8 +7,9 @@
 * ``training_state.json``: the step, tokens seen, optimizer hyper-parameter groups, the sampler's draw count,
   Python's RNG state;
 
-then ``manifest.json`` last. The directory is built under a temporary name and renamed (``save_pretrained``), so
-a SIGKILL mid-write leaves the previous checkpoints intact. No pickle anywhere.
+then ``manifest.json`` last. The directory is built under a temporary name and renamed (``write_model_dir``), so
+a SIGKILL mid-write leaves the previous checkpoints intact. Where checkpoints live and which one is complete is
+``rundir``'s to say. No pickle anywhere.
 """
 
 from __future__ import annotations
@@ -28,17 +29,11 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from ..model.config import ModelConfig
-from ..model.pretrained import (CONFIG_NAME, WEIGHTS_NAME, list_checkpoints, load_state_dict, save_pretrained,
-                                verify_manifest)
-from ..model.transformer import DiffTransformerLM
+from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_state_dict, write_model_dir
+from ..rundir import (STATE_JSON, STATE_TENSORS, leftover_temp_checkpoints, list_checkpoints,
+                      newest_complete_checkpoint, step_dir)
 
-STATE_TENSORS = "training_state.safetensors"
-STATE_JSON = "training_state.json"
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
 
 
 @dataclass
@@ -70,16 +65,14 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     osd = get_optimizer_state_dict(model, optimizer, options=FULL)
     if not is_main:
         return None
-    with torch.device("meta"):
-        host = DiffTransformerLM(cfg)
-    host.load_state_dict(_with_tied(weights, cfg), assign=True)
     tensors, groups = _flatten_optimizer(osd)
     tensors.update(_rng_tensors())
     tensors["sampler.generator"] = state.sampler["generator"]
     meta = {"step": state.step, "tokens_seen": state.tokens_seen, "param_groups": groups,
             "sampler_batches_drawn": state.sampler["batches_drawn"], "python_rng": _python_rng_state()}
     extra = {STATE_TENSORS: save_tensors(tensors), STATE_JSON: (json.dumps(meta, indent=1) + "\n").encode()}
-    return save_pretrained(host, step_dir(run_dir, state.step), tokenizer_file=tokenizer_file, extra_files=extra)
+    return write_model_dir(step_dir(run_dir, state.step), cfg, weights, tokenizer_file=tokenizer_file,
+                           extra_files=extra)
 
 
 def _with_tied(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -92,23 +85,17 @@ def prune(run_dir: Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` checkpoints, and temp dirs a killed run left behind."""
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    root = Path(run_dir) / "checkpoints"
-    for tmp in root.glob(".step_*.tmp-*") if root.is_dir() else ():
+    for tmp in leftover_temp_checkpoints(run_dir):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- reading
 def find_resumable(run_dir: Path, warn=print) -> Path:
     """The newest checkpoint whose manifest verifies; each newer broken one is reported in one line."""
-    ckpts = list_checkpoints(run_dir)
-    if not ckpts:
-        raise FileNotFoundError(f"--resume: {run_dir} holds no checkpoint under checkpoints/")
-    for c in reversed(ckpts):
-        why = verify_manifest(c)
-        if why is None:
-            return c
-        warn(f"skipping checkpoint {c.name}: {why}")
-    raise FileNotFoundError(f"--resume: no complete checkpoint in {run_dir}/checkpoints (all failed verification)")
+    try:
+        return newest_complete_checkpoint(run_dir, warn=warn)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"--resume: {e}") from None
 
 
 def check_same_model(ckpt: Path, cfg: ModelConfig) -> None:

@@ -12,7 +12,6 @@ checkpoints/step_XXXXXXXX/. Under torchrun the same command runs DDP (or --train
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -22,7 +21,8 @@ OVERRIDE_PREFIX = "override:"
 
 
 def run(args: argparse.Namespace) -> int:
-    from .trainer import RUN_CONFIG_NAME, train
+    from .. import rundir
+    from .trainer import train
 
     overrides: dict[str, dict] = {}
     for dest, raw in vars(args).items():
@@ -31,11 +31,11 @@ def run(args: argparse.Namespace) -> int:
             overrides.setdefault(section, {})[key] = parse_value(raw)
     out = Path(args.out)
     if args.config is None:
-        if not (args.resume and (out / RUN_CONFIG_NAME).is_file()):
+        saved = rundir.read_run_config(out) if args.resume else {}
+        if not saved:
             raise ValueError("--config is required (a preset: " + ", ".join(list_presets()) +
                              "; or a .toml file), unless --resume finds the run's run_config.json")
-        cfg = merge(TrainConfig.from_dict(json.loads((out / RUN_CONFIG_NAME).read_text())),
-                    overrides)
+        cfg = merge(TrainConfig.from_dict(saved), overrides)
     else:
         cfg = load_config(args.config, overrides)
     result = train(cfg, out, resume=args.resume, progress=False if args.no_progress else None)

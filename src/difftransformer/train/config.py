@@ -24,57 +24,68 @@ Precision = Literal["auto", "float32", "bfloat16"]
 Parallel = Literal["ddp", "fsdp"]
 
 
+def _field(default: Any, help: str) -> Any:
+    """A config field with its one line of help (``--help`` prints it; the field needs no separate comment)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class DataConfig:
-    sources: list[str] = field(default_factory=lambda: ["kjv"])  # "kjv" = the embedded corpus, or .txt/.jsonl paths
-    vocab_size: int = 8192  # byte-level BPE vocabulary (also the model's vocab_size)
-    seq_len: int = 256  # training window; must not exceed model.max_seq_len
-    val_fraction: float = 0.02  # share of documents held out, spread evenly through the corpus
-    max_chars: int = 0  # >0: use only the first max_chars characters of the corpus (tests, quick demos)
-    # Retrieval mixing (issue 5): this fraction of the training text is synthetic multi-needle documents
-    # (`data.synthetic.retrieval_documents`) whose filler sentences come from the corpus.
-    retrieval_share: float = 0.0
-    retrieval_n_needles: int = 4
-    retrieval_n_queries: int = 2
-    retrieval_n_filler: int = 8
-    retrieval_digits: int = 3
-    seed: int = 1234  # document shuffle and retrieval documents
-    prepared_dir: str = ""  # a folder of already prepared shards to share (hard-linked into RUN_DIR/data)
+    sources: list[str] = _field(["kjv"], 'list of corpora: "kjv" (embedded King James Bible) or .txt/.jsonl '
+                                         "files or folders")
+    vocab_size: int = _field(8192, "byte-level BPE vocabulary size, also the model's vocab_size")
+    seq_len: int = _field(256, "training/evaluation window in tokens (<= model.max_seq_len)")
+    val_fraction: float = _field(0.02, "fraction of documents held out for validation, spread evenly")
+    max_chars: int = _field(0, "use only the first N characters of the corpus (0 = all; tests, quick demos)")
+    # Retrieval mixing (issue 5): synthetic multi-needle documents (`data.synthetic.retrieval_documents`) whose
+    # filler sentences come from the corpus.
+    retrieval_share: float = _field(0.0, "fraction of the text made of synthetic multi-needle retrieval documents")
+    retrieval_n_needles: int = _field(4, "needles per retrieval document")
+    retrieval_n_queries: int = _field(2, "questions per retrieval document")
+    retrieval_n_filler: int = _field(8, "corpus filler sentences per retrieval document")
+    retrieval_digits: int = _field(3, "digits of each pass number")
+    seed: int = _field(1234, "seed of the document shuffle and the retrieval documents")
+    prepared_dir: str = _field("", "folder where shards are prepared once and shared (hard-linked into the run's "
+                                   "data folder)")
 
 
 @dataclass
 class OptimConfig:
-    steps: int = 1000  # optimizer steps
-    batch_size: int = 16  # global batch in sequences (all ranks, all accumulation micro-steps)
-    micro_batch_size: int = 16  # sequences per rank per forward; accumulation = batch / (micro * world)
-    lr: float = 1e-3
-    min_lr: float = 1e-4  # end of the cosine
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    eval_every: int = 100
-    eval_batches: int = 8
-    seed: int = 0  # model init and batch sampling
-    device: str = "auto"  # auto = cuda if available, else cpu
-    precision: Precision = "auto"  # auto = bf16 autocast where supported (CUDA), else float32
-    compile: bool = False  # torch.compile the model
-    parallel: Parallel = "ddp"  # under torchrun: DDP, or FSDP2 (fully_shard)
+    steps: int = _field(1000, "optimizer steps")
+    batch_size: int = _field(16, "global batch in sequences (all ranks and accumulation micro-steps)")
+    micro_batch_size: int = _field(16, "sequences per rank per forward pass (accumulation = batch / (micro x "
+                                       "ranks))")
+    lr: float = _field(1e-3, "peak learning rate")
+    min_lr: float = _field(1e-4, "learning rate at the end of the cosine")
+    warmup_steps: int = _field(100, "linear warmup steps")
+    weight_decay: float = _field(0.1, "AdamW weight decay on matrices (never norms, biases, lambda parameters)")
+    beta1: float = _field(0.9, "AdamW beta1")
+    beta2: float = _field(0.95, "AdamW beta2")
+    eps: float = _field(1e-8, "AdamW epsilon")
+    grad_clip: float = _field(1.0, "max global gradient norm (0 disables clipping)")
+    eval_every: int = _field(100, "steps between validation evaluations (the last step is always evaluated)")
+    eval_batches: int = _field(8, "validation batches (of train.batch_size windows) per evaluation")
+    seed: int = _field(0, "seed of model init and batch sampling")
+    device: str = _field("auto", '"auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N"')
+    precision: Precision = _field("auto", '"auto" (bf16 autocast on CUDA with bf16, else float32), "float32" or '
+                                          '"bfloat16"')
+    compile: bool = _field(False, "torch.compile the model (true/false)")
+    parallel: Parallel = _field("ddp", 'under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard)')
 
 
 @dataclass
 class CheckpointConfig:
-    every: int = 500  # steps between checkpoints (the final step is always saved)
-    keep_last: int = 3
+    every: int = _field(500, "steps between checkpoints (the last step is always saved)")
+    keep_last: int = _field(3, "number of newest checkpoints kept")
 
 
 @dataclass
 class LogConfig:
-    every: int = 10  # steps between metric lines
-    tensorboard: bool = True
-    progress: bool = True  # tqdm bar
+    every: int = _field(10, "steps between metric records (the run's metrics file and TensorBoard)")
+    tensorboard: bool = _field(True, "also write TensorBoard events into the run directory (true/false)")
+    progress: bool = _field(True, "show the tqdm progress bar (true/false)")
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "train": OptimConfig, "checkpoint": CheckpointConfig,
@@ -202,27 +213,6 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
 
 
-def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``["--train.lr", "3e-4", "--data.sources=[\"a.txt\"]"]`` -> ``{"train": {"lr": 0.0003}, ...}``."""
-    out: dict[str, dict[str, Any]] = {}
-    i = 0
-    while i < len(items):
-        item = items[i]
-        if not item.startswith("--") or "." not in item.split("=", 1)[0]:
-            raise ValueError(f"unexpected argument {item!r}; overrides look like --section.key value")
-        if "=" in item:
-            key, raw = item[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(items):
-                raise ValueError(f"override {item} needs a value")
-            key, raw = item[2:], items[i + 1]
-            i += 2
-        section, _, name = key.partition(".")
-        out.setdefault(section, {})[name] = parse_value(raw)
-    return out
-
-
 def parse_value(raw: str) -> Any:
     try:
         return tomllib.loads(f"v = {raw}")["v"]
@@ -230,16 +220,17 @@ def parse_value(raw: str) -> Any:
         return raw  # a bare word: a string (e.g. --model.attention diff_v2)
 
 
-def load_config(name_or_path: str, overrides=None) -> TrainConfig:
-    """A preset or TOML file with overrides: ``["--train.lr", "3e-4"]`` or ``{"train": {"lr": 3e-4}}``."""
+def load_config(name_or_path: str, overrides: Optional[dict[str, dict[str, Any]]] = None) -> TrainConfig:
+    """A preset or TOML file with overrides ``{"train": {"lr": 3e-4}}``."""
     path = resolve_config_path(name_or_path)
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: not valid TOML: {e}") from None
-    if not isinstance(overrides, dict):
-        overrides = parse_overrides(overrides or [])
-    for section, values in overrides.items():
+    if overrides is not None and not isinstance(overrides, dict):
+        raise TypeError(f"load_config: overrides must be a dict {{section: {{key: value}}}}, got "
+                        f"{type(overrides).__name__}")
+    for section, values in (overrides or {}).items():
         if section not in ("model", *SECTIONS):
             raise ValueError(f"unknown config section in override --{section}.*; allowed: model, "
                              f"{', '.join(SECTIONS)}")
@@ -256,50 +247,10 @@ def merge(cfg: TrainConfig, changes: dict[str, dict[str, Any]]) -> TrainConfig:
     return TrainConfig.from_dict(d)
 
 
-# One line per key, for `difftransformer train --help` (every key is also a --section.key flag).
-FIELD_HELP: dict[str, str] = {
-    "data.sources": 'list of corpora: "kjv" (embedded King James Bible) or .txt/.jsonl files or folders',
-    "data.vocab_size": "byte-level BPE vocabulary size, also the model's vocab_size",
-    "data.seq_len": "training/evaluation window in tokens (<= model.max_seq_len)",
-    "data.val_fraction": "fraction of documents held out for validation, spread evenly",
-    "data.max_chars": "use only the first N characters of the corpus (0 = all)",
-    "data.retrieval_share": "fraction of the text made of synthetic multi-needle retrieval documents",
-    "data.retrieval_n_needles": "needles per retrieval document",
-    "data.retrieval_n_queries": "questions per retrieval document",
-    "data.retrieval_n_filler": "corpus filler sentences per retrieval document",
-    "data.retrieval_digits": "digits of each pass number",
-    "data.seed": "seed of the retrieval documents",
-    "data.prepared_dir": "folder where shards are prepared once and shared (hard-linked into RUN_DIR/data)",
-    "train.steps": "optimizer steps",
-    "train.batch_size": "global batch in sequences (all ranks and accumulation micro-steps)",
-    "train.micro_batch_size": "sequences per rank per forward pass (accumulation = batch / (micro x ranks))",
-    "train.lr": "peak learning rate",
-    "train.min_lr": "learning rate at the end of the cosine",
-    "train.warmup_steps": "linear warmup steps",
-    "train.weight_decay": "AdamW weight decay on matrices (never norms, biases, V1 lambda vectors)",
-    "train.beta1": "AdamW beta1",
-    "train.beta2": "AdamW beta2",
-    "train.eps": "AdamW epsilon",
-    "train.grad_clip": "max global gradient norm (0 disables clipping)",
-    "train.eval_every": "steps between validation evaluations (the last step is always evaluated)",
-    "train.eval_batches": "validation batches (of train.batch_size windows) per evaluation",
-    "train.seed": "seed of model init and batch sampling",
-    "train.device": '"auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N"',
-    "train.precision": '"auto" (bf16 autocast on CUDA with bf16, else float32), "float32" or "bfloat16"',
-    "train.compile": "torch.compile the model (true/false)",
-    "train.parallel": 'under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard)',
-    "checkpoint.every": "steps between checkpoints (the last step is always saved)",
-    "checkpoint.keep_last": "number of newest checkpoints kept",
-    "log.every": "steps between metric records in metrics.jsonl / TensorBoard",
-    "log.tensorboard": "also write TensorBoard events to RUN_DIR/tb (true/false)",
-    "log.progress": "show the tqdm progress bar (true/false)",
-}
-
-
 def override_keys() -> list[tuple[str, str]]:
     """Every (flag, help) pair: ``model.*`` (ModelConfig fields, vocab_size excepted) and the other sections."""
     out = [(f"model.{f.name}", f"ModelConfig.{f.name} (see difftransformer.model.config)")
            for f in fields(ModelConfig) if f.name != "vocab_size"]
     for section, typ in SECTIONS.items():
-        out.extend((f"{section}.{f.name}", FIELD_HELP[f"{section}.{f.name}"]) for f in fields(typ))
+        out.extend((f"{section}.{f.name}", f.metadata["help"]) for f in fields(typ))
     return out

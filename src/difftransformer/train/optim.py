@@ -8,20 +8,29 @@ import torch
 from torch import nn
 
 
-def decays(name: str, p: nn.Parameter) -> bool:
+from ..model.attention import Attention
+
+
+def lambda_parameter_ids(model: nn.Module) -> set[int]:
+    """ids of every parameter an attention variant declares a lambda parameter (``lambda_parameters()``)."""
+    return {id(p) for m in model.modules() if isinstance(m, Attention) for p in m.lambda_parameters()}
+
+
+def decays(p: nn.Parameter, lambda_ids: set[int]) -> bool:
     """Weight decay on matrices only: never on norms or biases (all 1-D), nor on any lambda parameter.
 
-    DIFF V1's eq. (2) vectors ``lambda_q1 .. lambda_k2`` (decay would pull lambda towards lambda_init) and DIFF V2's
-    ``wlambda`` projection (decay would pull sigmoid(lambda) towards 1/2) are left to the data.
+    DIFF V1's eq. (2) vectors (decay would pull lambda towards lambda_init) and DIFF V2's lambda projection
+    (decay would pull sigmoid(lambda) towards 1/2) are left to the data.
     """
-    return p.ndim >= 2 and "lambda" not in name
+    return p.ndim >= 2 and id(p) not in lambda_ids
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    lambda_ids = lambda_parameter_ids(model)
+    for p in model.parameters():
         if p.requires_grad:
-            (decay if decays(name, p) else no_decay).append(p)
+            (decay if decays(p, lambda_ids) else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

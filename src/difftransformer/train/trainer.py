@@ -8,7 +8,6 @@ starts from one seeded generator on every rank and each rank reads its slice, so
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import sys
@@ -23,14 +22,13 @@ from tqdm import tqdm
 
 from ..data.shards import (PreparedData, WindowSampler, check_fits, eval_starts, fingerprint, link_prepared,
                            prepare_data, read_prepared, windows)
+from .. import rundir
 from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
 from .distributed import DistInfo, all_ok, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
 from .metrics import LambdaProbe, MetricsLogger
 from .optim import build_optimizer, lr_at
-
-RUN_CONFIG_NAME = "run_config.json"
 
 
 @dataclass
@@ -51,21 +49,21 @@ def same_data(a, b) -> bool:
 
 def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[[str], None]) -> Optional[Path]:
     """The checkpoint to resume from (None for a fresh run); refuses to overwrite or to mix two runs."""
-    cfg_file = run_dir / RUN_CONFIG_NAME
+    cfg_file = rundir.run_config_path(run_dir)
     if not resume:
         if cfg_file.exists():
             raise FileExistsError(f"--out {run_dir} already holds a run; pass --resume to continue it or choose "
                                   "another --out")
         return None
     if not cfg_file.is_file():
-        raise FileNotFoundError(f"--resume: {run_dir} holds no {RUN_CONFIG_NAME} (not a run directory)")
+        raise FileNotFoundError(f"--resume: {run_dir} holds no {cfg_file.name} (not a run directory)")
     ckpt = ckpt_io.find_resumable(run_dir, warn=warn)
     ckpt_io.check_same_model(ckpt, cfg.model)
     done = ckpt_io.checkpoint_step(ckpt)
     if done >= cfg.train.steps:
         raise ValueError(f"--resume: the run is already at step {done} >= train.steps={cfg.train.steps}; "
                          "raise --train.steps to train further")
-    saved = TrainConfig.from_dict(json.loads(cfg_file.read_text()))
+    saved = TrainConfig.from_dict(rundir.read_run_config(run_dir))
     if not same_data(saved.data, cfg.data):
         raise ValueError(f"--resume: the [data] section differs from the run's {cfg_file}; resume with the same data")
     return ckpt
@@ -73,7 +71,7 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
 
 def setup_data(cfg: TrainConfig, run_dir: Path, info: DistInfo, progress: bool) -> PreparedData:
     """Tokenise once (rank 0), shared through ``data.prepared_dir`` when set; every rank then reads the shards."""
-    target = run_dir / "data"
+    target = rundir.data_dir(run_dir)
     if info.is_main:
         try:
             if cfg.data.prepared_dir:
@@ -175,8 +173,8 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
     ckpt = check_run_dir(cfg, run_dir, resume, _warn if info.is_main else (lambda m: None))
     data = setup_data(cfg, run_dir, info, progress and info.is_main)
     if info.is_main:
-        (run_dir / RUN_CONFIG_NAME).write_text(cfg.to_json() + "\n")
-        shutil.copyfile(data.tokenizer_file, run_dir / "tokenizer.json")
+        rundir.write_run_config(run_dir, cfg.to_json())
+        shutil.copyfile(data.tokenizer_file, rundir.tokenizer_path(run_dir))
 
     torch.manual_seed(cfg.train.seed)
     raw = DiffTransformerLM(cfg.model).to(info.device)  # built on CPU by the seed, so every rank starts equal

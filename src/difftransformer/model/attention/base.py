@@ -47,7 +47,15 @@ class AttentionMaps:
 
 
 class Attention(nn.Module):
-    """Base class: holds the config, the layer index, an optional KV cache and an optional logits hook."""
+    """Base class: holds the config, the layer index, an optional KV cache and an optional logits hook.
+
+    Each variant also answers for its lambda, so training and the model never test for attribute names: which
+    parameters are lambda parameters (kept out of weight decay), how to re-initialise them, the learned scalar
+    lambda if it has one, and the per-layer summary that training logs under ``lambda_summary_name``.
+    """
+
+    # The metrics.jsonl key of this variant's per-layer lambda summary; None: the variant has no lambda.
+    lambda_summary_name: Optional[str] = None
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -61,6 +69,22 @@ class Attention(nn.Module):
     def cache_layout(self) -> tuple[int, int, int, int]:
         """(key heads, key width, value heads, value width) that this variant caches."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ lambda (none in the base class)
+    def lambda_parameters(self) -> list[nn.Parameter]:
+        """Parameters that only shape lambda: weight decay would pull lambda to an arbitrary value."""
+        return []
+
+    def reset_lambda(self) -> None:
+        """Re-initialise the lambda parameters (called by the model's ``init_weights``)."""
+
+    def static_lambda(self) -> Optional[torch.Tensor]:
+        """The learned input-independent scalar lambda (DIFF V1 eq. 2), or None."""
+        return None
+
+    def lambda_summary(self, x: torch.Tensor) -> Optional[float]:
+        """One number per layer for the metrics, from this layer's attention input ``x`` (B, T, d_model)."""
+        return None
 
     def use_eager(self, return_maps: bool) -> bool:
         return self.backend == "eager" or return_maps or self.logits_hook is not None

@@ -52,9 +52,20 @@ class DiffV1Attention(Attention):
                       if cfg.headwise_norm else None)
         self.reset_lambda()
 
+    lambda_summary_name = "lambda_v1"  # the learned lambda of eq. (2), per layer
+
+    def lambda_parameters(self) -> list[nn.Parameter]:
+        return [self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2]
+
     def reset_lambda(self) -> None:
-        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+        for p in self.lambda_parameters():
             nn.init.normal_(p, mean=0.0, std=0.1)  # the reference code's N(0, 0.1)
+
+    def static_lambda(self) -> torch.Tensor:
+        return self.lambda_full()
+
+    def lambda_summary(self, x: torch.Tensor) -> float:
+        return float(self.lambda_full())
 
     def cache_layout(self) -> tuple[int, int, int, int]:
         return 2 * self.n_kv_heads, self.head_dim, self.n_kv_heads, 2 * self.head_dim

@@ -39,6 +39,16 @@ class DiffV2Attention(Attention):
     def cache_layout(self) -> tuple[int, int, int, int]:
         return self.n_kv_heads, self.head_dim, self.n_kv_heads, self.head_dim
 
+    # Mean over batch, heads and tokens of lambda (after the sigmoid unless v2_lambda='raw'), per layer.
+    lambda_summary_name = "lambda_v2_mean_sigmoid"
+
+    def lambda_parameters(self) -> list[nn.Parameter]:
+        return [] if self.wlambda is None else list(self.wlambda.parameters())
+
+    def lambda_summary(self, x: torch.Tensor) -> Optional[float]:
+        lam = self.lambda_values(x)
+        return None if lam is None else float(lam.float().mean())
+
     def lambda_values(self, x: torch.Tensor) -> Optional[torch.Tensor]:
         """(B, H, T, 1) per-token per-head lambda (after the sigmoid unless v2_lambda='raw'); None for 'none'."""
         if self.wlambda is None:

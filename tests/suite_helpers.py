@@ -1,0 +1,28 @@
+"""Helpers shared by the whole suite (also offered as fixtures by ``conftest.py``)."""
+
+from __future__ import annotations
+
+from difftransformer.cli import main
+from difftransformer.model.config import ModelConfig
+
+
+def tiny_model_config(attention: str = "diff_v1", **changes) -> ModelConfig:
+    """The ``tiny`` flavour (4 heads of 16, 2 KV heads, 2 layers, vocab 64) with ``changes`` on top."""
+    return ModelConfig.from_flavour("tiny", attention=attention, **changes)
+
+
+def cli_fails(capsys, argv: list[str], *expected: str, stdout_empty: bool = False) -> str:
+    """``difftransformer <argv>`` exits 2 with one ``difftransformer CMD: error:`` line holding every ``expected``
+    text and no traceback; ``stdout_empty``: nothing was printed before the error. Returns the line."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert lines[0].startswith(f"difftransformer {argv[0]}: error: "), lines[0]
+    for text in expected:
+        assert text in lines[0], lines[0]
+    assert "Traceback" not in out.err + out.out
+    if stdout_empty:
+        assert out.out == "", out.out
+    return lines[0]
