@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..analyses import ANALYSES
+from ..spec import by_name
 from .results import RunResults, Settings
 from .training import TITLE as TRAINING_TITLE
 from .verdicts import HELD, INCONCLUSIVE, NAMES, NOT_HELD, VARIANTS
@@ -186,7 +187,7 @@ def _module_section(runs: Sequence[RunResults], name: str) -> str:
     """The analysis's own text (its spec's ``format``), one per run: for analyses without a table here."""
     if not any(name in r.results for r in runs):
         return ""
-    fmt = next(s.format for s in ANALYSES if s.name == name)
+    fmt = by_name(ANALYSES, name).format
     texts = [fmt(r.results[name]) for r in runs if name in r.results]
     return "".join(f"<pre>{_esc(t)}</pre>" for t in texts)
 
