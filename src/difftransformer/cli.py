@@ -1,22 +1,30 @@
 """The `difftransformer` command line. Each subcommand lives beside the code it drives and registers itself
-through a ``register(subparsers)`` function; this file only dispatches and turns user errors into one line."""
+through a ``register(subparsers)`` function; ``COMMANDS`` below imports them all, so the import graph shows every
+command. This file only dispatches and turns user errors into one line."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-# Modules that contribute subcommands, in the order `--help` lists them.
-COMMAND_MODULES: tuple[str, ...] = (
-    "difftransformer.demo",
-    "difftransformer.train.cli",
-    "difftransformer.bench.cli",
-    "difftransformer.inference.cli",
-    "difftransformer.interop.cli",
-    "difftransformer.eval.cli",
+from . import demo
+from .bench import cli as bench_cli
+from .eval import cli as eval_cli
+from .inference import cli as inference_cli
+from .interop import cli as interop_cli
+from .train import cli as train_cli
+
+# The subcommands, in the order `--help` lists them.
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    demo.register,
+    train_cli.register,
+    bench_cli.register,
+    inference_cli.register,
+    interop_cli.register,
+    eval_cli.register,
+    eval_cli.register_report,
 )
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback.
@@ -33,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"difftransformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for register in COMMANDS:
+        register(sub)
     return parser
 
 

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from difftransformer.eval import attnmap, icl, needles, noise, outliers, positions, quantized, report
+from difftransformer.eval.report import html as report_html
+from difftransformer.eval.report import verdicts
 from eval_helpers import roundtrip
 
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
@@ -211,18 +213,58 @@ def test_report_reads_positions_and_icl(evs):
     runs = []
     for v in ("baseline", "diff_v2"):
         rr = report.RunResults(evs[v], {"step": [], "spikes": []})
-        for name in ("positions", "icl"):
-            rr.results[name] = report.run_analysis(name, evs[v], report.Settings(quick=True, progress=False))
+        for mod in (positions, icl):
+            rr.results[mod.SPEC.name] = report.run_analysis(mod.SPEC, evs[v], report.Settings(quick=True,
+                                                                                          progress=False))
         runs.append(rr)
     for mod in (positions, icl):
-        assert set(mod.FULL) == set(mod.QUICK)
-    assert report._positions_tail(runs[0]).value == runs[0].results["positions"]["tail_nll"]
-    assert report._icl_best(runs[0]).value == runs[0].results["icl"]["max_shot_accuracy"]
-    assert report._icl_spread(runs[0]).value == runs[0].results["icl"]["order"]["spread"]
-    assert report._chance(runs, "icl") == 0.25
-    rows = {(row["claim"], row["variant"]): row for row in report.verdicts(runs)}
+        assert type(mod.FULL) is type(mod.QUICK) and mod.SPEC.full is mod.FULL and mod.SPEC.quick is mod.QUICK
+    assert verdicts._positions_tail(runs[0]).value == runs[0].results["positions"]["tail_nll"]
+    assert verdicts._icl_best(runs[0]).value == runs[0].results["icl"]["max_shot_accuracy"]
+    assert verdicts._icl_spread(runs[0]).value == runs[0].results["icl"]["order"]["spread"]
+    assert verdicts._chance(runs, "icl") == 0.25
+    rows = {(row["claim"], row["variant"]): row for row in verdicts.verdicts(runs)}
     for claim in ("lower NLL deep into long context", "more accurate many-shot in-context learning",
                   "less sensitive to demonstration order"):
         assert "not measured" not in rows[(claim, "diff_v2")]["why"]
-    html = report._module_section(runs, "positions") + report._module_section(runs, "icl")
+    html = report_html.analysis_section(runs, "positions") + report_html.analysis_section(runs, "icl")
     assert "training length" in html and "chance" in html
+
+
+# Small settings of each spec's own settings class, so the uniform run(ev, settings, seed) is exercised quickly.
+TINY = {
+    "needles": needles.NeedlesSettings(lengths=(1.0,), depths=(0.5,), samples=2),
+    "noise": noise.NoiseSettings(samples=2),
+    "outliers": outliers.OutliersSettings(sequences=1),
+    "quantized": quantized.QuantizedSettings(sequences=1, samples=2, widths=(8, 4)),
+    "positions": positions.PositionsSettings(factor=1.0, sequences=2),
+    "icl": icl.IclSettings(classes=2, samples=2, orders=2, words=4),
+    "attnmap": attnmap.AttnmapSettings(),
+}
+
+
+def test_every_spec_runs_formats_and_plots_with_its_uniform_signature(evs, tmp_path):
+    from difftransformer.eval.analyses import ANALYSES
+
+    assert [s.name for s in ANALYSES] == list(TINY)
+    for spec in ANALYSES:
+        assert type(spec.quick) is type(spec.full) is type(TINY[spec.name]), spec.name
+        ev = [evs[v] for v in VARIANTS] if spec.multi_run else evs["diff_v1"]
+        r = roundtrip(spec.run(ev, TINY[spec.name], 0, progress=False))
+        assert r["analysis"] == spec.name
+        text = spec.format(r)
+        assert isinstance(text, str) and text, spec.name
+        spec.plot(r if spec.multi_run else [r], tmp_path / f"{spec.name}.png")
+        _png(tmp_path / f"{spec.name}.png")
+
+
+def test_every_claim_is_fed_by_one_spec_or_the_training_curves():
+    from difftransformer.eval.analyses import ANALYSES
+
+    titles = [c.title for c in verdicts.claims()]
+    declared = [t for s in ANALYSES for t in s.claims]
+    assert len(declared) == len(set(declared)) and set(declared) <= set(titles)
+    training = {"lower validation loss at the same parameters and tokens", "fewer loss spikes",
+                "smaller gradient-norm peaks"}
+    assert set(titles) - set(declared) == training
+    assert set(report_html.PAGE_ORDER) == {s.name for s in ANALYSES}

@@ -234,7 +234,7 @@ def test_icl_prompt_layout(evs):
 def test_noise_section_explains_negative_differential_mass():
     from types import SimpleNamespace
 
-    from difftransformer.eval.report import _noise_section
+    from difftransformer.eval.report.html import _noise_section
 
     def run(label, answer, noise):
         return SimpleNamespace(ev=SimpleNamespace(label=label),

@@ -19,18 +19,30 @@ as JSON beside it (``FILE.json``).
 
 from __future__ import annotations
 
-import argparse
 import random
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
 
-from .loading import EvalModel, load_for_eval, write_json
-from .needles import NeedleTask, add_task_args, build_haystack, filler_sentences, task_from_args
+from .loading import EvalModel
+from .needles import NeedleTask, TaskChoice, build_haystack, filler_sentences
 from .noise import key_masks, span_masses
+from .plotting import pyplot
+from .spec import AnalysisSpec
 
 DEFAULT_DEPTH = 0.5
+
+
+@dataclass(frozen=True)
+class AttnmapSettings:
+    layer: Optional[int] = None  # one layer (negative: from the last); None: the mean over layers
+    length: Optional[int] = None  # haystack tokens; None: the shortest training length of the models
+    depth: float = DEFAULT_DEPTH  # target needle depth in [0, 1]
+    task: TaskChoice = field(default_factory=TaskChoice)  # resolved against the first model
+
+
+QUICK = FULL = AttnmapSettings()  # one haystack either way: the report's --full changes nothing here
 
 
 def check_shared_tokenizer(evs: Sequence[EvalModel]) -> None:
@@ -160,10 +172,7 @@ def _plain(text: str) -> str:
 
 def plot_attnmap(result: dict[str, Any], path) -> None:
     """One strip per model: the normalised attention score of every key, target span shaded, questions greyed."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     maps, K = result["maps"], result["n_keys"]
     t0, t1 = result["target"]
     ce = result["context_end"]
@@ -195,28 +204,15 @@ def plot_attnmap(result: dict[str, Any], path) -> None:
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------------------------- CLI
-HELP = "attention of the answering query on one haystack, baseline vs DIFF (Fig. 1); --run repeated"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layer", type=int, help="one layer (negative: from the last); default: the mean over layers")
-    p.add_argument("--length", type=int, help="haystack length in tokens (default: the shortest training length)")
-    p.add_argument("--depth", type=float, default=DEFAULT_DEPTH,
-                   help="target needle depth in [0, 1] (0 = start of the context)")
-    add_task_args(p)
-
-
-def run_cli(args) -> int:
-    png = Path(args.out) if args.out else None
-    if png is not None and png.suffix.lower() != ".png":
-        raise ValueError(f"--out {args.out}: attnmap writes a figure; name a .png file (the JSON goes beside it)")
-    evs = [load_for_eval(r) for r in args.run]
+def run(evs: Sequence[EvalModel], settings: AttnmapSettings, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    """The spec's run: ``evs`` are several models (attnmap is multi-run); ``progress`` is unused (one pass each)."""
+    evs = list(evs)
     check_shared_tokenizer(evs)
-    r = run_attnmap(evs, args.seed, args.layer, args.length, task=task_from_args(evs[0], args), depth=args.depth)
-    print(format_attnmap(r))
-    if png is not None:
-        png.parent.mkdir(parents=True, exist_ok=True)
-        plot_attnmap(r, png)
-        write_json(r, png.with_suffix(".json"))
-    return 0
+    return run_attnmap(evs, seed, settings.layer, settings.length, task=settings.task.resolve(evs[0]),
+                       depth=settings.depth)
+
+
+SPEC = AnalysisSpec(
+    name="attnmap", title="Attention maps on one needle example", paper="Fig. 1",
+    help="attention of the answering query on one haystack, baseline vs DIFF (Fig. 1); --run repeated", doc=__doc__,
+    quick=QUICK, full=FULL, run=run, format=format_attnmap, plot=plot_attnmap, multi_run=True)

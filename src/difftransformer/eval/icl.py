@@ -22,7 +22,6 @@ book -> label word mapping from the prompt.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import random
@@ -34,7 +33,9 @@ import torch
 from tqdm import tqdm
 
 from ..data.tokenizer import EOS
-from .loading import EvalModel, load_for_eval, write_json
+from .loading import EvalModel
+from .plotting import color, pyplot
+from .spec import AnalysisSpec
 
 # (pythonbible book name, preferred label word): distinct styles first, so K=2..4 are already separable.
 BOOKS: tuple[tuple[str, str], ...] = (
@@ -47,8 +48,20 @@ FALLBACK_LABELS: tuple[tuple[str, ...], ...] = (
     ("man", "day", "land", "son", "king", "father", "God", "LORD", "house", "people", "city", "word"),
     ("the", "and", "of", "to", "that", "in", "he", "shall", "unto", "for", "his", "I", "a", "they", "be", "is"),
 )
-QUICK = dict(classes=4, samples=32, orders=4, words=6)
-FULL = dict(classes=4, samples=96, orders=8, words=6)
+
+
+
+@dataclass(frozen=True)
+class IclSettings:
+    classes: int  # books to tell apart, 2..len(BOOKS)
+    samples: int  # queries per shot count (balanced over the books)
+    orders: int  # random orderings of the demonstrations
+    words: int  # words of each verse snippet
+    context: Optional[int] = None  # prompt budget in tokens; None: the training length
+
+
+QUICK = IclSettings(classes=4, samples=32, orders=4, words=6)
+FULL = IclSettings(classes=4, samples=96, orders=8, words=6)
 POOL_PER_BOOK = 600  # verses per book kept (seeded sample): plenty of disjoint queries and demonstrations
 SEPARATOR = " ->"
 
@@ -232,8 +245,8 @@ def shot_counts(n_max: int) -> list[int]:
     return out + ([n_max] if n_max > 0 else [])
 
 
-def run_icl(ev: EvalModel, classes: int = QUICK["classes"], samples: int = QUICK["samples"],
-            orders: int = QUICK["orders"], words: int = QUICK["words"], seed: int = 0,
+def run_icl(ev: EvalModel, classes: int = QUICK.classes, samples: int = QUICK.samples,
+            orders: int = QUICK.orders, words: int = QUICK.words, seed: int = 0,
             context: Optional[int] = None, progress: bool = True) -> dict[str, Any]:
     """Accuracy vs shots (0 .. the most that fit) and the best-worst spread over orderings of one demo set."""
     if samples < 1 or orders < 1:
@@ -312,16 +325,13 @@ def format_icl(r: dict[str, Any]) -> str:
 
 def plot_icl(results: Sequence[dict[str, Any]], path) -> None:
     """Left: accuracy vs shots per model, chance dashed (Fig. 6). Right: accuracy per ordering (Fig. 7)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    colors = {"baseline": "#555555", "diff_v1": "#1f77b4", "diff_v2": "#d62728"}
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     ax[0].xaxis.set_major_locator(MaxNLocator(integer=True))
     for i, r in enumerate(results):
-        c = colors.get(r["model"].get("attention"))
+        c = color(r)
         ax[0].plot(r["shots"], r["accuracy"], marker="o", ms=3, color=c, label=r["model"]["label"])
         o = r["order"]
         ax[1].scatter([i] * len(o["accuracies"]), o["accuracies"], color=c, s=14)
@@ -342,29 +352,13 @@ def plot_icl(results: Sequence[dict[str, Any]], path) -> None:
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------------------------- CLI
-HELP = "many-shot in-context classification (KJV book of a verse) and demonstration-order spread (Fig. 6-7)"
+def run(ev: EvalModel, settings: IclSettings, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    return run_icl(ev, settings.classes, settings.samples, settings.orders, settings.words, seed, settings.context,
+                   progress=progress)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--classes", type=int, default=QUICK["classes"], help=f"books to tell apart, 2..{len(BOOKS)}")
-    p.add_argument("--samples", type=int, default=QUICK["samples"], help="queries per shot count (balanced)")
-    p.add_argument("--orders", type=int, default=QUICK["orders"], help="random orderings of the demonstrations")
-    p.add_argument("--words", type=int, default=QUICK["words"], help="words of each verse snippet")
-    p.add_argument("--context", type=int, help="prompt budget in tokens (default: the training length)")
-
-
-def run_cli(args) -> int:
-    if not 2 <= args.classes <= len(BOOKS):
-        raise ValueError(f"--classes must be in [2, {len(BOOKS)}], got {args.classes}")
-    for flag in ("samples", "orders", "words"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
-    if args.context is not None and args.context < 2:
-        raise ValueError(f"--context must be >= 2, got {args.context}")
-    ev = load_for_eval(args.run)
-    r = run_icl(ev, args.classes, args.samples, args.orders, args.words, args.seed, args.context, progress=False)
-    print(format_icl(r))
-    if args.out:
-        write_json(r, args.out)
-    return 0
+SPEC = AnalysisSpec(
+    name="icl", title="Many-shot in-context learning and order robustness", paper="Fig. 6-7",
+    help="many-shot in-context classification (KJV book of a verse) and demonstration-order spread (Fig. 6-7)",
+    doc=__doc__, quick=QUICK, full=FULL, run=run, format=format_icl, plot=plot_icl,
+    claims=("more accurate many-shot in-context learning", "less sensitive to demonstration order"))

@@ -10,10 +10,9 @@ model that copies some needle's number without finding the right one.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
@@ -22,10 +21,9 @@ from tqdm import tqdm
 from ..data.corpus import sentences
 from ..data.synthetic import Haystack, needle_haystack, short_sentences
 from ..data.tokenizer import EOS
-from .loading import EvalModel, held_out_documents, load_for_eval, write_json
-
-QUICK = dict(lengths=(0.25, 0.5, 1.0), depths=(0.0, 0.5, 1.0), samples=16)
-FULL = dict(lengths=(0.25, 0.5, 0.75, 1.0), depths=(0.0, 0.25, 0.5, 0.75, 1.0), samples=40)
+from .loading import EvalModel, held_out_documents
+from .plotting import pyplot
+from .spec import AnalysisSpec
 
 
 @dataclass
@@ -60,6 +58,30 @@ class NeedleTask:
     def to_dict(self) -> dict[str, Any]:
         return {"n_needles": self.n_needles, "n_queries": self.n_queries, "digits": self.digits,
                 "chance": self.chance, "random_needle": self.random_needle}
+
+
+@dataclass(frozen=True)
+class TaskChoice:
+    """The haystack shape asked for (None: the run's own, see ``NeedleTask.for_model``)."""
+
+    n_needles: Optional[int] = None
+    n_queries: Optional[int] = None
+    digits: Optional[int] = None
+
+    def resolve(self, ev: EvalModel) -> NeedleTask:
+        return NeedleTask.for_model(ev, n_needles=self.n_needles, n_queries=self.n_queries, digits=self.digits)
+
+
+@dataclass(frozen=True)
+class NeedlesSettings:
+    lengths: tuple[float, ...]  # fractions of the training length
+    depths: tuple[float, ...]  # target needle depths in [0, 1]
+    samples: int  # haystacks per grid cell
+    task: TaskChoice = field(default_factory=TaskChoice)
+
+
+QUICK = NeedlesSettings(lengths=(0.25, 0.5, 1.0), depths=(0.0, 0.5, 1.0), samples=16)
+FULL = NeedlesSettings(lengths=(0.25, 0.5, 0.75, 1.0), depths=(0.0, 0.25, 0.5, 0.75, 1.0), samples=40)
 
 
 @dataclass
@@ -169,8 +191,8 @@ def grid_lengths(ev: EvalModel, fractions: Sequence[float], task: NeedleTask) ->
     return sorted({min(max(lo, int(round(f * ev.train_len))), hi) for f in fractions})
 
 
-def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK["lengths"], depths: Sequence[float] = QUICK["depths"],
-                samples: int = QUICK["samples"], seed: int = 0, task: Optional[NeedleTask] = None,
+def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK.lengths, depths: Sequence[float] = QUICK.depths,
+                samples: int = QUICK.samples, seed: int = 0, task: Optional[NeedleTask] = None,
                 progress: bool = True) -> dict[str, Any]:
     """Accuracy per (context length, needle depth) cell; lengths are fractions of the training length."""
     task = task or NeedleTask.for_model(ev)
@@ -221,10 +243,7 @@ def format_needles(r: dict[str, Any]) -> str:
 
 def plot_heatmaps(results: Sequence[dict[str, Any]], path) -> None:
     """One accuracy heatmap per model (paper Fig. 5), chance levels in the titles."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(3.6 * len(results), 3.2), squeeze=False)
     for ax, r in zip(axes[0], results):
         im = ax.imshow(r["accuracy"], vmin=0, vmax=1, cmap="viridis", aspect="auto")
@@ -243,47 +262,13 @@ def plot_heatmaps(results: Sequence[dict[str, Any]], path) -> None:
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------------------------- CLI
-def floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+def run(ev: EvalModel, settings: NeedlesSettings, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    return run_needles(ev, settings.lengths, settings.depths, settings.samples, seed, settings.task.resolve(ev),
+                       progress=progress)
 
 
-def add_task_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--needles", type=int, help="needles per haystack (default: the run's data.retrieval_n_needles, else 4)")
-    p.add_argument("--queries", type=int, help="questions per haystack, the last one scored (default: the run's, else 2)")
-    p.add_argument("--digits", type=int, help="digits of each pass number (default: the run's, else 2)")
-
-
-def task_from_args(ev: EvalModel, args) -> NeedleTask:
-    return NeedleTask.for_model(ev, n_needles=args.needles, n_queries=args.queries, digits=args.digits)
-
-
-def run_cli(args) -> int:
-    ev = load_for_eval(args.run)
-    lengths, depths = floats(args.lengths), floats(args.depths)
-    if not lengths or any(f <= 0 for f in lengths):
-        raise ValueError(f"--lengths must be positive fractions of the training length, got {args.lengths!r}")
-    if not depths or any(not 0 <= d <= 1 for d in depths):
-        raise ValueError(f"--depths must be numbers in [0, 1], got {args.depths!r}")
-    if args.samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {args.samples}")
-    r = run_needles(ev, lengths, depths, args.samples, args.seed, task_from_args(ev, args))
-    print(format_needles(r))
-    if args.out:
-        write_json(r, args.out)
-    return 0
-
-
-HELP = "multi-needle retrieval grid: context length x needle depth (Table 2, Fig. 5)"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lengths", default=",".join(map(str, QUICK["lengths"])),
-                   help="context lengths as fractions of the training length, comma-separated")
-    p.add_argument("--depths", default=",".join(map(str, QUICK["depths"])),
-                   help="target needle depths in [0, 1] (0 = start of the context), comma-separated")
-    p.add_argument("--samples", type=int, default=QUICK["samples"], help="haystacks per grid cell")
-    add_task_args(p)
+SPEC = AnalysisSpec(
+    name="needles", title="Multi-needle retrieval", paper="Table 2, Fig. 5",
+    help="multi-needle retrieval grid: context length x needle depth (Table 2, Fig. 5)", doc=__doc__,
+    quick=QUICK, full=FULL, run=run, format=format_needles, plot=plot_heatmaps,
+    claims=("better multi-needle retrieval",))

@@ -14,19 +14,30 @@ the answer and 0.01-0.02 vs 0.49-0.54 on the noise.
 
 from __future__ import annotations
 
-import argparse
 import random
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
 from tqdm import tqdm
 
 from ..data.tokenizer import EOS
-from .loading import EvalModel, load_for_eval, write_json
-from .needles import EncodedHaystack, NeedleTask, add_task_args, build_haystack, filler_sentences, padded_batch, \
-    task_from_args
+from .loading import EvalModel
+from .needles import EncodedHaystack, NeedleTask, TaskChoice, build_haystack, filler_sentences, padded_batch
+from .plotting import color, pyplot, save_figure
+from .spec import AnalysisSpec
 
 QUICK_SAMPLES, FULL_SAMPLES = 16, 48
+
+
+@dataclass(frozen=True)
+class NoiseSettings:
+    samples: int  # needle haystacks to average over
+    length: Optional[int] = None  # haystack tokens; None: the training length
+    task: TaskChoice = field(default_factory=TaskChoice)
+
+
+QUICK, FULL = NoiseSettings(QUICK_SAMPLES), NoiseSettings(FULL_SAMPLES)
 
 
 def span_masses(rows: torch.Tensor, answer: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,21 +110,25 @@ def format_noise(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-HELP = "attention mass on the answer span vs the rest of the context, per layer (Table 3)"
+def plot_noise(results: Sequence[dict[str, Any]], path) -> None:
+    """Answer and noise mass per layer, one line per model."""
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.4))
+    for x in results:
+        layers = range(len(x["answer_per_layer"]))
+        ax[0].plot(layers, x["answer_per_layer"], marker="o", color=color(x), label=x["model"]["label"])
+        ax[1].plot(layers, x["noise_per_layer"], marker="o", color=color(x), label=x["model"]["label"])
+    ax[0].set(title="attention on the answer span", xlabel="layer")
+    ax[1].set(title="attention on the rest of the context (noise)", xlabel="layer")
+    save_figure(fig, ax, path)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--samples", type=int, default=QUICK_SAMPLES, help="needle haystacks to average over")
-    p.add_argument("--length", type=int, help="haystack length in tokens (default: the training length)")
-    add_task_args(p)
+def run(ev: EvalModel, settings: NoiseSettings, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    return run_noise(ev, settings.samples, seed, settings.task.resolve(ev), settings.length, progress=progress)
 
 
-def run_cli(args) -> int:
-    if args.samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {args.samples}")
-    ev = load_for_eval(args.run)
-    r = run_noise(ev, args.samples, args.seed, task_from_args(ev, args), args.length)
-    print(format_noise(r))
-    if args.out:
-        write_json(r, args.out)
-    return 0
+SPEC = AnalysisSpec(
+    name="noise", title="Attention noise", paper="Table 3",
+    help="attention mass on the answer span vs the rest of the context, per layer (Table 3)", doc=__doc__,
+    quick=QUICK, full=FULL, run=run, format=format_noise, plot=plot_noise,
+    claims=("more attention on the answer span", "less attention noise"))

@@ -12,15 +12,25 @@ top-1 attention logit 38.8 DIFF vs 318.0 baseline; hidden state 1688 vs 3609 at 
 
 from __future__ import annotations
 
-import argparse
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
-from .loading import EvalModel, held_out_documents, load_for_eval, text_windows, write_json
+from .loading import EvalModel, held_out_documents, text_windows
+from .plotting import color, pyplot, save_figure
+from .spec import AnalysisSpec
 
 RANKS = (1, 2, 3, 10, 100)
 QUICK_SEQS, FULL_SEQS = 4, 16
+
+
+@dataclass(frozen=True)
+class OutliersSettings:
+    sequences: int  # held-out windows of the training length
+
+
+QUICK, FULL = OutliersSettings(QUICK_SEQS), OutliersSettings(FULL_SEQS)
 
 
 class TopAbs:
@@ -81,19 +91,28 @@ def format_outliers(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-HELP = "top-1/top-10/median of |attention logits| and |hidden states| (Table 5)"
+def plot_outliers(results: Sequence[dict[str, Any]], path) -> None:
+    """Top-1, top-10 and median |attention logit| and |hidden state|, one bar per model (log scale)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.4))
+    keys = ["top1", "top10", "median"]
+    w = 0.8 / max(1, len(results))
+    for i, x in enumerate(results):
+        for a, kind in zip(ax, ("attention_logits", "hidden_states")):
+            vals = [x[kind].get(k, float("nan")) for k in keys]
+            a.bar([j + i * w for j in range(len(keys))], vals, w, color=color(x), label=x["model"]["label"])
+    for a, title in zip(ax, ("|attention logits|", "|hidden states|")):
+        a.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))], keys)
+        a.set(title=title, yscale="log")
+    save_figure(fig, ax, path, grid=False)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sequences", type=int, default=QUICK_SEQS, help="held-out windows of the training length")
+def run(ev: EvalModel, settings: OutliersSettings, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    return run_outliers(ev, settings.sequences, seed, progress=progress)
 
 
-def run_cli(args) -> int:
-    if args.sequences < 1:
-        raise ValueError(f"--sequences must be >= 1, got {args.sequences}")
-    ev = load_for_eval(args.run)
-    r = run_outliers(ev, args.sequences, args.seed)
-    print(format_outliers(r))
-    if args.out:
-        write_json(r, args.out)
-    return 0
+SPEC = AnalysisSpec(
+    name="outliers", title="Activation outliers", paper="Table 5",
+    help="top-1/top-10/median of |attention logits| and |hidden states| (Table 5)", doc=__doc__,
+    quick=QUICK, full=FULL, run=run, format=format_outliers, plot=plot_outliers,
+    claims=("smaller attention-logit outliers", "smaller hidden-state outliers"))

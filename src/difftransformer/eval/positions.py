@@ -17,19 +17,29 @@ training), so a window may span several documents; the same windows are read by 
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .loading import EvalModel, held_out_documents, held_out_tokens, load_for_eval, write_json
+from .loading import EvalModel, held_out_documents, held_out_tokens
+from .plotting import color, pyplot
+from .spec import AnalysisSpec
 
-QUICK = dict(factor=2.0, sequences=8)
-FULL = dict(factor=2.0, sequences=32)
+
+@dataclass(frozen=True)
+class PositionsSettings:
+    factor: float  # evaluate up to this multiple of the training length (clipped to max_seq_len)
+    sequences: int  # held-out windows to average over
+    length: Optional[int] = None  # positions in tokens; overrides factor
+
+
+QUICK = PositionsSettings(factor=2.0, sequences=8)
+FULL = PositionsSettings(factor=2.0, sequences=32)
 TAIL_FRACTION = 0.25  # tail_nll: the last quarter of the positions evaluated
 
 
@@ -76,7 +86,7 @@ def token_nll(model, windows: torch.Tensor, batch_size: int = 8, progress: bool 
     return torch.cat(out)
 
 
-def run_positions(ev: EvalModel, factor: float = QUICK["factor"], sequences: int = QUICK["sequences"],
+def run_positions(ev: EvalModel, factor: float = QUICK.factor, sequences: int = QUICK.sequences,
                   seed: int = 0, length: Optional[int] = None, progress: bool = True) -> dict[str, Any]:
     """Per-position and cumulative mean NLL over held-out windows of ``factor`` x the training length."""
     if sequences < 1:
@@ -125,14 +135,10 @@ def format_positions(r: dict[str, Any]) -> str:
 
 def plot_positions(results: Sequence[dict[str, Any]], path) -> None:
     """Cumulative average NLL vs position, one line per model; dotted vertical lines at the training lengths."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"baseline": "#555555", "diff_v1": "#1f77b4", "diff_v2": "#d62728"}
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for r in results:
-        ax.plot(r["positions"], r["cumulative_nll"], lw=1.2, color=colors.get(r["model"].get("attention")),
+        ax.plot(r["positions"], r["cumulative_nll"], lw=1.2, color=color(r),
                 label=r["model"]["label"])
     for L in sorted({r["train_len"] for r in results}):
         ax.axvline(L, ls=":", color="k", lw=0.9)
@@ -145,28 +151,12 @@ def plot_positions(results: Sequence[dict[str, Any]], path) -> None:
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------------------------- CLI
-HELP = "cumulative average NLL along held-out text up to 2x the training length (Fig. 4)"
+def run(ev: EvalModel, settings: PositionsSettings, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    return run_positions(ev, settings.factor, settings.sequences, seed, settings.length, progress=progress)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--factor", type=float, default=QUICK["factor"],
-                   help="evaluate up to this multiple of the training length (clipped to max_seq_len, with a note)")
-    p.add_argument("--length", type=int, help="positions to evaluate, in tokens (overrides --factor; at most "
-                                              "max_seq_len)")
-    p.add_argument("--sequences", type=int, default=QUICK["sequences"], help="held-out windows to average over")
-
-
-def run_cli(args) -> int:
-    if args.sequences < 1:
-        raise ValueError(f"--sequences must be >= 1, got {args.sequences}")
-    if not args.factor > 0 or not math.isfinite(args.factor):
-        raise ValueError(f"--factor must be a positive number, got {args.factor}")
-    if args.length is not None and args.length < 2:
-        raise ValueError(f"--length must be >= 2, got {args.length}")
-    ev = load_for_eval(args.run)
-    r = run_positions(ev, args.factor, args.sequences, args.seed, args.length, progress=False)
-    print(format_positions(r))
-    if args.out:
-        write_json(r, args.out)
-    return 0
+SPEC = AnalysisSpec(
+    name="positions", title="NLL by position", paper="Fig. 4",
+    help="cumulative average NLL along held-out text up to 2x the training length (Fig. 4)", doc=__doc__,
+    quick=QUICK, full=FULL, run=run, format=format_positions, plot=plot_positions,
+    claims=("lower NLL deep into long context",))
