@@ -108,3 +108,15 @@ def test_verdict_rule():
     assert compare(base, [Measure(0.52, 0.01)], True, 0.05)[0] == INCONCLUSIVE  # inside the minimum effect
     assert compare(base, [Measure(0.60, 0.10)], True, 0.05)[0] == INCONCLUSIVE  # inside 2 standard errors
     assert compare(base, [Measure(0.30, 0.01)], False, 0.05)[0] == HELD  # lower is better
+
+
+def test_learned_lambda_reaches_the_report(evs):
+    """Each DIFF run's learned lambda (the trainer's metrics key, defined once in rundir) shows in the training
+    summary the report tabulates; the old parser looked for a key the trainer never wrote, so V2's stayed empty."""
+    from difftransformer import rundir
+    from difftransformer.eval.report.training import training_summary
+
+    for variant, key in (("diff_v1", rundir.LAMBDA_V1), ("diff_v2", rundir.LAMBDA_V2)):
+        lam = training_summary(evs[variant])["lambda"]
+        assert lam["name"] == key and len(lam["values"]) == len(evs[variant].model.layers)
+    assert training_summary(evs["baseline"])["lambda"] == {}
