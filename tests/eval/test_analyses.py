@@ -219,14 +219,11 @@ def test_report_reads_positions_and_icl(evs):
         runs.append(rr)
     for mod in (positions, icl):
         assert type(mod.FULL) is type(mod.QUICK) and mod.SPEC.full is mod.FULL and mod.SPEC.quick is mod.QUICK
-    assert verdicts._positions_tail(runs[0]).value == runs[0].results["positions"]["tail_nll"]
-    assert verdicts._icl_best(runs[0]).value == runs[0].results["icl"]["max_shot_accuracy"]
-    assert verdicts._icl_spread(runs[0]).value == runs[0].results["icl"]["order"]["spread"]
-    assert verdicts._chance(runs, "icl") == 0.25
+    assert runs[0].results["icl"]["task"]["chance"] == 0.25
     rows = {(row["claim"], row["variant"]): row for row in verdicts.verdicts(runs)}
-    for claim in ("lower NLL deep into long context", "more accurate many-shot in-context learning",
+    for claim in ("lower NLL within the training length", "more accurate many-shot in-context learning",
                   "less sensitive to demonstration order"):
-        assert "not measured" not in rows[(claim, "diff_v2")]["why"]
+        assert "not measured" not in rows[(claim, "diff_v2")]["why"], rows[(claim, "diff_v2")]
     html = report_html.analysis_section(runs, "positions") + report_html.analysis_section(runs, "icl")
     assert "training length" in html and "chance" in html
 

@@ -14,7 +14,7 @@ from ..analyses import ANALYSES
 from ..spec import by_name
 from .results import RunResults, Settings
 from .training import TITLE as TRAINING_TITLE
-from .verdicts import HELD, INCONCLUSIVE, NAMES, NOT_HELD, RULE, VARIANTS
+from .verdicts import HELD, INCONCLUSIVE, NAMES, NOT_HELD, RULE, SMOKE, VARIANTS, parameter_notes, summary_note
 
 # The page's sections after the training one: the attention map of Fig. 1 sits right after the retrieval results
 # it illustrates, the rest in the order of the paper's claims (analyses.ANALYSES).
@@ -95,20 +95,20 @@ def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figu
                      "directory"], mrows, left=2)]
     # verdicts
     n_seeds = {v: sum(r.attention == v for r in runs) for v in VARIANTS}
+    one_seed = " With one seed per variant the seed-to-seed spread is unknown." if max(n_seeds.values()) <= 1 else ""
     parts += ["<h2>Verdicts</h2>",
-              f"<p class='note'>Runs per variant: "
-              + ", ".join(f"{NAMES[v]} {n}" for v, n in n_seeds.items() if n)
-              + ". With one seed per variant the seed-to-seed spread is unknown, so the margins below cover only "
-                "the sampling error of the evaluation and a stated minimum effect. " + _esc(_verdict_rule())
-              + "</p>",
-              table(["claim", "variant", "verdict", "paper", "measure", "evidence"],
+              "<p class='note'>Runs per variant: " + ", ".join(f"{NAMES[v]} {n}" for v, n in n_seeds.items() if n)
+              + "." + one_seed + " " + _esc(_verdict_rule()) + "</p>",
+              table(["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"],
                     [[r["claim"], NAMES[r["variant"]], r["verdict"], r["paper"], r["measure"], r["why"]]
                      for r in rows], cls=[_slug(r["verdict"]) for r in rows], left=6)]
     counts = {v: {k: sum(1 for r in rows if r["variant"] == v and r["verdict"] == k)
-                  for k in (HELD, NOT_HELD, INCONCLUSIVE)} for v in ("diff_v1", "diff_v2")}
-    summary = "; ".join(f"{NAMES[v]}: {c[HELD]} held, {c[NOT_HELD]} did not hold, {c[INCONCLUSIVE]} inconclusive"
+                  for k in (HELD, NOT_HELD, INCONCLUSIVE, SMOKE)} for v in ("diff_v1", "diff_v2")}
+    summary = "; ".join(f"{NAMES[v]}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n)
                         for v, c in counts.items() if sum(c.values()))
-    parts.append(f"<p><b>Summary.</b> {_esc(summary)}.</p>")
+    notes = [summary_note(rows)] + parameter_notes(runs)
+    parts.append(f"<p><b>Summary.</b> {_esc(summary)}.</p>"
+                 + "".join(f"<p class='note'>{_esc(n)}</p>" for n in notes if n))
     # sections
     sec = extra.get("sections", {})
     headings = {s.name: s.heading for s in ANALYSES}

@@ -35,6 +35,9 @@ def training_summary(ev: EvalModel) -> dict[str, Any]:
     m["log_every"] = every
     m["grad_norm_median"] = statistics.median(gn) if gn else None
     m["grad_norm_max"] = max(gn) if gn else None
+    # The peak of each tenth of training after warm-up: one seed's peaks then carry a spread (a log-scale SE).
+    k = len(gn) // 10
+    m["grad_norm_block_max"] = [max(gn[i * k:(i + 1) * k]) for i in range(10)] if k else []
     m["final_val_loss"] = m["val_loss"][-1] if m["val_loss"] else None
     return m
 
