@@ -55,8 +55,10 @@ def write_manifest(directory: PathLike) -> None:
     (d / MANIFEST_NAME).write_text(json.dumps({"files": files}, indent=1) + "\n")
 
 
-def verify_manifest(directory: PathLike, check_hashes: bool = True) -> Optional[str]:
-    """None when the directory matches its manifest, else a sentence saying what is wrong."""
+def verify_manifest(directory: PathLike, check_hashes: bool = True,
+                    only: Optional[tuple[str, ...]] = None) -> Optional[str]:
+    """None when the directory matches its manifest (``only``: these of its files), else a sentence saying what
+    is wrong."""
     d = Path(directory)
     mf = d / MANIFEST_NAME
     if not mf.is_file():
@@ -67,6 +69,8 @@ def verify_manifest(directory: PathLike, check_hashes: bool = True) -> Optional[
     except (ValueError, KeyError, TypeError, AttributeError):
         return f"{mf} is not a valid manifest"
     for name, size, sha in items:
+        if only is not None and name not in only:
+            continue
         p = d / name
         if Path(name).name != name or not p.is_file():  # a manifest naming ../x is not ours
             return f"{p} is missing"
@@ -78,12 +82,13 @@ def verify_manifest(directory: PathLike, check_hashes: bool = True) -> Optional[
 
 
 def check_manifest(directory: PathLike) -> None:
-    """Refuse a directory whose files differ from its manifest (a flipped byte would load as NaN weights); a
-    directory without a manifest (a Hugging Face export, a hand-made one) is read as is."""
+    """Refuse a directory whose config or weights differ from its manifest (a flipped byte would load as NaN
+    weights); a directory without a manifest (a Hugging Face export, a hand-made one) is read as is. The tokenizer
+    is left to the tokenizer checks: swapping in another one is a choice, refused only when it does not fit."""
     d = Path(directory)
     if not (d / MANIFEST_NAME).exists():
         return
-    why = verify_manifest(d)
+    why = verify_manifest(d, only=(CONFIG_NAME, WEIGHTS_NAME))
     if why is not None:
         raise ValueError(f"{why}; refusing to load {d}")
 

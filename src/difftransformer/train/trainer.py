@@ -67,15 +67,18 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
         return None
     if not cfg_file.is_file():
         raise FileNotFoundError(f"--resume: {run_dir} holds no {cfg_file.name} (not a run directory)")
+    saved = TrainConfig.from_dict(rundir.read_run_config(run_dir))
+    if not same_data(saved.data, cfg.data):
+        raise ValueError(f"--resume: the [data] section differs from the run's {cfg_file}; resume with the same data")
+    if not rundir.list_checkpoints(run_dir):  # killed before its first checkpoint: nothing to keep but the data
+        warn(f"--resume: {run_dir} has no checkpoint yet; starting it again from step 0")
+        return None
     ckpt = ckpt_io.find_resumable(run_dir, warn=warn, check_hashes=check_hashes)
     ckpt_io.check_same_model(ckpt, cfg.model)
     done = ckpt_io.checkpoint_step(ckpt)
     if done >= cfg.train.steps:
         raise ValueError(f"--resume: the run is already at step {done} >= train.steps={cfg.train.steps}; "
                          "raise --train.steps to train further")
-    saved = TrainConfig.from_dict(rundir.read_run_config(run_dir))
-    if not same_data(saved.data, cfg.data):
-        raise ValueError(f"--resume: the [data] section differs from the run's {cfg_file}; resume with the same data")
     return ckpt
 
 
@@ -240,7 +243,9 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
             _warn(f"resuming from {ckpt} (step {start})")
     step_fn = torch.compile(model) if cfg.train.compile else model
     autocast = autocast_for(info.device, cfg.train.precision)
-    logger = MetricsLogger(run_dir, cfg.log.tensorboard, resume_step=start if ckpt else None) if info.is_main else None
+    # a resume with no checkpoint restarts at 0: the metrics the killed attempt logged are dropped as well
+    logger = (MetricsLogger(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
+              if info.is_main else None)
 
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     losses, val_loss, skipped, streak = [], float("nan"), 0, 0
