@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args, get_origin
 
+from ..data.synthetic import CITIES
 from ..model.config import ModelConfig
 
 # Repo-root `configs/` is a link to this folder, so presets work from a checkout and from an installed package.
@@ -167,6 +168,14 @@ class TrainConfig:
                 raise ValueError(f"train.{name}={getattr(t, name)!r} must be {allowed}")
         if d.seed < 0 or d.max_chars < 0:
             raise ValueError(f"data.seed={d.seed} and data.max_chars={d.max_chars} must be >= 0")
+        # checked even when retrieval_share is 0: a value that only fails once the option is switched on is a trap
+        for name in ("retrieval_n_needles", "retrieval_n_queries", "retrieval_digits"):
+            _positive(f"data.{name}", getattr(d, name))
+        if d.retrieval_n_needles > len(CITIES):
+            raise ValueError(f"data.retrieval_n_needles={d.retrieval_n_needles} must be <= {len(CITIES)} (the cities "
+                             "available)")
+        if d.retrieval_n_filler < 0:
+            raise ValueError(f"data.retrieval_n_filler={d.retrieval_n_filler} must be >= 0")
         if not DEVICE_RE.fullmatch(t.device):
             raise ValueError(f"train.device={t.device!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
         _positive("checkpoint.every", c.every)

@@ -68,9 +68,8 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
     if not cfg_file.is_file():
         raise FileNotFoundError(f"--resume: {run_dir} holds no {cfg_file.name} (not a run directory)")
     saved = TrainConfig.from_dict(rundir.read_run_config(run_dir))
-    if not same_data(saved.data, cfg.data):
-        raise ValueError(f"--resume: the [data] section differs from the run's {cfg_file}; resume with the same data")
     if not rundir.list_checkpoints(run_dir):  # killed before its first checkpoint: nothing to keep but the data
+        _check_same_data(saved, cfg, cfg_file)
         warn(f"--resume: {run_dir} has no checkpoint yet; starting it again from step 0")
         return None
     ckpt = ckpt_io.find_resumable(run_dir, warn=warn, check_hashes=check_hashes)
@@ -79,7 +78,13 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
     if done >= cfg.train.steps:
         raise ValueError(f"--resume: the run is already at step {done} >= train.steps={cfg.train.steps}; "
                          "raise --train.steps to train further")
+    _check_same_data(saved, cfg, cfg_file)
     return ckpt
+
+
+def _check_same_data(saved: TrainConfig, cfg: TrainConfig, cfg_file: Path) -> None:
+    if not same_data(saved.data, cfg.data):
+        raise ValueError(f"--resume: the [data] section differs from the run's {cfg_file}; resume with the same data")
 
 
 def setup_data(cfg: TrainConfig, run_dir: Path, info: DistInfo, progress: bool) -> PreparedData:
