@@ -36,7 +36,7 @@ def final_state(d):
     return out
 
 def losses(d):
-    return {r["step"]: r["loss"] for r in rundir.read_metric_records(d) if "loss" in r}
+    return [(r["step"], r["loss"]) for r in rundir.read_metric_records(d) if "loss" in r]  # in order, once each
 
 train(cfg, f"{root}/reference")
 ref, ref_losses = final_state(f"{root}/reference"), losses(f"{root}/reference")

@@ -28,7 +28,7 @@ Parallel = Literal["ddp", "fsdp"]
 # Far above any real BPE vocabulary; the tokenizer trainer aborts the whole process (no exception) on sizes
 # near 2^32, so the bound is checked here first.
 MAX_VOCAB = 2**20
-DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def _field(default: Any, help: str) -> Any:
@@ -177,7 +177,7 @@ class TrainConfig:
         if d.retrieval_n_filler < 0:
             raise ValueError(f"data.retrieval_n_filler={d.retrieval_n_filler} must be >= 0")
         if not DEVICE_RE.fullmatch(t.device):
-            raise ValueError(f"train.device={t.device!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+            raise ValueError(f"train.device={t.device!r} is not a device; use auto, cpu, cuda or cuda:N")
         _positive("checkpoint.every", c.every)
         _positive("checkpoint.keep_last", c.keep_last)
         _positive("log.every", lg.every)
