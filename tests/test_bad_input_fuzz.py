@@ -100,6 +100,8 @@ CASES: list[tuple[list[str], str]] = [
     ([*TRAIN[:1], "--config", "{ws}/bad.toml", "--out", "{ws}/new"], "bad.toml"),
     ([*TRAIN[:1], "--config", "{ws}/missing.toml", "--out", "{ws}/new"], "missing.toml"),
     ([*TRAIN, "--out", "{ws}/run"], "already holds a run"),
+    ([*TRAIN, "--out", "{ws}/afile"], "afile"),
+    ([*TRAIN, "--out", "{ws}/afile/sub"], "afile"),
     (["train", "--out", "{ws}/run", "--resume"], "already at step 2"),
     (["train", "--out", "{ws}/run", "--resume", "--train.steps", "4", "--model.d_model", "64"], "d_model"),
     (["train", "--out", "{ws}/run", "--resume", "--train.steps", "4", "--data.max_chars", "1000"], "[data]"),

@@ -310,9 +310,16 @@ def truncate_metrics_after(run_dir: PathLike, step: int) -> None:
     if not p.is_file():
         return
     with open(p, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)  # the cut line only; 0 when it was the only line
+        end = pos = f.seek(0, os.SEEK_END)
+        while pos > 0:  # back from the end to the last newline: the file may be long, a line is short
+            pos = max(0, pos - 4096)
+            f.seek(pos)
+            nl = f.read(end - pos).rfind(b"\n")
+            if nl >= 0:
+                pos += nl + 1
+                break
+        if pos < end:
+            f.truncate(pos)  # the cut line only; 0 when it was the only line
     append_metrics(run_dir, {RESUMED_KEY: step})
 
 
