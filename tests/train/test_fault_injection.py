@@ -88,3 +88,25 @@ def test_a_kill_at_every_write_then_recovery_equals_a_straight_run(tmp_path):
         assert r["equal"] and r["losses_equal"], r
     # both recoveries were exercised: a rerun before run_config.json existed, a --resume after
     assert {r["resumed"] for r in killed} == {True, False}, report
+
+
+def test_files_left_empty_by_an_older_version(tmp_path, capsys, monkeypatch):
+    """What a kill mid-write left before writes were atomic: an empty data/meta.json is prepared again on resume,
+    an empty run_config.json is one error line naming it (it was "Expecting value", naming no file)."""
+    from difftransformer import rundir
+    from difftransformer.cli import main
+    from difftransformer.train.trainer import train
+
+    monkeypatch.delenv("DIFFTRANSFORMER_DEBUG", raising=False)
+    cfg = tiny_config(data={"max_chars": 30000}, train={"steps": 2, "eval_every": 2}, checkpoint={"every": 1})
+    run = tmp_path / "run"
+    train(cfg, run)
+    (rundir.data_dir(run) / "meta.json").write_text("")
+    res = train(tiny_config(data={"max_chars": 30000}, train={"steps": 3, "eval_every": 2},
+                            checkpoint={"every": 1}), run, resume=True)
+    assert len(res.losses) == 1 and (rundir.data_dir(run) / "meta.json").stat().st_size > 0
+    rundir.run_config_path(run).write_text("")
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--train.steps", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{rundir.run_config_path(run)} is not valid JSON" in err[0], err

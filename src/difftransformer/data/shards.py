@@ -66,7 +66,11 @@ def read_prepared(directory: Path, data_cfg=None) -> PreparedData | None:
     meta_path = Path(directory) / META_NAME
     if not meta_path.is_file():
         return None
-    meta = parse_json(meta_path.read_text(), meta_path)
+    try:
+        meta = parse_json(meta_path.read_text(), meta_path)
+        int(meta["num_tokens"]["train"]), int(meta["num_tokens"]["val"]), str(meta["dtype"])
+    except (ValueError, KeyError, TypeError):
+        return None  # unreadable (e.g. left empty by an older version killed mid-write): prepared again
     if data_cfg is not None and meta.get("fingerprint") != fingerprint(data_cfg):
         return None
     return PreparedData(Path(directory), meta["dtype"], meta["vocab_size"], meta["num_tokens"])

@@ -149,10 +149,13 @@ def train_step(model, raw, optimizer, data: PreparedData, starts: torch.Tensor, 
     return loss, norm, ok
 
 
-def check_finite_weights(raw, step: int) -> None:
-    """Refuse to checkpoint NaN or inf weights (finite steps can still overflow them)."""
-    bad = [n for n, p in raw.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
-    if bad:
+def check_finite_weights(raw, step: int, info: DistInfo) -> None:
+    """Refuse to checkpoint NaN or inf weights (finite steps can still overflow them). Under FSDP each rank
+    checks its own shard and all ranks agree before any of them raises (the save is a collective)."""
+    local = ((n, p.to_local() if hasattr(p, "to_local") else p) for n, p in raw.named_parameters())
+    bad = [n for n, p in local if not bool(torch.isfinite(p.detach()).all())]
+    if not all_ok(not bad, info):
+        bad = bad or ["of another rank"]
         raise TrainingDiverged(f"training diverged: weights {', '.join(bad[:3])} are not finite at step {step}; "
                                "no checkpoint written (lower train.lr or raise train.warmup_steps)")
 
@@ -290,7 +293,7 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
             if logger:
                 logger.log({"step": done, **ev})
         if done % cfg.checkpoint.every == 0 or last:
-            check_finite_weights(raw, done)
+            check_finite_weights(raw, done, info)
             state = ckpt_io.TrainingState(done, tokens_seen, sampler.state_dict())
             path = ckpt_io.save_checkpoint(run_dir, raw, optimizer, cfg.model, state, data.tokenizer_file,
                                            info.is_main)
