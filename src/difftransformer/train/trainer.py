@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -204,25 +204,16 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress:
 @contextmanager
 def _writer_lock(run_dir: Path, info: DistInfo):
     """Rank 0 holds the run directory's lock; the other ranks learn whether it got it (a collective)."""
-    if not info.is_main:
+    with ExitStack() as held:
+        if info.is_main:
+            try:
+                held.enter_context(rundir.lock_run(run_dir))
+            except BaseException:
+                all_ok(False, info)  # the other ranks stop too instead of waiting at the next collective
+                raise
         if not all_ok(True, info):
             raise RuntimeError(f"rank 0 could not lock {run_dir} (its error is printed above)")
         yield
-        return
-    try:
-        held = rundir.lock_run(run_dir)
-        held.__enter__()
-    except BaseException:
-        all_ok(False, info)
-        raise
-    all_ok(True, info)
-    try:
-        yield
-    except BaseException as e:
-        if not held.__exit__(type(e), e, e.__traceback__):
-            raise
-    else:
-        held.__exit__(None, None, None)
 
 
 def _warn(msg: str) -> None:
