@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator, Literal, Optional, TypedDict, U
 from tokenizers import Tokenizer
 
 from .data.tokenizer import EOS, load_tokenizer
-from .fileio import atomic_write, fault_point, parse_json
+from .fileio import FAULT_ENV, atomic_write, fault_point, parse_json
 from .model.attention import ATTENTION_REGISTRY, DiffV1Attention, DiffV2Attention
 from .model.pretrained import (CONFIG_NAME, MANIFEST_NAME, TOKENIZER_NAME, WEIGHTS_NAME, is_model_dir,
                                temp_prefix, verify_manifest)
@@ -52,8 +52,8 @@ LOCK_NAME = "run.lock"
 # killed run wrote after its last checkpoint), so the file is never rewritten.
 RESUMED_KEY = "resumed_from_step"
 
-__all__ = ["LOCK_NAME", "RESUMED_KEY", "RunLocked", "lock_run", "RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR", "TOKENIZER_NAME",
-           "STATE_TENSORS", "STATE_JSON",
+__all__ = ["RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR", "TOKENIZER_NAME",
+           "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "RESUMED_KEY", "RunLocked", "lock_run",
            "CONFIG_NAME", "WEIGHTS_NAME", "MANIFEST_NAME", "LAMBDA_V1", "LAMBDA_V2", "LAMBDA_KEYS",
            "MetricsRecord", "MetricsCurves", "run_config_path", "tokenizer_path", "data_dir", "metrics_path",
            "tensorboard_dir", "checkpoints_dir", "step_dir", "is_run_dir", "dir_kind", "list_checkpoints",
@@ -293,7 +293,7 @@ def read_metric_records(run_dir: Optional[PathLike]) -> list[MetricsRecord]:
 def append_metrics(run_dir: PathLike, record: dict) -> None:
     line = json.dumps(record) + "\n"
     with open(metrics_path(run_dir), "a") as f:
-        if os.environ.get("DIFFTRANSFORMER_FAULT_AT"):  # the tests' kill lands inside the line: cut it in two
+        if os.environ.get(FAULT_ENV):  # the tests' kill lands inside the line: cut it in two
             f.write(line[:len(line) // 2])
             f.flush()
             fault_point()
