@@ -24,10 +24,15 @@ def test_cut_metrics_line_is_skipped_by_every_reader(tmp_path):
     m = rundir.read_metrics(run)
     assert m["step"] == [5] and m["loss"] == [3.0] and m["val_loss"] == [2.5] and m["tokens_per_s"] == [100.0]
     assert m["lambda"] == {"name": rundir.LAMBDA_V1, "step": 5, "values": [0.2, 0.3]}
-    # on resume the cut line goes too, and records past the checkpoint
+    # on resume only the cut line goes (the file is never rewritten: the good lines stay byte for byte), and a
+    # resume marker makes readers drop the records past the checkpoint
+    good = rundir.metrics_path(run).read_text().rsplit("\n", 1)[0] + "\n"
     rundir.truncate_metrics_after(run, 5)
-    assert rundir.metrics_path(run).read_text().count("\n") == 2
+    text = rundir.metrics_path(run).read_text()
+    assert text.startswith(good) and text.count("\n") == 3
+    assert [r["step"] for r in rundir.read_metric_records(run)] == [5, 5]
     rundir.truncate_metrics_after(run, 4)
+    assert rundir.metrics_path(run).read_text().startswith(good)
     assert rundir.read_metric_records(run) == []
 
 
@@ -107,3 +112,14 @@ def test_tokenizer_lookup_and_size_check(tmp_path):
     assert rundir.read_tokenizer(rundir.tokenizer_path(run), n).get_vocab_size() == n
     with pytest.raises(ValueError, match="does not belong"):
         rundir.read_tokenizer(rundir.tokenizer_path(run), n - 1)
+
+
+def test_resume_cuts_only_the_unfinished_line_of_a_long_metrics_file(tmp_path):
+    # 66 good records (the run lost all of them when its metrics were rewritten) and a line cut mid-way
+    good = "".join(json.dumps({"step": s, "loss": 1.0 / s, "lr": 1e-3, "tokens_per_s": 1234.5}) + "\n"
+                   for s in range(1, 67))
+    write_lines(tmp_path, good, '{"step": 67, "loss": 0.0' + " " * 5000)  # a cut line longer than one read block
+    rundir.truncate_metrics_after(tmp_path, 60)
+    text = rundir.metrics_path(tmp_path).read_text()
+    assert text == good + json.dumps({rundir.RESUMED_KEY: 60}) + "\n"
+    assert [r["step"] for r in rundir.read_metric_records(tmp_path)] == list(range(1, 61))

@@ -88,7 +88,9 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
             run_dir = out / name
             state = _run_state(run_dir, cfg.train.steps)
             if state == "new-over-empty":  # a run stopped before its first checkpoint: nothing to keep
-                shutil.rmtree(run_dir)
+                from .rundir import lock_run
+                with lock_run(run_dir):  # never under another demo still training it
+                    shutil.rmtree(run_dir)
                 state = "new"
             if state == "done":
                 _check_same_run(run_dir, cfg, out)

@@ -8,7 +8,10 @@ A run directory holds
 * ``metrics.jsonl``: one JSON object per line (``MetricsRecord``), appended as training goes;
 * ``tb/``: TensorBoard event files;
 * ``checkpoints/step_XXXXXXXX/``: one model directory per checkpoint (``model.pretrained`` format: config,
-  weights, tokenizer, manifest) plus the training state to resume (``training_state.*``, ``train.checkpoint``).
+  weights, tokenizer, manifest) plus the training state to resume (``training_state.*``, ``train.checkpoint``);
+* ``run.lock``: the writer's lock (``lock_run``), holding the PID of the process that holds it.
+
+Every file but metrics.jsonl is replaced atomically (``fileio.atomic_write``); metrics.jsonl is only appended to.
 
 It sits above ``model`` and ``data`` (it may import them, never the reverse) and below ``train``, ``eval``,
 ``inference`` and ``interop``, which all find a run's files through it.
@@ -16,14 +19,19 @@ It sits above ``model`` and ``data`` (it may import them, never the reverse) and
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Literal, Optional, TypedDict, Union
+from typing import Callable, Iterable, Iterator, Literal, Optional, TypedDict, Union
 
 from tokenizers import Tokenizer
 
 from .data.tokenizer import EOS, load_tokenizer
+from .fileio import FAULT_ENV, atomic_write, fault_point, parse_json
 from .model.attention import ATTENTION_REGISTRY, DiffV1Attention, DiffV2Attention
 from .model.pretrained import (CONFIG_NAME, MANIFEST_NAME, TOKENIZER_NAME, WEIGHTS_NAME, is_model_dir,
                                temp_prefix, verify_manifest)
@@ -39,9 +47,13 @@ STEP_PREFIX = "step_"
 # Beside the model files of each checkpoint: what resuming needs (written and read by ``train.checkpoint``).
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
+LOCK_NAME = "run.lock"
+# A metrics record a resumed run appends first: readers drop the records logged past this step before it (what a
+# killed run wrote after its last checkpoint), so the file is never rewritten.
+RESUMED_KEY = "resumed_from_step"
 
 __all__ = ["RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR", "TOKENIZER_NAME",
-           "STATE_TENSORS", "STATE_JSON",
+           "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "RESUMED_KEY", "RunLocked", "lock_run",
            "CONFIG_NAME", "WEIGHTS_NAME", "MANIFEST_NAME", "LAMBDA_V1", "LAMBDA_V2", "LAMBDA_KEYS",
            "MetricsRecord", "MetricsCurves", "run_config_path", "tokenizer_path", "data_dir", "metrics_path",
            "tensorboard_dir", "checkpoints_dir", "step_dir", "is_run_dir", "dir_kind", "list_checkpoints",
@@ -101,10 +113,49 @@ def dir_kind(path: PathLike) -> Optional[DirKind]:
     if is_model_dir(p):
         return "model"
     try:
-        cfg = json.loads((p / CONFIG_NAME).read_text())
+        cfg = parse_json((p / CONFIG_NAME).read_text(), p / CONFIG_NAME)
     except (OSError, ValueError):
         return None
     return "hf" if isinstance(cfg, dict) and "model_type" in cfg else None
+
+
+# ---------------------------------------------------------------------------------------------- the lock
+class RunLocked(FileExistsError):
+    """Another live process is writing the run directory."""
+
+
+@contextmanager
+def lock_run(run_dir: PathLike) -> Iterator[Path]:
+    """Hold the run directory's writer lock (creating the directory) for the ``with`` block.
+
+    ``flock`` on ``run.lock``: the kernel drops it when the holder exits, however it dies, so a killed run never
+    blocks its resume. A second writer is refused at once with the holder's PID. Readers take no lock.
+    """
+    d = Path(run_dir)
+    created = not d.exists()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    failed = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise RunLocked(f"{d} is being written by another process (PID {holder}, holding {path}); wait for "
+                            "it to finish or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield path
+        except BaseException:
+            failed = True
+            raise
+    finally:
+        if failed and created and [p.name for p in d.iterdir()] == [LOCK_NAME]:
+            path.unlink()  # a run refused before writing anything leaves no directory behind
+            d.rmdir()
+        os.close(fd)  # releases the lock
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -141,8 +192,16 @@ def newest_complete_checkpoint(run_dir: PathLike, check_hashes: bool = True, war
     raise FileNotFoundError(f"no complete checkpoint in {checkpoints_dir(run_dir)}: " + "; ".join(problems))
 
 
-def resolve_checkpoint(path: PathLike, check_hashes: bool = True) -> Path:
-    """A model directory for ``path``: itself if it holds weights, else the newest complete checkpoint of a run."""
+def _stderr(line: str) -> None:
+    print(f"difftransformer: warning: {line}", file=sys.stderr, flush=True)
+
+
+def resolve_checkpoint(path: PathLike, check_hashes: bool = True,
+                       warn: Optional[Callable[[str], None]] = _stderr) -> Path:
+    """A model directory for ``path``: itself if it holds weights, else the newest complete checkpoint of a run.
+
+    A run's broken newer checkpoints are skipped; ``warn`` (stderr by default) hears one line naming them and
+    the checkpoint used instead. A model directory given directly is checked when its weights are read."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist")
@@ -152,7 +211,11 @@ def resolve_checkpoint(path: PathLike, check_hashes: bool = True) -> Path:
         return p
     if not list_checkpoints(p):
         raise FileNotFoundError(f"{p} holds neither {WEIGHTS_NAME} nor any checkpoint under {CHECKPOINTS_DIR}/")
-    return newest_complete_checkpoint(p, check_hashes)
+    skipped: list[str] = []
+    found = newest_complete_checkpoint(p, check_hashes, warn=skipped.append)
+    if skipped and warn is not None:
+        warn(f"{'; '.join(skipped)}; using {found} instead")
+    return found
 
 
 def run_of_checkpoint(checkpoint: PathLike) -> Optional[Path]:
@@ -171,15 +234,15 @@ def read_run_config(run_dir: Optional[PathLike]) -> dict:
     p = run_config_path(run_dir)
     if not p.is_file():
         return {}
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p} is not valid JSON: {e}") from None
+    cfg = parse_json(p.read_text(), p)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{p} must hold a JSON object")
+    return cfg
 
 
 def write_run_config(run_dir: PathLike, config_json: str) -> None:
-    """Save the run's configuration (``TrainConfig.to_json()``)."""
-    run_config_path(run_dir).write_text(config_json.rstrip("\n") + "\n")
+    """Save the run's configuration (``TrainConfig.to_json()``), atomically."""
+    atomic_write(run_config_path(run_dir), config_json.rstrip("\n") + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -191,22 +254,30 @@ LAMBDA_V2: str = DiffV2Attention.lambda_summary_name
 LAMBDA_KEYS = tuple(c.lambda_summary_name for c in ATTENTION_REGISTRY.values() if c.lambda_summary_name)
 
 
-# One line of metrics.jsonl: a training record (step, loss, lr, grad_norm, tokens, tokens_per_s) or an evaluation
+# One line of metrics.jsonl: a training record (step, loss, lr, grad_norm, tokens, tokens_per_s, skipped_steps: the
+# steps so far in this process whose loss or gradient was not finite and made no update) or an evaluation
 # record (step, val_loss and the variant's lambda per layer). Functional form: the lambda keys are computed.
 MetricsRecord = TypedDict("MetricsRecord", {
     "step": int, "loss": float, "lr": float, "grad_norm": float, "tokens": int, "tokens_per_s": float,
+    "skipped_steps": int,
     "val_loss": float, **{k: list for k in LAMBDA_KEYS}}, total=False)
 
 
 def parse_metrics(lines: Iterable[str]) -> list[MetricsRecord]:
-    """Records of metrics.jsonl lines; a line cut by a kill (or blank) is skipped, the rest is still good."""
+    """Records of metrics.jsonl lines as one run: a line cut by a kill (or blank) is skipped, and a resume marker
+    drops the records logged before it past its step (the killed run's tail, logged again after the resume)."""
     out = []
     for line in lines:
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(rec, dict):
+        if not isinstance(rec, dict):
+            continue
+        if RESUMED_KEY in rec:
+            at = rec[RESUMED_KEY]
+            out = [r for r in out if not isinstance(r.get("step"), (int, float)) or r["step"] <= at]
+        else:
             out.append(rec)
     return out
 
@@ -219,18 +290,37 @@ def read_metric_records(run_dir: Optional[PathLike]) -> list[MetricsRecord]:
     return parse_metrics(p.read_text().splitlines())
 
 
-def append_metrics(run_dir: PathLike, record: MetricsRecord) -> None:
+def append_metrics(run_dir: PathLike, record: dict) -> None:
+    line = json.dumps(record) + "\n"
     with open(metrics_path(run_dir), "a") as f:
-        f.write(json.dumps(record) + "\n")
+        if os.environ.get(FAULT_ENV):  # the tests' kill lands inside the line: cut it in two
+            f.write(line[:len(line) // 2])
+            f.flush()
+            fault_point()
+            f.write(line[len(line) // 2:])
+        else:
+            f.write(line)
 
 
 def truncate_metrics_after(run_dir: PathLike, step: int) -> None:
-    """Drop records past ``step`` (what a killed run logged after its checkpoint) and any cut line, so a
-    resumed run's file reads as one run."""
+    """Make a resumed run's metrics read as one run without rewriting the file: cut away only a last line a
+    kill left unfinished (no newline), then append a resume marker (``RESUMED_KEY``) telling readers to drop
+    the records past ``step`` logged before it."""
     p = metrics_path(run_dir)
-    if p.is_file():
-        keep = [r for r in read_metric_records(run_dir) if r.get("step", 0) <= step]
-        p.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    if not p.is_file():
+        return
+    with open(p, "rb+") as f:
+        end = pos = f.seek(0, os.SEEK_END)
+        while pos > 0:  # back from the end to the last newline: the file may be long, a line is short
+            pos = max(0, pos - 4096)
+            f.seek(pos)
+            nl = f.read(end - pos).rfind(b"\n")
+            if nl >= 0:
+                pos += nl + 1
+                break
+        if pos < end:
+            f.truncate(pos)  # the cut line only; 0 when it was the only line
+    append_metrics(run_dir, {RESUMED_KEY: step})
 
 
 # The training curves of one run, as the report and the demo table read them ("lambda" is a keyword, hence the

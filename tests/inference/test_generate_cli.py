@@ -126,6 +126,7 @@ def test_wrong_architecture_in_config(tmp_path, model_dirs, capsys):
     cfg = json.loads((bad / "config.json").read_text())
     cfg["attention"] = "diff_v3"
     (bad / "config.json").write_text(json.dumps(cfg))
+    (bad / "manifest.json").unlink()  # hand-edited: without its manifest it is read as is, so the check under test is reached
     cli_fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"], "attention", stdout_empty=True)
 
 
@@ -140,6 +141,7 @@ def test_config_and_weights_that_do_not_match(tmp_path, model_dirs, capsys, chan
     cfg = json.loads((bad / "config.json").read_text())
     cfg.update(changes)
     (bad / "config.json").write_text(json.dumps(cfg))
+    (bad / "manifest.json").unlink()  # hand-edited: without its manifest it is read as is, so the check under test is reached
     cli_fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"], expected, stdout_empty=True)
 
 
@@ -147,6 +149,9 @@ def test_corrupt_weights(tmp_path, model_dirs, capsys):
     bad = tmp_path / "bad"
     shutil.copytree(model_dirs["diff_v2"], bad)
     (bad / "model.safetensors").write_bytes(b"not a safetensors file")
+    cli_fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"], "model.safetensors is truncated",
+              stdout_empty=True)  # the manifest catches it first
+    (bad / "manifest.json").unlink()  # hand-edited: without its manifest it is read as is, so the check under test is reached
     cli_fails(capsys, ["generate", "--checkpoint", str(bad), "--prompt", "a"],
               "not a readable safetensors file", stdout_empty=True)
 

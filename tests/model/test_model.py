@@ -124,6 +124,9 @@ def test_load_rejects_mismatched_weights(tmp_path):
     DiffTransformerLM(tiny("diff_v1")).save_pretrained(tmp_path / "m")
     cfg = tiny("diff_v1", d_model=32, head_dim=8)
     cfg.to_json(tmp_path / "m" / "config.json")
+    with pytest.raises(ValueError, match="config.json is truncated"):  # the manifest sees the edit
+        DiffTransformerLM.from_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "manifest.json").unlink()  # hand-edited: without its manifest it is read as is, so the check under test is reached
     with pytest.raises(ValueError, match="shape"):
         DiffTransformerLM.from_pretrained(tmp_path / "m")
 

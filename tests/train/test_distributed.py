@@ -73,3 +73,21 @@ def test_two_processes_match_one(reference, parallel, micro):
     assert w.keys() == ref.keys()
     for k in ref:
         torch.testing.assert_close(w[k], ref[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_torchrun_on_a_locked_run_is_refused_by_every_rank(reference):
+    """Rank 0 takes the run's lock; when another writer holds it, every rank stops (none waits forever at a
+    collective) and nothing is written."""
+    from difftransformer import rundir
+
+    tmp, cfg_file, _ = reference
+    run = tmp / "locked"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "difftransformer", "train", "--config", str(cfg_file), "--out", str(run), "--no-progress"]
+    env = child_env()
+    env["OMP_NUM_THREADS"] = "1"
+    with rundir.lock_run(run):
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode != 0
+    assert "difftransformer train: error: " in res.stderr and "is being written by another process" in res.stderr
+    assert sorted(p.name for p in run.iterdir()) == [rundir.LOCK_NAME]

@@ -92,6 +92,12 @@ def peak_memory(attention: str, backend: str, n: int, args) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    # checked before any arithmetic: --head-dim 0 would divide by zero, --batch 0 time empty tensors
+    for flag, v in (("--d-model", args.d_model), ("--head-dim", args.head_dim), ("--batch", args.batch),
+                    ("--repeats", args.repeats), *(("--seq-lens", n) for n in args.seq_lens),
+                    *((("--kv-heads", args.kv_heads),) if args.kv_heads is not None else ())):
+        if v < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {v}")
     if args.d_model % args.head_dim:
         raise ValueError(f"--d-model {args.d_model} must be a multiple of --head-dim {args.head_dim}")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -122,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("attention", help="attention module fwd+bwd time and peak memory vs baseline SDPA",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], metavar="N",
                    help="sequence lengths to measure (default: 512 1024 2048 4096)")
     p.add_argument("--d-model", type=int, default=SHAPE["d_model"], help=f"model width (default {SHAPE['d_model']})")

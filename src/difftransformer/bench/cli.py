@@ -10,7 +10,8 @@ BENCH_MODULES = (attention, train, decode)
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks that print speed/memory ratios vs the baseline",
-                       description=__doc__)
+                       description=__doc__,
+                       allow_abbrev=False)
     bsub = p.add_subparsers(dest="bench", metavar="WHAT")
     bsub.required = True
     for module in BENCH_MODULES:

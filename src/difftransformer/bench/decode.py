@@ -274,7 +274,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("decode", help="decode tokens/s of DIFF V1/V2 vs the baseline and of our V1 vs HF DiffLlama",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="device (default cpu)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights and cache dtype (default: bfloat16 on cuda, float32 on cpu)")

@@ -87,9 +87,13 @@ def measure(cfg: ModelConfig, args: argparse.Namespace) -> tuple[float, int]:
 def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.steps, args.warmup = min(args.steps, 3), 1
-    for name in ("steps", "warmup", "rounds", "batch", "seq_len", "timeout"):
-        if getattr(args, name) < (0 if name == "warmup" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'warmup' else 1}")
+    for name in ("steps", "warmup", "rounds", "batch", "seq_len", "timeout", "threads", "layers", "d_model",
+                 "vocab_size"):
+        low = 0 if name in ("warmup", "threads") else 1
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.kv_heads is not None and args.kv_heads < 1:
+        raise ValueError(f"--kv-heads must be >= 1, got {args.kv_heads}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but CUDA is not available")
     cases = [c for c in CASES if c[1] == "baseline" or c[2] in args.backends]
@@ -120,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="training tokens/s of DIFF V1 and V2 relative to the baseline",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     p.add_argument("--seq-len", type=int, default=1024, help="sequence length (default 1024)")
     p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     p.add_argument("--d-model", type=int, default=SHAPE["d_model"], help=f"model width (default {SHAPE['d_model']})")

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from . import corpus
 from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents, short_sentences
 from ..model.pretrained import TOKENIZER_NAME  # the one spelling of the file name; shards sit in a run
+from ..fileio import atomic_copy, atomic_json, fault_point, parse_json
 from .tokenizer import eos_id, train_tokenizer
 
 META_NAME = "meta.json"
@@ -65,7 +66,11 @@ def read_prepared(directory: Path, data_cfg=None) -> PreparedData | None:
     meta_path = Path(directory) / META_NAME
     if not meta_path.is_file():
         return None
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = parse_json(meta_path.read_text(), meta_path)
+        int(meta["num_tokens"]["train"]), int(meta["num_tokens"]["val"]), str(meta["dtype"])
+    except (ValueError, KeyError, TypeError):
+        return None  # unreadable (e.g. left empty by an older version killed mid-write): prepared again
     if data_cfg is not None and meta.get("fingerprint") != fingerprint(data_cfg):
         return None
     return PreparedData(Path(directory), meta["dtype"], meta["vocab_size"], meta["num_tokens"])
@@ -134,12 +139,17 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
     out.mkdir(parents=True, exist_ok=True)
     tmp_tok = out / f".{TOKENIZER_NAME}.tmp-{os.getpid()}"
     tok.save(str(tmp_tok))
-    tmp_tok.replace(out / TOKENIZER_NAME)
+    atomic_copy(tmp_tok, out / TOKENIZER_NAME)  # fsynced, then renamed
+    tmp_tok.unlink()
     counts = {}
     for split in SPLITS:
         ids = _encode(tok, split_docs[split], split, progress)
         tmp = out / f".{split}.bin.tmp-{os.getpid()}"
-        ids.astype(dtype).tofile(tmp)
+        with open(tmp, "wb") as f:
+            ids.astype(dtype).tofile(f)
+            f.flush()
+            os.fsync(f.fileno())
+        fault_point()
         tmp.replace(out / f"{split}.bin")
         counts[split] = int(ids.size)
     meta = {"fingerprint": fingerprint(data_cfg), "dtype": dtype, "vocab_size": data_cfg.vocab_size,
@@ -151,7 +161,7 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
             tqdm.write(f"note: retrieval documents are {n} tokens (median), longer than data.seq_len="
                        f"{data_cfg.seq_len}: few training windows hold a needle and its question; lower "
                        "data.retrieval_n_filler", file=sys.stderr)
-    (out / META_NAME).write_text(json.dumps(meta, indent=1) + "\n")
+    atomic_json(out / META_NAME, meta)  # last, atomically: it marks the folder complete
     return PreparedData(out, dtype, data_cfg.vocab_size, counts)
 
 
@@ -161,13 +171,14 @@ def link_prepared(src: PreparedData, directory: str | Path) -> PreparedData:
     out.mkdir(parents=True, exist_ok=True)
     for name in (TOKENIZER_NAME, *(f"{s}.bin" for s in SPLITS), META_NAME):  # meta last: marks it complete
         dst = out / name
-        if dst.exists():
-            dst.unlink()
+        tmp = out / f".{name}.link-{os.getpid()}"
         try:
-            os.link(src.directory / name, dst)
+            os.link(src.directory / name, tmp)
         except OSError:
-            import shutil
-            shutil.copyfile(src.directory / name, dst)
+            atomic_copy(src.directory / name, dst)
+            continue
+        fault_point()
+        os.replace(tmp, dst)  # never a moment without the file, nor a half-copied one
     return PreparedData(out, src.dtype, src.vocab_size, dict(src.num_tokens))
 
 

@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .. import rundir
+from ..fileio import atomic_write
 from ..data import corpus
 from ..data.shards import read_prepared
 from ..data.synthetic import RETRIEVAL_MARKER
@@ -129,4 +130,4 @@ def write_json(result: dict[str, Any], path: Optional[str | Path]) -> None:
         return
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text + "\n")
+    atomic_write(p, text + "\n")  # a kill mid-write leaves the old result, never a cut one

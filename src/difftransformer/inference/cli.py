@@ -27,7 +27,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a trained model (streams as it comes)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", type=Path, help="a training run directory: its newest complete checkpoint is used")
     src.add_argument("--checkpoint", type=Path, help="a model directory (config.json + model.safetensors)")

@@ -23,6 +23,11 @@ from ..model.transformer import DiffTransformerLM
 DecodeFn = Callable[[DiffTransformerLM, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+# Below this a temperature is not "nearly greedy" but broken: logits / 1e-45 overflow float32 to inf, the softmax
+# turns them into NaN and no token comes out. 0 asks for greedy explicitly.
+MIN_TEMPERATURE = 1e-4
+
+
 @dataclass
 class SamplingConfig:
     """How the next token is chosen. ``temperature=0`` is greedy (top-k/top-p then change nothing)."""
@@ -41,10 +46,14 @@ class SamplingConfig:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
                 and self.temperature >= 0):
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature={self.temperature!r} is too small to sample with (the logits divided by "
+                             f"it overflow); use 0 for greedy or at least {MIN_TEMPERATURE:g}")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
                                        or self.top_k < 1):
             raise ValueError(f"top_k must be a positive integer or unset, got {self.top_k!r}")
-        if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
+                                       or not 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] or unset, got {self.top_p!r}")
 
     @property

@@ -22,7 +22,8 @@ EXPECT = {"diff_v1": "diff_v1", "baseline": "baseline", "diffllama": "diff_v1", 
 
 def register(sub) -> None:
     p = sub.add_parser("convert", help="convert checkpoints to and from Hugging Face DiffLlama / Llama",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", type=Path, metavar="HF_DIR",
                      help="a saved DiffLlamaForCausalLM or LlamaForCausalLM directory (safetensors) to import")

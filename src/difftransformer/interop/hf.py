@@ -35,6 +35,7 @@ from typing import Any, Optional, Union
 import torch
 from safetensors.torch import save_file
 
+from ..fileio import parse_json
 from ..model.config import ModelConfig
 from ..model.pretrained import TOKENIZER_NAME, atomic_directory, load_state_dict
 from ..model.transformer import DiffTransformerLM
@@ -94,22 +95,42 @@ def read_hf_config(hf_dir: PathLike) -> dict[str, Any]:
     p = _require_dir(hf_dir) / HF_CONFIG
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist (a Hugging Face model directory needs a config.json)")
-    try:
-        cfg = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p} is not valid JSON: {e}") from None
+    cfg = parse_json(p.read_text(), p)
     if not isinstance(cfg, dict):
         raise ValueError(f"{p} must hold a JSON object")
     return cfg
 
 
 def _rope_theta(hf: dict[str, Any]) -> float:
+    # transformers 4.x writes rope_scaling, 5.x rope_parameters, some files both: each is checked on its own, so
+    # a scaled RoPE in one is never hidden by "default" in the other (it would convert to wrong logits).
+    for key in ("rope_parameters", "rope_scaling"):
+        v = hf.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise ValueError(f"{key}={v!r} must be a mapping (e.g. {{\"rope_type\": \"default\"}}) or null")
+        kind = v.get("rope_type", v.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"{key}.rope_type={kind!r} is not implemented here; only plain RoPE (rope_type "
+                             "'default') converts")
     rp = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    kind = rp.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise ValueError(f"rope_type={kind!r} is not supported; only plain RoPE (rope_type 'default') converts")
-    return float(rp.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+    return _number(hf, "rope_theta", rp.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+
+
+def _number(hf: dict[str, Any], key: str, v: Any) -> float:
+    """A positive finite float of the HF config (``key`` names it in the error)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise ValueError(f"config.json: {key}={v!r} must be a positive finite number")
+    return float(v)
+
+
+def _count(hf: dict[str, Any], key: str, default: Any = None) -> int:
+    """A positive integer of the HF config (a 0 head count would divide by zero further on)."""
+    v = hf.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"config.json: {key}={v!r} must be a positive integer")
+    return v
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -132,16 +153,16 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         raise ValueError(f"pretraining_tp={hf['pretraining_tp']} is not supported; only 1 converts")
     if float(hf.get("attention_dropout") or 0.0) != 0.0:
         raise ValueError("attention_dropout must be 0 to convert")
-    H = int(hf["num_attention_heads"])
-    eps = float(hf.get("rms_norm_eps", defaults["rms_norm_eps"]))
+    H, d_model = _count(hf, "num_attention_heads"), _count(hf, "hidden_size")
+    eps = _number(hf, "rms_norm_eps", hf.get("rms_norm_eps", defaults["rms_norm_eps"]))
     kw: dict[str, Any] = dict(
-        vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]), n_layers=int(hf["num_hidden_layers"]),
-        n_heads=H, n_kv_heads=int(hf.get("num_key_value_heads") or H),
-        head_dim=int(hf.get("head_dim") or hf["hidden_size"] // H), attention=attention,
-        ffn_hidden=int(hf["intermediate_size"]), rope_theta=_rope_theta(hf),
-        max_seq_len=int(hf.get("max_position_embeddings", 2048)), norm_eps=eps,
+        vocab_size=_count(hf, "vocab_size"), d_model=d_model, n_layers=_count(hf, "num_hidden_layers"),
+        n_heads=H, n_kv_heads=_count(hf, "num_key_value_heads", hf.get("num_key_value_heads") or H),
+        head_dim=_count(hf, "head_dim", hf.get("head_dim") or d_model // H), attention=attention,
+        ffn_hidden=_count(hf, "intermediate_size"), rope_theta=_rope_theta(hf),
+        max_seq_len=_count(hf, "max_position_embeddings", 2048), norm_eps=eps,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        init_std=float(hf.get("initializer_range", 0.02)))
+        init_std=_number(hf, "initializer_range", hf.get("initializer_range", 0.02)))
     if attention == "diff_v1":
         if eps != HEADWISE_EPS:
             raise ValueError(f"rms_norm_eps={eps:g}: DiffLlama's head-wise norm uses it, ours uses {HEADWISE_EPS:g} "
@@ -276,8 +297,8 @@ def read_hf_weights(hf_dir: PathLike) -> dict[str, torch.Tensor]:
         return load_state_dict(d / HF_WEIGHTS)
     if (d / HF_INDEX).is_file():
         try:
-            weight_map = json.loads((d / HF_INDEX).read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+            weight_map = parse_json((d / HF_INDEX).read_text(), d / HF_INDEX)["weight_map"]
+        except (ValueError, KeyError, TypeError):
             raise ValueError(f"{d / HF_INDEX} is not a valid safetensors index") from None
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):

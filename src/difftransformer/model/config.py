@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Union, get_args
 
+from ..fileio import atomic_write, parse_json
+
 AttentionKind = Literal["baseline", "diff_v1", "diff_v2"]
 Backend = Literal["eager", "sdpa", "blocked"]
 V2Lambda = Literal["sigmoid", "none", "raw"]
@@ -96,8 +98,9 @@ class ModelConfig:
         _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS)
         for name in ("rope_theta", "norm_eps", "init_std"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive number, got {v!r}")
+            # inf passes "> 0" but makes every weight (init_std) or rotation (rope_theta) NaN
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ValueError(f"ModelConfig.{name} must be a positive finite number, got {v!r}")
         for name in ("tie_embeddings", "headwise_norm", "headwise_norm_weight"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
@@ -159,17 +162,14 @@ class ModelConfig:
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            atomic_write(path, text + "\n")
         return text
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "ModelConfig":
         p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
         text = p.read_text() if p is not None else str(text_or_path)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"model config {p or 'text'} is not valid JSON: {e}") from None
+        data = parse_json(text, f"model config {p or 'text'}")
         return cls.from_dict(data)
 
     @classmethod

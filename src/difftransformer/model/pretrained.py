@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ..fileio import fault_point, fsync_dir, parse_json
 from .config import ModelConfig
 
 CONFIG_NAME = "config.json"
@@ -54,25 +55,42 @@ def write_manifest(directory: PathLike) -> None:
     (d / MANIFEST_NAME).write_text(json.dumps({"files": files}, indent=1) + "\n")
 
 
-def verify_manifest(directory: PathLike, check_hashes: bool = True) -> Optional[str]:
-    """None when the directory matches its manifest, else a sentence saying what is wrong."""
+def verify_manifest(directory: PathLike, check_hashes: bool = True,
+                    only: Optional[tuple[str, ...]] = None) -> Optional[str]:
+    """None when the directory matches its manifest (``only``: these of its files), else a sentence saying what
+    is wrong."""
     d = Path(directory)
     mf = d / MANIFEST_NAME
     if not mf.is_file():
         return f"{d} has no {MANIFEST_NAME} (an incomplete checkpoint)"
     try:
-        files = json.loads(mf.read_text())["files"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+        files = parse_json(mf.read_text(), mf)["files"]
+        items = [(name, int(info["bytes"]), str(info["sha256"])) for name, info in files.items()]
+    except (ValueError, KeyError, TypeError, AttributeError):
         return f"{mf} is not a valid manifest"
-    for name, info in files.items():
+    for name, size, sha in items:
+        if only is not None and name not in only:
+            continue
         p = d / name
-        if not p.is_file():
+        if Path(name).name != name or not p.is_file():  # a manifest naming ../x is not ours
             return f"{p} is missing"
-        if p.stat().st_size != info["bytes"]:
-            return f"{p} is truncated ({p.stat().st_size} bytes, manifest says {info['bytes']})"
-        if check_hashes and _sha256(p) != info["sha256"]:
+        if p.stat().st_size != size:
+            return f"{p} is truncated ({p.stat().st_size} bytes, manifest says {size})"
+        if check_hashes and _sha256(p) != sha:
             return f"{p} is corrupted (sha256 differs from the manifest)"
     return None
+
+
+def check_manifest(directory: PathLike) -> None:
+    """Refuse a directory whose config or weights differ from its manifest (a flipped byte would load as NaN
+    weights); a directory without a manifest (a Hugging Face export, a hand-made one) is read as is. The tokenizer
+    is left to the tokenizer checks: swapping in another one is a choice, refused only when it does not fit."""
+    d = Path(directory)
+    if not (d / MANIFEST_NAME).exists():
+        return
+    why = verify_manifest(d, only=(CONFIG_NAME, WEIGHTS_NAME))
+    if why is not None:
+        raise ValueError(f"{why}; refusing to load {d}")
 
 
 def temp_prefix(name: str) -> str:
@@ -92,6 +110,10 @@ def atomic_directory(directory: PathLike, replace: bool = True) -> Iterator[Path
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), dir=out.parent))
     try:
         yield tmp
+        for f in tmp.iterdir():  # the contents reach the disk before the rename makes them visible
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        fault_point()  # a complete temporary directory, not yet renamed
         if out.exists() and not replace:
             if not out.is_dir() or any(out.iterdir()):
                 raise FileExistsError(f"{out} exists and is not an empty directory; choose a new --out")
@@ -103,6 +125,7 @@ def atomic_directory(directory: PathLike, replace: bool = True) -> Iterator[Path
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -146,7 +169,7 @@ def is_model_dir(path: PathLike) -> bool:
     """True for one of our model directories: weights plus a config.json of ours (it names an ``attention``)."""
     p = Path(path)
     try:
-        cfg = json.loads((p / CONFIG_NAME).read_text())
+        cfg = parse_json((p / CONFIG_NAME).read_text(), p / CONFIG_NAME)
     except (OSError, ValueError):
         return False
     return isinstance(cfg, dict) and "attention" in cfg and "model_type" not in cfg
@@ -165,6 +188,7 @@ def read_model_dir(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]
     cfg_path = d / CONFIG_NAME
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} does not exist")
+    check_manifest(d)
     return ModelConfig.from_json(cfg_path), load_state_dict(d / WEIGHTS_NAME)
 
 

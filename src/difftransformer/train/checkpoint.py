@@ -90,10 +90,10 @@ def prune(run_dir: Path, keep_last: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def find_resumable(run_dir: Path, warn=print) -> Path:
+def find_resumable(run_dir: Path, warn=print, check_hashes: bool = True) -> Path:
     """The newest checkpoint whose manifest verifies; each newer broken one is reported in one line."""
     try:
-        return newest_complete_checkpoint(run_dir, warn=warn)
+        return newest_complete_checkpoint(run_dir, check_hashes, warn=warn)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"--resume: {e}") from None
 

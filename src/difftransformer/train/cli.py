@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a baseline / DIFF V1 / DIFF V2 model (alone or under torchrun)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)
     p.add_argument("--config", default=None, metavar="PRESET_OR_TOML",
                    help=f"a preset name ({', '.join(list_presets())}) or a path to a TOML file")
     p.add_argument("--out", default="runs/train", metavar="RUN_DIR", help="run directory (default runs/train)")

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args, get_origin
 
+from ..data.synthetic import CITIES
 from ..model.config import ModelConfig
 
 # Repo-root `configs/` is a link to this folder, so presets work from a checkout and from an installed package.
@@ -22,6 +25,10 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 Precision = Literal["auto", "float32", "bfloat16"]
 Parallel = Literal["ddp", "fsdp"]
+# Far above any real BPE vocabulary; the tokenizer trainer aborts the whole process (no exception) on sizes
+# near 2^32, so the bound is checked here first.
+MAX_VOCAB = 2**20
+DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def _field(default: Any, help: str) -> Any:
@@ -127,10 +134,17 @@ class TrainConfig:
 
     def validate(self) -> None:
         d, t, c, lg = self.data, self.train, self.checkpoint, self.log
+        # inf and nan pass every comparison below the wrong way (nan < 0 is False): refuse them first, by name
+        for section in SECTIONS:
+            for f in fields(SECTIONS[section]):
+                v = getattr(self, section).__dict__[f.name]
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ValueError(f"{section}.{f.name}={v} must be a finite number")
         if self.model.vocab_size != d.vocab_size:
             raise ValueError(f"model.vocab_size={self.model.vocab_size} must equal data.vocab_size={d.vocab_size}")
-        if d.vocab_size < 260 or d.vocab_size > 2**32 - 1:
-            raise ValueError(f"data.vocab_size={d.vocab_size} must be in [260, 2^32) (256 bytes + special tokens)")
+        if not 260 <= d.vocab_size <= MAX_VOCAB:
+            raise ValueError(f"data.vocab_size={d.vocab_size} must be in [260, {MAX_VOCAB}] (256 bytes + special "
+                             "tokens at least)")
         if d.seq_len < 2 or d.seq_len > self.model.max_seq_len:
             raise ValueError(f"data.seq_len={d.seq_len} must be in [2, model.max_seq_len={self.model.max_seq_len}]")
         if not d.sources:
@@ -144,10 +158,26 @@ class TrainConfig:
         if t.batch_size % t.micro_batch_size:
             raise ValueError(f"train.batch_size={t.batch_size} must be a multiple of "
                              f"train.micro_batch_size={t.micro_batch_size} (times the number of processes)")
-        if t.warmup_steps < 0 or t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr or t.grad_clip < 0:
-            raise ValueError("train: need warmup_steps >= 0, lr > 0, 0 <= min_lr <= lr and grad_clip >= 0")
-        if t.weight_decay < 0 or not (0 <= t.beta1 < 1 and 0 <= t.beta2 < 1):
-            raise ValueError("train: need weight_decay >= 0 and beta1, beta2 in [0, 1)")
+        checks = [("warmup_steps", t.warmup_steps >= 0, ">= 0"), ("lr", t.lr > 0, "> 0"),
+                  ("min_lr", 0 <= t.min_lr <= t.lr, "in [0, train.lr]"), ("grad_clip", t.grad_clip >= 0, ">= 0"),
+                  ("weight_decay", t.weight_decay >= 0, ">= 0"), ("beta1", 0 <= t.beta1 < 1, "in [0, 1)"),
+                  ("beta2", 0 <= t.beta2 < 1, "in [0, 1)"), ("eps", t.eps > 0, "> 0"),
+                  ("seed", t.seed >= 0, ">= 0")]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"train.{name}={getattr(t, name)!r} must be {allowed}")
+        if d.seed < 0 or d.max_chars < 0:
+            raise ValueError(f"data.seed={d.seed} and data.max_chars={d.max_chars} must be >= 0")
+        # checked even when retrieval_share is 0: a value that only fails once the option is switched on is a trap
+        for name in ("retrieval_n_needles", "retrieval_n_queries", "retrieval_digits"):
+            _positive(f"data.{name}", getattr(d, name))
+        if d.retrieval_n_needles > len(CITIES):
+            raise ValueError(f"data.retrieval_n_needles={d.retrieval_n_needles} must be <= {len(CITIES)} (the cities "
+                             "available)")
+        if d.retrieval_n_filler < 0:
+            raise ValueError(f"data.retrieval_n_filler={d.retrieval_n_filler} must be >= 0")
+        if not DEVICE_RE.fullmatch(t.device):
+            raise ValueError(f"train.device={t.device!r} is not a device; use auto, cpu, cuda or cuda:N")
         _positive("checkpoint.every", c.every)
         _positive("checkpoint.keep_last", c.keep_last)
         _positive("log.every", lg.every)

@@ -37,6 +37,9 @@ def pick_device(name: str, local_rank: int) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"train.device={name!r} but CUDA is not available; use \"cpu\" or \"auto\"")
+        index = torch.device(name).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ValueError(f"train.device={name!r} but there are only {torch.cuda.device_count()} CUDA devices")
         return torch.device("cuda", local_rank if name == "cuda" else torch.device(name).index)
     return torch.device(name)
 

@@ -9,10 +9,9 @@ starts from one seeded generator on every rank and each rank reads its slice, so
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -23,6 +22,7 @@ from tqdm import tqdm
 from ..data.shards import (PreparedData, WindowSampler, check_fits, eval_starts, fingerprint, link_prepared,
                            prepare_data, read_prepared, windows)
 from .. import rundir
+from ..fileio import atomic_copy
 from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
@@ -39,6 +39,15 @@ class TrainResult:
     tokens_per_s: float  # global training throughput, first step of this process excluded (warm-up)
     final_val_loss: float
     losses: list[float] = field(default_factory=list)  # training loss of every step this process ran
+    skipped_steps: int = 0  # steps whose loss or gradient norm was not finite (no update made)
+
+
+# Consecutive non-finite steps after which the run stops: one can be a bad batch, this many is a diverged model.
+MAX_NONFINITE_STREAK = 5
+
+
+class TrainingDiverged(ValueError):
+    """The loss or gradient norm stayed non-finite; nothing of it was saved."""
 
 
 # ---------------------------------------------------------------------------------------------- setup
@@ -47,7 +56,8 @@ def same_data(a, b) -> bool:
     return fingerprint(a) == fingerprint(b) and a.seq_len == b.seq_len
 
 
-def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[[str], None]) -> Optional[Path]:
+def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[[str], None],
+                  check_hashes: bool = True) -> Optional[Path]:
     """The checkpoint to resume from (None for a fresh run); refuses to overwrite or to mix two runs."""
     cfg_file = rundir.run_config_path(run_dir)
     if not resume:
@@ -57,16 +67,24 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
         return None
     if not cfg_file.is_file():
         raise FileNotFoundError(f"--resume: {run_dir} holds no {cfg_file.name} (not a run directory)")
-    ckpt = ckpt_io.find_resumable(run_dir, warn=warn)
+    saved = TrainConfig.from_dict(rundir.read_run_config(run_dir))
+    if not rundir.list_checkpoints(run_dir):  # killed before its first checkpoint: nothing to keep but the data
+        _check_same_data(saved, cfg, cfg_file)
+        warn(f"--resume: {run_dir} has no checkpoint yet; starting it again from step 0")
+        return None
+    ckpt = ckpt_io.find_resumable(run_dir, warn=warn, check_hashes=check_hashes)
     ckpt_io.check_same_model(ckpt, cfg.model)
     done = ckpt_io.checkpoint_step(ckpt)
     if done >= cfg.train.steps:
         raise ValueError(f"--resume: the run is already at step {done} >= train.steps={cfg.train.steps}; "
                          "raise --train.steps to train further")
-    saved = TrainConfig.from_dict(rundir.read_run_config(run_dir))
+    _check_same_data(saved, cfg, cfg_file)
+    return ckpt
+
+
+def _check_same_data(saved: TrainConfig, cfg: TrainConfig, cfg_file: Path) -> None:
     if not same_data(saved.data, cfg.data):
         raise ValueError(f"--resume: the [data] section differs from the run's {cfg_file}; resume with the same data")
-    return ckpt
 
 
 def setup_data(cfg: TrainConfig, run_dir: Path, info: DistInfo, progress: bool) -> PreparedData:
@@ -106,8 +124,10 @@ def rank_slice(starts: torch.Tensor, accum: int, info: DistInfo) -> torch.Tensor
 
 
 def train_step(model, raw, optimizer, data: PreparedData, starts: torch.Tensor, cfg: TrainConfig, info: DistInfo,
-               autocast) -> tuple[float, float]:
-    """One optimizer step over this rank's micro-batches; returns (mean loss over all ranks, grad norm)."""
+               autocast) -> tuple[float, float, bool]:
+    """One optimizer step over this rank's micro-batches; returns (mean loss over all ranks, grad norm, whether
+    the update was made). A non-finite loss or norm makes no update: one NaN would poison every weight. Both are
+    the same on every rank (an all-reduced mean, a norm of all-reduced gradients), so all ranks skip together."""
     accum, T = starts.shape[0], cfg.data.seq_len
     tokens = data.tokens("train")
     loss_sum = torch.zeros((), device=info.device)
@@ -121,9 +141,23 @@ def train_step(model, raw, optimizer, data: PreparedData, starts: torch.Tensor, 
     norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
         norm = norm.full_tensor()
-    optimizer.step()
+    loss, norm = mean_across(float(loss_sum) / accum, info), float(norm)
+    ok = math.isfinite(loss) and math.isfinite(norm)
+    if ok:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return mean_across(float(loss_sum) / accum, info), float(norm)
+    return loss, norm, ok
+
+
+def check_finite_weights(raw, step: int, info: DistInfo) -> None:
+    """Refuse to checkpoint NaN or inf weights (finite steps can still overflow them). Under FSDP each rank
+    checks its own shard and all ranks agree before any of them raises (the save is a collective)."""
+    local = ((n, p.to_local() if hasattr(p, "to_local") else p) for n, p in raw.named_parameters())
+    bad = [n for n, p in local if not bool(torch.isfinite(p.detach()).all())]
+    if not all_ok(not bad, info):
+        bad = bad or ["of another rank"]
+        raise TrainingDiverged(f"training diverged: weights {', '.join(bad[:3])} are not finite at step {step}; "
+                               "no checkpoint written (lower train.lr or raise train.warmup_steps)")
 
 
 @torch.no_grad()
@@ -158,10 +192,28 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress:
     run_dir = Path(run_dir)
     info = init_distributed(cfg.train.device)
     try:
-        return _train(cfg, run_dir, resume, on_checkpoint, info,
-                      cfg.log.progress if progress is None else progress, desc)
+        # Refuse bad input before touching the directory (no lock file is made for a refused command) ...
+        check_run_dir(cfg, run_dir, resume, lambda m: None, check_hashes=False)
+        with _writer_lock(run_dir, info):  # ... then decide again under the lock: another writer may have won
+            return _train(cfg, run_dir, resume, on_checkpoint, info,
+                          cfg.log.progress if progress is None else progress, desc)
     finally:
         shutdown(info)
+
+
+@contextmanager
+def _writer_lock(run_dir: Path, info: DistInfo):
+    """Rank 0 holds the run directory's lock; the other ranks learn whether it got it (a collective)."""
+    with ExitStack() as held:
+        if info.is_main:
+            try:
+                held.enter_context(rundir.lock_run(run_dir))
+            except BaseException:
+                all_ok(False, info)  # the other ranks stop too instead of waiting at the next collective
+                raise
+        if not all_ok(True, info):
+            raise RuntimeError(f"rank 0 could not lock {run_dir} (its error is printed above)")
+        yield
 
 
 def _warn(msg: str) -> None:
@@ -174,7 +226,7 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
     data = setup_data(cfg, run_dir, info, progress and info.is_main)
     if info.is_main:
         rundir.write_run_config(run_dir, cfg.to_json())
-        shutil.copyfile(data.tokenizer_file, rundir.tokenizer_path(run_dir))
+        atomic_copy(data.tokenizer_file, rundir.tokenizer_path(run_dir))
 
     torch.manual_seed(cfg.train.seed)
     raw = DiffTransformerLM(cfg.model).to(info.device)  # built on CPU by the seed, so every rank starts equal
@@ -190,11 +242,13 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
             _warn(f"resuming from {ckpt} (step {start})")
     step_fn = torch.compile(model) if cfg.train.compile else model
     autocast = autocast_for(info.device, cfg.train.precision)
-    logger = MetricsLogger(run_dir, cfg.log.tensorboard, resume_step=start if ckpt else None) if info.is_main else None
+    # a resume with no checkpoint restarts at 0: the metrics the killed attempt logged are dropped as well
+    logger = (MetricsLogger(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
+              if info.is_main else None)
 
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
-    losses, val_loss = [], float("nan")
-    window_t, window_tokens, total_t, total_tokens = 0.0, 0, 0.0, 0
+    losses, val_loss, skipped, streak = [], float("nan"), 0, 0
+    window_t, window_tokens, total_t, total_tokens, first_t = 0.0, 0, 0.0, 0, 0.0
     bar = tqdm(total=cfg.train.steps, initial=start, desc=desc, unit="step", disable=not (progress and info.is_main),
                dynamic_ncols=True)
     raw.train()
@@ -204,19 +258,25 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
             g["lr"] = lr
         t0 = time.perf_counter()
         starts = rank_slice(sampler.next_starts(cfg.train.batch_size), accum, info)
-        loss, gnorm = train_step(step_fn, raw, optimizer, data, starts, cfg, info, autocast)
+        loss, gnorm, ok = train_step(step_fn, raw, optimizer, data, starts, cfg, info, autocast)
         dt = time.perf_counter() - t0
+        skipped, streak = skipped + (not ok), (0 if ok else streak + 1)
+        if streak >= MAX_NONFINITE_STREAK:
+            raise TrainingDiverged(f"training diverged: {streak} steps in a row with a non-finite loss or gradient "
+                                   f"norm (last: step {step + 1}); stopped without saving (lower train.lr)")
         done, tokens_seen = step + 1, tokens_seen + tokens_per_step
         losses.append(loss)
         window_t, window_tokens = window_t + dt, window_tokens + tokens_per_step
         if step > start:  # the first step pays for warm-up (allocations, compile)
             total_t, total_tokens = total_t + dt, total_tokens + tokens_per_step
+        else:
+            first_t = dt
         bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{window_tokens / max(window_t, 1e-9):,.0f}", refresh=False)
         bar.update(1)
         last = done == cfg.train.steps
         if logger and (done % cfg.log.every == 0 or last):
             logger.log({"step": done, "loss": loss, "lr": lr, "grad_norm": gnorm, "tokens": tokens_seen,
-                        "tokens_per_s": window_tokens / max(window_t, 1e-9)})
+                        "tokens_per_s": window_tokens / max(window_t, 1e-9), "skipped_steps": skipped})
             window_t, window_tokens = 0.0, 0
         if done % cfg.train.eval_every == 0 or last:
             ev = evaluate(raw, data, cfg, info, autocast)
@@ -224,6 +284,7 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
             if logger:
                 logger.log({"step": done, **ev})
         if done % cfg.checkpoint.every == 0 or last:
+            check_finite_weights(raw, done, info)
             state = ckpt_io.TrainingState(done, tokens_seen, sampler.state_dict())
             path = ckpt_io.save_checkpoint(run_dir, raw, optimizer, cfg.model, state, data.tokenizer_file,
                                            info.is_main)
@@ -235,5 +296,6 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
     bar.close()
     if logger:
         logger.close()
-    tps = total_tokens / total_t if total_t > 0 else tokens_per_step / max(window_t, 1e-9)
-    return TrainResult(run_dir, raw.num_parameters(), cfg.train.steps, tps, val_loss, losses)
+    # One step run: only the warm-up step was timed, and nothing else (never a zero time: 64e9 tokens/s).
+    tps = total_tokens / total_t if total_t > 0 else (tokens_per_step / first_t if first_t > 0 else math.nan)
+    return TrainResult(run_dir, raw.num_parameters(), cfg.train.steps, tps, val_loss, losses, skipped)

@@ -1,0 +1,183 @@
+"""Table-driven bad input across train, generate, convert and bench: every case exits 2 with exactly one
+``difftransformer COMMAND: error:`` line naming the field or path, no traceback, and no file changed anywhere in
+the workspace (a trained run, model directories, Hugging Face directories). Driven in-process (``cli.main``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from difftransformer import rundir
+from difftransformer.cli import main
+from difftransformer.train.config import load_config
+from difftransformer.train.trainer import train
+
+DEEP = "[" * 200_000 + "]" * 200_000  # deeper than Python's JSON parser can recurse
+TRAIN = ["train", "--config", "tiny", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    """A workspace: a 2-step tiny run, a copy of its checkpoint, and broken model / HF / run directories."""
+    root = tmp_path_factory.mktemp("fuzz")
+    train(load_config("tiny", {"data": {"max_chars": 30000}, "train": {"steps": 2, "eval_every": 2},
+                               "checkpoint": {"every": 2}}), root / "run")
+    ckpt = rundir.step_dir(root / "run", 2)
+    shutil.copytree(ckpt, root / "model")
+    shutil.copytree(ckpt, root / "corrupt")
+    w = root / "corrupt" / rundir.WEIGHTS_NAME
+    raw = bytearray(w.read_bytes())
+    raw[-5] ^= 0xFF  # one flipped bit pattern inside the last tensor: NaN-ish weights if loaded
+    w.write_bytes(bytes(raw))
+    shutil.copytree(ckpt, root / "deep_model")
+    (root / "deep_model" / rundir.MANIFEST_NAME).unlink()  # so the nesting, not the manifest, is what fails
+    (root / "deep_model" / rundir.CONFIG_NAME).write_text(DEEP)
+    (root / "deep_run").mkdir()
+    rundir.run_config_path(root / "deep_run").write_text(DEEP)
+    good_hf = {"model_type": "llama", "vocab_size": 512, "hidden_size": 32, "intermediate_size": 96,
+               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    hf_cases = {"hf_heads0": {"num_attention_heads": 0}, "hf_rope_str": {"rope_scaling": "linear"},
+                "hf_rope_linear": {"rope_scaling": {"type": "linear", "factor": 2.0}},
+                "hf_rope_both": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+                                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+                "hf_rope_list": {"rope_parameters": [1, 2]}, "hf_hidden_str": {"hidden_size": "abc"},
+                "hf_eps_nan": {"rms_norm_eps": float("nan")}, "hf_theta_inf": {"rope_theta": float("inf")},
+                "hf_layers_neg": {"num_hidden_layers": -1}, "hf_kv_bool": {"num_key_value_heads": True},
+                "hf_model_type": {"model_type": "gpt2"}, "hf_vocab_float": {"vocab_size": 512.5}}
+    for name, change in hf_cases.items():
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps({**good_hf, **change}))
+    (root / "hf_deep").mkdir()
+    (root / "hf_deep" / "config.json").write_text("{\"model_type\": " + DEEP[:100_000] + "0" + DEEP[100_000:] + "}")
+    (root / "hf_notdict").mkdir()
+    (root / "hf_notdict" / "config.json").write_text("[1, 2]")
+    (root / "bad.toml").write_text("[train\nlr = ")
+    (root / "afile").write_text("x")
+    return root
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# (argv with {ws} for the workspace, a text the error line must hold)
+CASES: list[tuple[list[str], str]] = [
+    # --- train: every config section, non-finite and out of range -----------------------------------------
+    *[([*TRAIN, "--out", "{ws}/new", f"--{key}={value}"], key.split(".", 1)[1]) for key, value in [
+        ("train.lr", "inf"), ("train.lr", "nan"), ("train.lr", "-1e-3"), ("train.lr", "0"),
+        ("train.min_lr", "inf"), ("train.min_lr", "1.0"), ("train.min_lr", "-1e-5"),
+        ("train.grad_clip", "nan"), ("train.grad_clip", "-1"), ("train.grad_clip", "-inf"),
+        ("train.weight_decay", "nan"), ("train.weight_decay", "-0.1"), ("train.beta1", "1.0"),
+        ("train.beta1", "nan"), ("train.beta2", "-0.5"), ("train.beta2", "inf"), ("train.eps", "0"),
+        ("train.eps", "nan"), ("train.warmup_steps", "-1"), ("train.steps", "0"), ("train.steps", "-5"),
+        ("train.steps", "1.5"), ("train.batch_size", "0"), ("train.micro_batch_size", "3"),
+        ("train.eval_every", "0"), ("train.eval_batches", "0"), ("train.seed", "-1"),
+        ("train.device", "bogus"), ("train.device", "cuda:x"), ("train.device", "42"), ("train.device", "mps"),
+        ("train.device", "cuda:99"),
+        ("train.precision", "fp8"), ("train.parallel", "zero3"), ("train.compile", "maybe"),
+        ("data.vocab_size", "4000000000"), ("data.vocab_size", "10"), ("data.vocab_size", "1e9"),
+        ("data.seq_len", "1"), ("data.seq_len", "100000"), ("data.val_fraction", "0.7"),
+        ("data.val_fraction", "nan"), ("data.val_fraction", "0"), ("data.retrieval_share", "1.0"),
+        ("data.retrieval_share", "inf"), ("data.max_chars", "-5"), ("data.seed", "-2"),
+        ("data.sources", "[]"), ("data.sources", "[1, 2]"), ("data.retrieval_n_needles", "0"),
+        ("data.retrieval_n_needles", "100000"), ("data.retrieval_n_queries", "0"), ("data.retrieval_digits", "0"),
+        ("data.retrieval_n_filler", "-1"), ("data.val_fraction", "inf"), ("data.prepared_dir", "3"),
+        ("checkpoint.every", "0"), ("checkpoint.keep_last", "0"), ("log.every", "0"),
+        ("log.tensorboard", "3"),
+        ("model.init_std", "inf"), ("model.init_std", "nan"), ("model.init_std", "0"),
+        ("model.rope_theta", "inf"), ("model.rope_theta", "-1"), ("model.norm_eps", "nan"),
+        ("model.d_model", "0"), ("model.n_layers", "-1"), ("model.n_heads", "3"), ("model.head_dim", "3"),
+        ("model.max_seq_len", "0"), ("model.attention", "diff_v3"), ("model.backend", "flash"),
+        ("model.lambda_init", "1.5"), ("model.lambda_init", "nan"), ("model.v2_lambda", "relu"),
+        ("model.tie_embeddings", "2"),
+    ]],
+    ([*TRAIN[:1], "--config", "nope", "--out", "{ws}/new"], "nope"),
+    ([*TRAIN[:1], "--config", "{ws}/bad.toml", "--out", "{ws}/new"], "bad.toml"),
+    ([*TRAIN[:1], "--config", "{ws}/missing.toml", "--out", "{ws}/new"], "missing.toml"),
+    ([*TRAIN, "--out", "{ws}/run"], "already holds a run"),
+    ([*TRAIN, "--out", "{ws}/afile"], "afile"),
+    ([*TRAIN, "--out", "{ws}/afile/sub"], "afile"),
+    (["train", "--out", "{ws}/run", "--resume"], "already at step 2"),
+    (["train", "--out", "{ws}/run", "--resume", "--train.steps", "4", "--model.d_model", "64"], "d_model"),
+    (["train", "--out", "{ws}/run", "--resume", "--train.steps", "4", "--data.max_chars", "1000"], "[data]"),
+    (["train", "--out", "{ws}/run", "--resume", "--train.steps", "4", "--train.lr", "nan"], "train.lr"),
+    ([*TRAIN, "--out", "{ws}/run", "--resume", "--train.steps", "4"], "[data]"),
+    ([*TRAIN, "--out", "{ws}/model", "--resume"], "run_config.json"),
+    (["train", "--out", "{ws}/deep_run", "--resume"], "run_config.json"),
+    (["train", "--out", "{ws}/model", "--resume"], "--config is required"),
+    # --- generate ------------------------------------------------------------------------------------------
+    *[(["generate", "--run", "{ws}/run", "--prompt", "In the", *extra], text) for extra, text in [
+        (["--temperature", "1e-45"], "temperature"), (["--temperature", "-1"], "temperature"),
+        (["--temperature", "nan"], "temperature"), (["--temperature", "inf"], "temperature"),
+        (["--top-k", "0"], "top_k"), (["--top-p", "0"], "top_p"), (["--top-p", "1.5"], "top_p"),
+        (["--top-p", "nan"], "top_p"), (["--max-new-tokens", "0"], "max_new_tokens"),
+        (["--device", "bogus"], "bogus"), (["--tokenizer", "{ws}/afile"], "afile"),
+        (["--tokenizer", "{ws}/none.json"], "none.json"),
+    ]],
+    (["generate", "--run", "{ws}/nothing", "--prompt", "a"], "nothing"),
+    (["generate", "--checkpoint", "{ws}/afile", "--prompt", "a"], "afile"),
+    (["generate", "--checkpoint", "{ws}/corrupt", "--prompt", "a"], "model.safetensors"),
+    (["generate", "--checkpoint", "{ws}/deep_model", "--prompt", "a"], "nested too deeply"),
+    (["generate", "--run", "{ws}/run", "--prompt", ""], "empty"),
+    (["generate", "--checkpoint", "{ws}/hf_heads0", "--prompt", "a"], "hf_heads0"),
+    # --- convert -------------------------------------------------------------------------------------------
+    (["convert", "--from-hf", "{ws}/hf_heads0", "--out", "{ws}/o"], "num_attention_heads"),
+    (["convert", "--from-hf", "{ws}/hf_rope_str", "--out", "{ws}/o"], "rope_scaling"),
+    (["convert", "--from-hf", "{ws}/hf_rope_linear", "--out", "{ws}/o"], "'linear' is not implemented"),
+    (["convert", "--from-hf", "{ws}/hf_rope_both", "--out", "{ws}/o"], "'yarn' is not implemented"),
+    (["convert", "--from-hf", "{ws}/hf_rope_list", "--out", "{ws}/o"], "rope_parameters"),
+    (["convert", "--from-hf", "{ws}/hf_hidden_str", "--out", "{ws}/o"], "hidden_size"),
+    (["convert", "--from-hf", "{ws}/hf_eps_nan", "--out", "{ws}/o"], "rms_norm_eps"),
+    (["convert", "--from-hf", "{ws}/hf_theta_inf", "--out", "{ws}/o"], "rope_theta"),
+    (["convert", "--from-hf", "{ws}/hf_layers_neg", "--out", "{ws}/o"], "num_hidden_layers"),
+    (["convert", "--from-hf", "{ws}/hf_kv_bool", "--out", "{ws}/o"], "num_key_value_heads"),
+    (["convert", "--from-hf", "{ws}/hf_model_type", "--out", "{ws}/o"], "gpt2"),
+    (["convert", "--from-hf", "{ws}/hf_vocab_float", "--out", "{ws}/o"], "vocab_size"),
+    (["convert", "--from-hf", "{ws}/hf_deep", "--out", "{ws}/o"], "nested too deeply"),
+    (["convert", "--from-hf", "{ws}/hf_notdict", "--out", "{ws}/o"], "JSON object"),
+    (["convert", "--from-hf", "{ws}/nothing", "--out", "{ws}/o"], "nothing"),
+    (["convert", "--from-hf", "{ws}/model", "--out", "{ws}/o"], "our own format"),
+    (["convert", "--to-hf", "{ws}/corrupt", "--out", "{ws}/o"], "model.safetensors"),
+    (["convert", "--to-hf", "{ws}/deep_model", "--out", "{ws}/o"], "nested too deeply"),
+    (["convert", "--to-hf", "{ws}/deep_run", "--out", "{ws}/o"], "deep_run"),
+    (["convert", "--to-hf", "{ws}/run", "--out", "{ws}/model"], "not an empty directory"),
+    (["convert", "--to-hf", "{ws}/run", "--out", "{ws}/o", "--expect", "llama"], "not the expected"),
+    # --- bench ---------------------------------------------------------------------------------------------
+    *[(["bench", "attention", flag, value], flag) for flag, value in [
+        ("--head-dim", "0"), ("--batch", "0"), ("--d-model", "0"), ("--repeats", "0"), ("--seq-lens", "0"),
+        ("--kv-heads", "0"), ("--head-dim", "-4"), ("--batch", "-1")]],
+    (["bench", "attention", "--d-model", "100", "--head-dim", "32"], "--head-dim"),
+    *[(["bench", "train", flag, value], flag) for flag, value in [
+        ("--batch", "0"), ("--steps", "0"), ("--seq-len", "0"), ("--rounds", "0"), ("--layers", "0"),
+        ("--d-model", "0"), ("--vocab-size", "0"), ("--threads", "-1"), ("--kv-heads", "0"), ("--heads", "0"),
+        ("--warmup", "-1"), ("--timeout", "0")]],
+    *[(["bench", "decode", "--no-hf", flag, value], flag) for flag, value in [
+        ("--batch", "0"), ("--contexts", "0"), ("--head-dim", "0"), ("--new-tokens", "0"), ("--layers", "0"),
+        ("--rounds", "0"), ("--kv-heads", "0"), ("--vocab-size", "0")]],
+]
+
+
+def test_the_table_is_large():
+    assert len(CASES) >= 100
+
+
+@pytest.mark.parametrize("argv,text", CASES, ids=[" ".join(a[:3] + a[-2:]) for a, _ in CASES])
+def test_bad_input_is_one_line_and_changes_nothing(ws, capsys, monkeypatch, argv, text):
+    monkeypatch.delenv("DIFFTRANSFORMER_DEBUG", raising=False)
+    argv = [a.replace("{ws}", str(ws)) for a in argv]
+    before = snapshot(ws)
+    capsys.readouterr()
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    command = argv[0]
+    assert len(lines) == 1 and lines[0].startswith(f"difftransformer {command}: error: "), out.err
+    assert text in lines[0], lines[0]
+    assert "Traceback" not in out.err + out.out
+    assert snapshot(ws) == before
+    assert not (ws / "new").exists() and not (ws / "o").exists()
