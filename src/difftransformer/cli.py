@@ -28,13 +28,13 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 )
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-               PermissionError)
+# OSError covers a missing or read-only path, a full disk and a run directory locked by another writer.
+USER_ERRORS = (ValueError, TypeError, OSError)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="difftransformer",
+        prog="difftransformer", allow_abbrev=False,
         description="Differential Transformer (DIFF V1, DIFF V2) and a parameter-matched baseline: "
                     "train, evaluate, generate, convert, report.")
     from . import __version__

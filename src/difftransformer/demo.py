@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="train baseline, DIFF V1 and DIFF V2 on the embedded data, then write the report",
+    p = sub.add_parser("demo", allow_abbrev=False,
+                       help="train baseline, DIFF V1 and DIFF V2 on the embedded data, then write the report",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/demo", metavar="DIR",
                    help="where the runs, the shared data and the report go (default runs/demo)")

@@ -29,9 +29,12 @@ from .spec import AnalysisSpec, check_positive
 # ---------------------------------------------------------------------------------------------- shared flags
 def floats(text: str) -> list[float]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+    if any(not math.isfinite(v) for v in values):
+        raise ValueError(f"expected finite numbers, got {text!r}")
+    return values
 
 
 def add_task_args(p: argparse.ArgumentParser) -> None:
@@ -193,7 +196,7 @@ def run_analysis(spec: AnalysisSpec, args: argparse.Namespace) -> int:
 
 
 def _add_analysis(esub, spec: AnalysisSpec) -> None:
-    p = esub.add_parser(spec.name, help=spec.help, description=spec.doc,
+    p = esub.add_parser(spec.name, allow_abbrev=False, help=spec.help, description=spec.doc,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     if spec.multi_run:
         p.add_argument("--run", action="append", required=True, metavar="RUN_DIR",
@@ -209,7 +212,8 @@ def _add_analysis(esub, spec: AnalysisSpec) -> None:
 
 def register(sub) -> None:
     """`difftransformer eval ANALYSIS ...`."""
-    p = sub.add_parser("eval", help="re-measure one of the paper's claims on a trained run (JSON results)",
+    p = sub.add_parser("eval", allow_abbrev=False,
+                       help="re-measure one of the paper's claims on a trained run (JSON results)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     esub = p.add_subparsers(dest="analysis", metavar="ANALYSIS")
     esub.required = True
@@ -227,7 +231,8 @@ def run_report(args: argparse.Namespace) -> int:
 
 def register_report(sub) -> None:
     """`difftransformer report RUN_DIR ...`."""
-    p = sub.add_parser("report", help="run every analysis over several runs and write one HTML report",
+    p = sub.add_parser("report", allow_abbrev=False,
+                       help="run every analysis over several runs and write one HTML report",
                        description=report.__doc__ + "\n" + report_verdicts.RULE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR",

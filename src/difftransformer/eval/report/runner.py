@@ -15,6 +15,7 @@ from ..spec import AnalysisSpec
 from .html import analysis_section, render_html, table
 from .results import RunResults, Settings
 from .training import TRAINING_HEADER, plot_training, training_summary, training_table
+from ...fileio import atomic_write
 from .verdicts import verdicts
 
 # An analysis that raises one of these on one model is recorded on the page ("not measured because"), not fatal:
@@ -105,8 +106,6 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
                "runs": [{"model": r.ev.describe(), "training": r.training, "results": r.results,
                          "errors": r.errors} for r in runs],
                **multi}
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
-    tmp = out / "report.html.tmp"
-    tmp.write_text(page)
-    tmp.replace(out / "report.html")
+    atomic_write(out / "results.json", json.dumps(results, indent=1, default=float) + "\n")
+    atomic_write(out / "report.html", page)
     return out / "report.html"
