@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "difftransformer.inference.cli",
     "difftransformer.interop.cli",
     "difftransformer.eval.cli",
+    "difftransformer.retrieval.cli",
 )
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback.
