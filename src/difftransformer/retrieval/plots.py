@@ -39,7 +39,7 @@ def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
     pm = sorted({c["pairs_mult"] for c in conds})
     fm = sorted({c["filler_mult"] for c in conds})
     vs = list(results["variants"])
-    fig, axes = plt.subplots(1, len(vs), figsize=(3.6 * len(vs), 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(vs), figsize=(3.8 * len(vs), 3.4), squeeze=False, layout="constrained")
     for ax, v in zip(axes[0], vs):
         grid = [[float("nan")] * len(fm) for _ in pm]
         for c in conds:
@@ -53,7 +53,7 @@ def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
         ax.set_xlabel("filler (x training)")
         ax.set_ylabel("pairs (x training)")
         ax.set_title(f"{LABELS.get(v, v)} ({results['variants'][v]['params']:,} params)", fontsize=9)
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy (mean over seeds)")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
@@ -116,19 +116,27 @@ def plot_quantization(results: dict[str, Any], path) -> Path:
     return _save(fig, path)
 
 
-def plot_attention_row(results: dict[str, Any], path, layer: int = -1) -> Path:
-    """Fig. 1 style: one query's head-mean attention row (last layer by default) per variant, first seed."""
+def retrieval_layer(results: dict[str, Any], variant: str) -> int:
+    """The layer whose mean answer share (first seed, primary condition) is highest: where the lookup happens."""
+    att = results["variants"][variant]["runs"][0]["conditions"][results["primary_endpoint"]["condition"]]["attention"]
+    return max(range(len(att)), key=lambda l: att[l]["answer_share"])
+
+
+def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) -> Path:
+    """Fig. 1 style: one query's head-mean attention row per variant (first seed), in ``layer`` or, by default,
+    in each variant's retrieval layer (``retrieval_layer``), at the primary condition."""
     vs = list(results["variants"])
     fig, axes = plt.subplots(len(vs), 1, figsize=(9, 1.9 * len(vs)), squeeze=False)
     for ax, v in zip(axes[:, 0], vs):
         ex = results["variants"][v]["runs"][0]["example_row"]
-        row = ex["rows"][layer]
+        l = retrieval_layer(results, v) if layer is None else layer
+        row = ex["rows"][l]
         colors = ["tab:red" if i == ex["answer_pos"] else ("tab:gray" if i < ex["context_end"] else "tab:olive")
                   for i in range(len(row))]
         ax.bar(range(len(row)), row, color=colors, width=1.0)
         ax.axhline(0, color="k", lw=0.5)
-        ax.set_title(f"{LABELS.get(v, v)}: query at {ex['query_pos']}, answer (red) at {ex['answer_pos']}; "
-                     f"context gray, questions olive", fontsize=8)
+        ax.set_title(f"{LABELS.get(v, v)}, layer {l % len(ex['rows'])} (head mean): query at {ex['query_pos']}, "
+                     f"answer (red) at {ex['answer_pos']}; context gray, questions olive", fontsize=8)
         ax.set_ylabel("attention")
     axes[-1, 0].set_xlabel("key position")
     return _save(fig, path)
@@ -136,6 +144,7 @@ def plot_attention_row(results: dict[str, Any], path, layer: int = -1) -> Path:
 
 def plot_all(results: dict[str, Any], out_dir) -> list[Path]:
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     return [plot_accuracy_heatmap(results, out / "accuracy_heatmap.png"),
             plot_accuracy_vs_difficulty(results, out / "accuracy_vs_difficulty.png"),
             plot_attention_shares(results, out / "attention_shares.png"),
