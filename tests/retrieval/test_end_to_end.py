@@ -4,6 +4,7 @@ import pytest
 
 from difftransformer.cli import main
 from difftransformer.retrieval.benchmark import run_benchmark, seed_values
+from difftransformer.retrieval.cli import format_table
 from difftransformer.retrieval.config import Condition, RetrievalConfig
 
 
@@ -32,6 +33,9 @@ def test_tiny_benchmark_structure(tmp_path):
         assert 0 <= seed_values(saved, v, "p2f2")[0] <= 1
         assert "state" not in run
     assert r["variants"]["baseline"]["params"] == saved["variants"]["baseline"]["params"]
+    table = format_table(saved)
+    assert "p2f2*" in table and "diff_v2" in table and "QUICK" not in table
+    assert "QUICK SMOKE RUN" in format_table({**saved, "quick": True})
 
 
 @pytest.mark.parametrize("argv", [["--lr-grid", "x"], ["--distractors", "far"], ["--seeds", "0"], ["--workers", "0"]])

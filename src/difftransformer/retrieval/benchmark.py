@@ -26,13 +26,14 @@ def _threads() -> None:
 
 def _train_job(cfg_d: dict, variant: str, seed: int, lr: float, evaluate: bool) -> dict[str, Any]:
     _threads()
-    from .evaluate import evaluate_model, validation_accuracy
+    from .evaluate import evaluate_model, validation
     from .train import train_model
     cfg = RetrievalConfig.from_dict(cfg_d)
     r = train_model(cfg, variant, seed, lr)
     model = r.pop("model")
     out = {"variant": variant, "seed": seed, "lr": lr, "params": r["params"], "losses": r["losses"],
-           "train_s": r["train_s"], "paired_tensors": len(r["copied"]), "val_accuracy": validation_accuracy(model, cfg)}
+           "train_s": r["train_s"], "train_cpu_s": r["train_cpu_s"], "paired_tensors": len(r["copied"]),
+           **validation(model, cfg)}
     if evaluate:
         t0 = time.perf_counter()
         out.update(evaluate_model(model, cfg))
@@ -79,9 +80,8 @@ def _load() -> Optional[list[float]]:
 
 
 def choose_lr(grid_runs: list[dict[str, Any]]) -> float:
-    """Best validation accuracy; ties go to the lower final training loss (then the smaller lr)."""
-    best = max(grid_runs, key=lambda r: (r["val_accuracy"], -r["losses"][-1][1], -r["lr"]))
-    return best["lr"]
+    """Lowest validation answer loss (accuracy saturates at the training condition); ties: the smaller lr."""
+    return min(grid_runs, key=lambda r: (r["val_loss"], r["lr"]))["lr"]
 
 
 def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, workers: int = 2,
@@ -168,3 +168,9 @@ def mean_spread(xs: list[float]) -> tuple[float, float]:
 def layer_mean(run: dict[str, Any], condition: str, key: str) -> float:
     """A share averaged over layers (per-layer values stay in the results)."""
     return statistics.fmean(l[key] for l in run["conditions"][condition]["attention"])
+
+
+def retrieval_layer_value(run: dict[str, Any], condition: str, key: str) -> float:
+    """``key`` in the run's retrieval layer: the layer with the highest answer share at ``condition``."""
+    att = run["conditions"][condition]["attention"]
+    return max(att, key=lambda l: l["answer_share"])[key]

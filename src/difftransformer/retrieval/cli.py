@@ -61,7 +61,7 @@ def config_from_args(args) -> RetrievalConfig:
 
 
 def format_table(results: dict[str, Any]) -> str:
-    from .benchmark import layer_mean, mean_spread, seed_values
+    from .benchmark import layer_mean, mean_spread, retrieval_layer_value, seed_values
     conds = [c["name"] for c in results["conditions"]]
     prim = results["primary_endpoint"]["condition"]
     lines = []
@@ -76,17 +76,20 @@ def format_table(results: dict[str, Any]) -> str:
         for c in conds:
             m, s = mean_spread(seed_values(results, v, c))
             cells.append(f"{m:.3f}+-{s:.3f}".rjust(12))
-        lines.append(f"{v:<9} {d['params']:>8,} {d['chosen_lr']:>7.0e} {len(d['runs']):>5}  " + " ".join(cells))
-    lines.append(f"attention of the answering query at {prim}, layer mean (scale-free shares; signed raw beside):")
-    lines.append(f"{'variant':<9} {'answer share':>16} {'noise share':>16} {'answer raw':>12} {'rest raw':>12}")
+        lines.append(f"{v:<9} {d['params']:>8,} {d['chosen_lr']:>7.2g} {len(d['runs']):>5}  " + " ".join(cells))
+    lines.append(f"attention of the answering query at {prim} (head mean; scale-free shares, signed raw beside); "
+                 "'retrieval layer' = each run's layer with the highest answer share, 'layer mean' over all layers:")
+    keys = ("answer_share", "noise_share", "answer_raw", "rest_raw")
+    lines.append(f"{'variant':<9} {'':<16}" + "".join(f"{k:>16}" for k in keys))
     for v, d in results["variants"].items():
-        row = [mean_spread([layer_mean(r, prim, k) for r in d["runs"]])
-               for k in ("answer_share", "noise_share", "answer_raw", "rest_raw")]
-        lines.append(f"{v:<9} " + " ".join(f"{m:.3f}+-{s:.3f}".rjust(w) for (m, s), w in zip(row, (16, 16, 12, 12))))
-    lines.append(f"lr grid (validation accuracy at the training condition, seed {results['config']['lr_search_seed']}):")
+        for label, fn in (("retrieval layer", retrieval_layer_value), ("layer mean", layer_mean)):
+            row = [mean_spread([fn(r, prim, k) for r in d["runs"]]) for k in keys]
+            lines.append(f"{v:<9} {label:<16}" + "".join(f"{m:.3f}+-{s:.3f}".rjust(16) for m, s in row))
+    lines.append(f"lr grid (seed {results['config']['lr_search_seed']}; validation split, training condition: "
+                 "answer loss / accuracy; chosen on the loss):")
     for v, d in results["variants"].items():
-        lines.append(f"  {v:<9} " + ", ".join(f"{g['lr']:g}: {g['val_accuracy']:.3f}" for g in d["lr_grid"]) +
-                     f"  -> {d['chosen_lr']:g}")
+        lines.append(f"  {v:<9} " + ", ".join(f"{g['lr']:g}: {g['val_loss']:.4f} / {g['val_accuracy']:.3f}"
+                                              for g in d["lr_grid"]) + f"  -> {d['chosen_lr']:g}")
     t = results["timings"]
     lines.append(f"wall {t['wall_s']:.0f} s on {t['workers']} workers; load average before {t['loadavg_before']}, "
                  f"after {t['loadavg_after']}")

@@ -128,8 +128,17 @@ def evaluate_model(model, cfg: RetrievalConfig, with_extras: bool = True) -> dic
     return res
 
 
-def validation_accuracy(model, cfg: RetrievalConfig) -> float:
-    """Accuracy at the training condition on the held-out validation generator seed (the lr choice)."""
+@torch.no_grad()
+def validation(model, cfg: RetrievalConfig) -> dict[str, float]:
+    """Accuracy and answer loss (mean NLL of the value tokens) at the training condition on the held-out
+    validation generator seed. The lr is chosen on the loss: accuracy saturates at 1.0 there (measured: every
+    variant 0.99-1.00 at both lrs), the loss still separates them; the harder conditions stay untouched."""
     from .config import Condition
     b = condition_batch(cfg, Condition("train", 1, 1, cfg.distractors), cfg.val_contexts, eval_rng(cfg, "val", "train"))
-    return accuracy(model, b)
+    hits, nll = [], []
+    for i in range(0, b.tokens.shape[0], CHUNK):
+        c = sub_batch(b, i, i + CHUNK)
+        lg = query_logits(model(c.tokens).logits, c.query_pos).float()  # (b, Q, V)
+        hits.append((lg.argmax(-1) == c.answers).flatten())
+        nll.append(torch.nn.functional.cross_entropy(lg.flatten(0, 1), c.answers.flatten(), reduction="none"))
+    return {"val_accuracy": float(torch.cat(hits).float().mean()), "val_loss": float(torch.cat(nll).mean())}
