@@ -156,7 +156,7 @@ def write_outputs(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
 
 
 def seed_values(results: dict[str, Any], variant: str, condition: str, key: str = "accuracy") -> list[float]:
-    """Per-seed values of ``key`` at ``condition`` (for the statistics: t-intervals over seeds are not computed here)."""
+    """Per-seed values of ``key`` at ``condition``, seed order (the t-intervals over seeds are computed elsewhere)."""
     return [r["conditions"][condition][key] for r in results["variants"][variant]["runs"]]
 
 

@@ -153,7 +153,8 @@ class RetrievalConfig:
                              f"{', '.join(DISTRACTOR_KINDS)}")
         if not self.lr_grid or any(not 0 < x < 1 for x in self.lr_grid):
             raise ValueError(f"RetrievalConfig.lr_grid={self.lr_grid} must be non-empty, values in (0, 1)")
-        if not self.variants or any(v not in VARIANTS for v in self.variants) or len(set(self.variants)) != len(self.variants):
+        if (not self.variants or any(v not in VARIANTS for v in self.variants)
+                or len(set(self.variants)) != len(self.variants)):
             raise ValueError(f"RetrievalConfig.variants={self.variants} is not allowed; choose distinct ones of "
                              f"{', '.join(VARIANTS)}")
         if self.weight_decay < 0:
@@ -173,21 +174,23 @@ class RetrievalConfig:
                 raise ValueError(f"RetrievalConfig.conditions[{c.name}].distractors={c.distractors!r} is not "
                                  f"allowed; choose one of {', '.join(DISTRACTOR_KINDS)}")
             if self.n_pairs * c.pairs_mult > self.n_keys:
-                raise ValueError(f"RetrievalConfig.n_keys={self.n_keys} is fewer than the {self.n_pairs * c.pairs_mult}"
-                                 f" pairs of condition {c.name}")
+                raise ValueError(f"RetrievalConfig.n_keys={self.n_keys} is fewer than the "
+                                 f"{self.n_pairs * c.pairs_mult} pairs of condition {c.name}")
             if c.distractors == "near" and self.n_pairs * c.pairs_mult > self.key_group:
                 raise ValueError(f"RetrievalConfig.key_group={self.key_group} is smaller than the "
                                  f"{self.n_pairs * c.pairs_mult} pairs of 'near' condition {c.name}")
         if self.distractors == "near" and self.n_pairs > self.key_group:
-            raise ValueError(f"RetrievalConfig.key_group={self.key_group} < n_pairs={self.n_pairs} for 'near' training")
+            raise ValueError(f"RetrievalConfig.key_group={self.key_group} < n_pairs={self.n_pairs} "
+                             "for 'near' training")
         if self.n_keys % self.key_group:
             raise ValueError(f"RetrievalConfig.key_group={self.key_group} must divide n_keys={self.n_keys}")
-        for n in ("primary",):
-            if self.primary not in names:
-                raise ValueError(f"RetrievalConfig.primary={self.primary!r} is not allowed; choose one of {', '.join(names)}")
+        if self.primary not in names:
+            raise ValueError(f"RetrievalConfig.primary={self.primary!r} is not allowed; "
+                             f"choose one of {', '.join(names)}")
         for q in self.quant_conditions:
             if q not in names:
-                raise ValueError(f"RetrievalConfig.quant_conditions: {q!r} is not allowed; choose of {', '.join(names)}")
+                raise ValueError(f"RetrievalConfig.quant_conditions: {q!r} is not allowed; "
+                                 f"choose one of {', '.join(names)}")
         for b in self.quant_bits:
             if isinstance(b, bool) or not isinstance(b, int) or b < 2:
                 raise ValueError(f"RetrievalConfig.quant_bits: {b!r} must be an integer >= 2")
@@ -218,7 +221,8 @@ class RetrievalConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown RetrievalConfig key(s): {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+            raise ValueError(f"unknown RetrievalConfig key(s): {', '.join(unknown)}; "
+                             f"allowed: {', '.join(sorted(known))}")
         return cls(**d)
 
     def replace(self, **changes: Any) -> "RetrievalConfig":

@@ -134,7 +134,8 @@ def validation(model, cfg: RetrievalConfig) -> dict[str, float]:
     validation generator seed. The lr is chosen on the loss: accuracy saturates at 1.0 there (measured: every
     variant 0.99-1.00 at both lrs), the loss still separates them; the harder conditions stay untouched."""
     from .config import Condition
-    b = condition_batch(cfg, Condition("train", 1, 1, cfg.distractors), cfg.val_contexts, eval_rng(cfg, "val", "train"))
+    b = condition_batch(cfg, Condition("train", 1, 1, cfg.distractors), cfg.val_contexts,
+                        eval_rng(cfg, "val", "train"))
     hits, nll = [], []
     for i in range(0, b.tokens.shape[0], CHUNK):
         c = sub_batch(b, i, i + CHUNK)
