@@ -32,6 +32,9 @@ def test_tiny_benchmark_structure(tmp_path):
         assert len(run["conditions"]["p2f2"]["attention"]) == 1
         assert 0 <= seed_values(saved, v, "p2f2")[0] <= 1
         assert "state" not in run
+        ex = run["example_row"]  # Fig. 1 row: the other 3 facts of a 4-pair p2f2 context are its distractors
+        assert len(ex["distractor_fact_pos"]) == 3 and ex["answer_pos"] not in ex["distractor_fact_pos"]
+        assert isinstance(ex["correct"], bool) and len(ex["rows"][0]) == ex["query_pos"] + 1
     assert r["variants"]["baseline"]["params"] == saved["variants"]["baseline"]["params"]
     table = format_table(saved)
     assert "p2f2*" in table and "diff_v2" in table and "QUICK" not in table

@@ -95,14 +95,19 @@ def outlier_stats(model, batch: Batch) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def example_row(model, batch: Batch) -> dict[str, Any]:
-    """Fig. 1: the first context's first query, its head-mean attention row per layer over the whole prefix."""
+def example_row(model, batch: Batch, fact_base: int) -> dict[str, Any]:
+    """Fig. 1: the first context's first query, its head-mean attention row per layer over the whole prefix,
+    with the positions of the other facts (the distractors) and whether the model answered it right."""
     c = sub_batch(batch, 0, 1)
     qp = int(c.query_pos[0, 0])
     out = model(c.tokens[:, :qp + 1], return_maps=True)
     rows = [m.attn[0, :, qp, :].mean(0).tolist() for m in out.maps]  # per layer: (qp+1,)
-    return {"rows": rows, "answer_pos": int(c.answer_pos[0, 0]), "context_end": c.context_end,
-            "query_pos": qp, "tokens": c.tokens[0, :qp + 1].tolist()}
+    toks = c.tokens[0, :qp + 1]
+    ap = int(c.answer_pos[0, 0])
+    facts = [i for i in range(1, c.context_end) if int(toks[i]) >= fact_base and i != ap]
+    return {"rows": rows, "answer_pos": ap, "distractor_fact_pos": facts, "context_end": c.context_end,
+            "query_pos": qp, "tokens": toks.tolist(),
+            "correct": bool(out.logits[0, qp].argmax() == c.answers[0, 0])}
 
 
 def evaluate_model(model, cfg: RetrievalConfig, with_extras: bool = True) -> dict[str, Any]:
@@ -124,7 +129,7 @@ def evaluate_model(model, cfg: RetrievalConfig, with_extras: bool = True) -> dic
                 rows.append({"bits": bits, "accuracy": accuracy(model, batches[name])})
         quant[name] = rows
     res["quantized"] = quant
-    res["example_row"] = example_row(model, batches[cfg.primary])
+    res["example_row"] = example_row(model, batches[cfg.primary], cfg.layout.fact(0, 0))
     return res
 
 

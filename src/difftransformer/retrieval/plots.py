@@ -131,12 +131,14 @@ def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) 
         ex = results["variants"][v]["runs"][0]["example_row"]
         l = retrieval_layer(results, v) if layer is None else layer
         row = ex["rows"][l]
-        colors = ["tab:red" if i == ex["answer_pos"] else ("tab:gray" if i < ex["context_end"] else "tab:olive")
-                  for i in range(len(row))]
+        distract = set(ex.get("distractor_fact_pos", []))
+        colors = ["tab:red" if i == ex["answer_pos"] else "tab:orange" if i in distract else
+                  ("tab:gray" if i < ex["context_end"] else "tab:olive") for i in range(len(row))]
         ax.bar(range(len(row)), row, color=colors, width=1.0)
         ax.axhline(0, color="k", lw=0.5)
-        ax.set_title(f"{LABELS.get(v, v)}, layer {l % len(ex['rows'])} (head mean): query at {ex['query_pos']}, "
-                     f"answer (red) at {ex['answer_pos']}; context gray, questions olive", fontsize=8)
+        verdict = {True: "answered right", False: "answered wrong"}.get(ex.get("correct"), "")
+        ax.set_title(f"{LABELS.get(v, v)}, layer {l % len(ex['rows'])} (head mean), {verdict}: answer red, other "
+                     f"facts orange, filler gray, earlier questions olive", fontsize=8)
         ax.set_ylabel("attention")
     axes[-1, 0].set_xlabel("key position")
     return _save(fig, path)
