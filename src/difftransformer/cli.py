@@ -14,6 +14,7 @@ from .bench import cli as bench_cli
 from .eval import cli as eval_cli
 from .inference import cli as inference_cli
 from .interop import cli as interop_cli
+from .retrieval import cli as retrieval_cli
 from .train import cli as train_cli
 
 # The subcommands, in the order `--help` lists them.
@@ -25,6 +26,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     interop_cli.register,
     eval_cli.register,
     eval_cli.register_report,
+    retrieval_cli.register,
 )
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback.

@@ -1,0 +1,154 @@
+"""Plots of a ``run_benchmark`` results dict (matplotlib, Agg backend). Each function writes one PNG and returns
+its path; ``plot_all`` writes every one. Values are means over seeds with the seed standard deviation as error
+bars; no verdicts here (the statistics over seeds live elsewhere)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+LABELS = {"baseline": "Transformer", "diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
+COLORS = {"baseline": "tab:gray", "diff_v1": "tab:red", "diff_v2": "tab:blue"}
+
+
+def _ms(xs):
+    xs = list(xs)
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def _acc(results, v, cond):
+    return _ms(r["conditions"][cond]["accuracy"] for r in results["variants"][v]["runs"])
+
+
+def _save(fig, path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
+    """Fig. 5 style: accuracy over (pairs x filler) per variant, random distractors, mean over seeds."""
+    conds = [c for c in results["conditions"] if c["distractors"] == "random"]
+    pm = sorted({c["pairs_mult"] for c in conds})
+    fm = sorted({c["filler_mult"] for c in conds})
+    vs = list(results["variants"])
+    fig, axes = plt.subplots(1, len(vs), figsize=(3.8 * len(vs), 3.4), squeeze=False, layout="constrained")
+    for ax, v in zip(axes[0], vs):
+        grid = [[float("nan")] * len(fm) for _ in pm]
+        for c in conds:
+            grid[pm.index(c["pairs_mult"])][fm.index(c["filler_mult"])] = _acc(results, v, c["name"])[0]
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
+        for i in range(len(pm)):
+            for j in range(len(fm)):
+                ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", color="w", fontsize=8)
+        ax.set_xticks(range(len(fm)), [f"{x}x" for x in fm])
+        ax.set_yticks(range(len(pm)), [f"{x}x" for x in pm])
+        ax.set_xlabel("filler (x training)")
+        ax.set_ylabel("pairs (x training)")
+        ax.set_title(f"{LABELS.get(v, v)} ({results['variants'][v]['params']:,} params)", fontsize=9)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy (mean over seeds)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_accuracy_vs_difficulty(results: dict[str, Any], path) -> Path:
+    """Accuracy per condition (ordered by sequence length), mean +- seed sd, chance dashed."""
+    conds = sorted(results["conditions"], key=lambda c: (c["pairs"] * 3 + c["filler"], c["name"]))
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(conds)), 3.6))
+    for k, v in enumerate(results["variants"]):
+        ms = [_acc(results, v, c["name"]) for c in conds]
+        ax.errorbar([i + 0.08 * (k - 1) for i in range(len(conds))], [m for m, _ in ms], yerr=[s for _, s in ms],
+                    marker="o", capsize=3, label=LABELS.get(v, v), color=COLORS.get(v))
+    ax.axhline(results["chance"], ls="--", color="k", lw=0.8, label="chance")
+    ax.set_xticks(range(len(conds)), [c["name"] for c in conds], rotation=45, fontsize=8)
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"key-value retrieval; primary endpoint: {results['primary_endpoint']['condition']}", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_attention_shares(results: dict[str, Any], path, condition: str | None = None) -> Path:
+    """Table 3 style, per layer: scale-free answer share and noise share of the answering query (mean +- seed sd)."""
+    cond = condition or results["primary_endpoint"]["condition"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
+    for k, v in enumerate(results["variants"]):
+        runs = results["variants"][v]["runs"]
+        n_layers = len(runs[0]["conditions"][cond]["attention"])
+        for ax, key in zip(axes, ("answer_share", "noise_share")):
+            ms = [_ms(r["conditions"][cond]["attention"][l][key] for r in runs) for l in range(n_layers)]
+            ax.errorbar([l + 0.08 * (k - 1) for l in range(n_layers)], [m for m, _ in ms], yerr=[s for _, s in ms],
+                        marker="o", capsize=3, label=LABELS.get(v, v), color=COLORS.get(v))
+    for ax, t in zip(axes, ("answer share (signed / sum|row| on context)", "noise share (|rest| / sum|row|)")):
+        ax.set_title(t, fontsize=9)
+        ax.set_xlabel("layer")
+        ax.set_xticks(range(n_layers))
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"attention of the answering query at {cond}", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_quantization(results: dict[str, Any], path) -> Path:
+    """Fig. 8 style: accuracy vs attention-logit bits (full precision first), per quantised condition."""
+    qc = results["config"]["quant_conditions"]
+    fig, axes = plt.subplots(1, len(qc), figsize=(4 * len(qc), 3.2), squeeze=False)
+    for ax, cond in zip(axes[0], qc):
+        for v in results["variants"]:
+            runs = results["variants"][v]["runs"]
+            rows = runs[0]["quantized"][cond]
+            ms = [_ms(r["quantized"][cond][i]["accuracy"] for r in runs) for i in range(len(rows))]
+            ax.errorbar(range(len(rows)), [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3,
+                        label=LABELS.get(v, v), color=COLORS.get(v))
+        ax.set_xticks(range(len(rows)), ["full" if r["bits"] is None else f"{r['bits']}b" for r in rows])
+        ax.axhline(results["chance"], ls="--", color="k", lw=0.8)
+        ax.set_ylim(0, 1.02)
+        ax.set_title(f"quantised attention logits, {cond}", fontsize=9)
+        ax.set_ylabel("accuracy")
+    axes[0][0].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def retrieval_layer(results: dict[str, Any], variant: str) -> int:
+    """The layer whose mean answer share (first seed, primary condition) is highest: where the lookup happens."""
+    att = results["variants"][variant]["runs"][0]["conditions"][results["primary_endpoint"]["condition"]]["attention"]
+    return max(range(len(att)), key=lambda l: att[l]["answer_share"])
+
+
+def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) -> Path:
+    """Fig. 1 style: one query's head-mean attention row per variant (first seed), in ``layer`` or, by default,
+    in each variant's retrieval layer (``retrieval_layer``), at the primary condition."""
+    vs = list(results["variants"])
+    fig, axes = plt.subplots(len(vs), 1, figsize=(9, 1.9 * len(vs)), squeeze=False)
+    for ax, v in zip(axes[:, 0], vs):
+        ex = results["variants"][v]["runs"][0]["example_row"]
+        l = retrieval_layer(results, v) if layer is None else layer
+        row = ex["rows"][l]
+        distract = set(ex.get("distractor_fact_pos", []))
+        colors = ["tab:red" if i == ex["answer_pos"] else "tab:orange" if i in distract else
+                  ("tab:gray" if i < ex["context_end"] else "tab:olive") for i in range(len(row))]
+        ax.bar(range(len(row)), row, color=colors, width=1.0)
+        ax.axhline(0, color="k", lw=0.5)
+        verdict = {True: "answered right", False: "answered wrong"}.get(ex.get("correct"), "")
+        ax.set_title(f"{LABELS.get(v, v)}, layer {l % len(ex['rows'])} (head mean), {verdict}: answer red, other "
+                     f"facts orange, filler gray, earlier questions olive", fontsize=8)
+        ax.set_ylabel("attention")
+    axes[-1, 0].set_xlabel("key position")
+    return _save(fig, path)
+
+
+def plot_all(results: dict[str, Any], out_dir) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [plot_accuracy_heatmap(results, out / "accuracy_heatmap.png"),
+            plot_accuracy_vs_difficulty(results, out / "accuracy_vs_difficulty.png"),
+            plot_attention_shares(results, out / "attention_shares.png"),
+            plot_quantization(results, out / "quantization.png"),
+            plot_attention_row(results, out / "attention_row.png")]

@@ -1,0 +1,84 @@
+"""Training one variant on the retrieval stream, with initialisation paired across variants.
+
+Pairing (so that a difference between variants is the attention's, not the draw's): for seed s we build the
+baseline under ``torch.manual_seed(s)`` and copy every same-name, same-shape tensor of it into the DIFF model of
+seed s. That covers the embeddings, the SwiGLU FFNs, the RMSNorms and the LM head, and also the attention
+projections whose shapes agree (V1: W_q, W_k, W_v, W_o all match, since h = H/2 heads of 2d; V2: W_k, W_v, W_o).
+What stays the variant's own: V1's lambda vectors and head-wise norm, V2's wider W_q and W_lambda.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from ..model import DiffTransformerLM, ModelConfig
+from .config import RetrievalConfig
+from .task import train_stream
+
+
+def model_config(cfg: RetrievalConfig, variant: str, backend: str = "sdpa") -> ModelConfig:
+    return ModelConfig(vocab_size=cfg.layout.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                       n_heads=cfg.n_heads, attention=variant, backend=backend, max_seq_len=cfg.max_len())
+
+
+def build_paired(cfg: RetrievalConfig, variant: str, seed: int) -> tuple[DiffTransformerLM, list[str]]:
+    """The model of ``variant`` for ``seed``, and the names of the tensors copied from the seed's baseline."""
+    torch.manual_seed(seed)
+    base = DiffTransformerLM(model_config(cfg, "baseline"))
+    if variant == "baseline":
+        return base, [n for n, _ in base.state_dict().items()]
+    torch.manual_seed(seed)
+    model = DiffTransformerLM(model_config(cfg, variant))
+    src = base.state_dict()
+    copied = []
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if name in src and src[name].shape == t.shape:
+                t.copy_(src[name])
+                copied.append(name)
+    return model, copied
+
+
+def lr_at(step: int, cfg: RetrievalConfig, lr: float) -> float:
+    """Linear warmup, then cosine decay to 10% (the paper's recipe, Appendix D, in miniature)."""
+    if step < cfg.warmup:
+        return lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def train_model(cfg: RetrievalConfig, variant: str, seed: int, lr: float, progress: bool = False) -> dict[str, Any]:
+    """Train and return {'model', 'params', 'losses' (every 25 steps), 'train_s' (wall), 'train_cpu_s' (this
+    process's CPU time: on a shared box the wall time grows with the load, the CPU time much less), 'copied'}."""
+    model, copied = build_paired(cfg, variant, seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    stream = train_stream(cfg, seed)
+    losses = []
+    t0, c0 = time.perf_counter(), time.process_time()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, desc=f"{variant} s{seed} lr{lr:g}", leave=False)
+    for step in range(cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg, lr)
+        b = next(stream)
+        loss = model(b.tokens, b.targets).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0 or step == cfg.steps - 1:
+            losses.append([step, float(loss.detach())])
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    model.eval()
+    return {"model": model, "params": model.num_parameters(), "losses": losses,
+            "train_s": time.perf_counter() - t0, "train_cpu_s": time.process_time() - c0, "copied": copied}
