@@ -1,13 +1,16 @@
 """`difftransformer demo`: the main job on the embedded default data.
 
-Trains a baseline, a DIFF V1 and a DIFF V2 model from the `demo` preset (or --config; only model.attention differs) on the
-same tokens (the embedded King James Bible with a stated share of synthetic multi-needle retrieval documents,
-tokenised once into OUT/data), prints a table of parameters, training tokens/s and final validation loss, then runs
-every analysis of `difftransformer eval` on the three runs and writes one HTML report (OUT/report/report.html).
+First the token-level retrieval benchmark (`difftransformer retrieval`: baseline, DIFF V1 and DIFF V2 learn a
+key-value lookup among distractors, 3 seeds each, paired initialisation, a learning-rate grid; into OUT/retrieval),
+the paper's central claim on a task every variant learns. Then a baseline, a DIFF V1 and a DIFF V2 language model
+from the `demo` preset (or --config; only model.attention differs) on the same tokens (the embedded King James Bible
+with a share of synthetic multi-needle retrieval documents, tokenised once into OUT/data), with a table of
+parameters, training tokens/s and final validation loss. Then every analysis of `difftransformer eval` on the three
+language models, and one HTML report (OUT/report/report.html) that leads with the retrieval benchmark.
 
 Runs already complete in OUT are reused and interrupted ones are resumed, so running the demo again continues
-where it stopped; delete OUT to start over. --quick trains far fewer steps (a smoke run: its verdicts are
-meaningless) and uses the report's quick settings.
+where it stopped (the retrieval benchmark is reused when complete, rerun otherwise); delete OUT to start over.
+--quick trains far fewer steps (a smoke run: the page gives no verdicts) and uses the report's quick settings.
 """
 
 from __future__ import annotations
@@ -123,6 +126,34 @@ def print_table(rows: list[tuple[str, int, float, float]]) -> None:
           "here)\n")
 
 
+def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: bool) -> Path:
+    """Run (or reuse) the token-level retrieval benchmark into ``out/retrieval``; returns that directory."""
+    import dataclasses
+
+    from .fileio import read_json
+    from .retrieval import RetrievalConfig, quick_config, run_benchmark
+    from .retrieval.cli import format_table
+
+    cfg = quick_config() if quick else RetrievalConfig()
+    if seeds is not None:
+        cfg = dataclasses.replace(cfg, seeds=seeds)
+    bench_dir = out / "retrieval"
+    done = bench_dir / "results.json"
+    if done.is_file():
+        old = read_json(done)
+        if old.get("config") == cfg.to_dict() and bool(old.get("quick")) == quick:
+            print(f"retrieval benchmark: complete in {bench_dir}, reused (delete it to rerun)")
+            print(format_table(old))
+            return bench_dir
+        raise ValueError(f"{bench_dir} holds a retrieval benchmark with other settings; delete it (or pass another "
+                         f"--out) to rerun")
+    print(f"retrieval benchmark: {len(cfg.variants)} variants x {cfg.seeds} seeds (+ a learning-rate grid on one "
+          f"seed){' (quick: a smoke run)' if quick else ''}")
+    results = run_benchmark(cfg, bench_dir, workers=2, progress=progress, quick=quick)
+    print(format_table(results))
+    return bench_dir
+
+
 def run(args: argparse.Namespace) -> int:
     from .eval.report import write_report
 
@@ -132,14 +163,23 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.retrieval_seeds is not None and args.retrieval_seeds < 1:
+        raise ValueError(f"--retrieval-seeds must be >= 1, got {args.retrieval_seeds}")
+    t0 = time.perf_counter()
+    bench_dir = None if args.no_retrieval else retrieval_benchmark(out, args.quick, args.retrieval_seeds,
+                                                                   not args.no_progress)
+    t1 = time.perf_counter()
     runs = train_variants(out, args.seeds, args.quick, not args.no_progress, args.steps, args.config)
+    t2 = time.perf_counter()
+    print(f"time: retrieval benchmark {(t1 - t0) / 60:.1f} min, language models {(t2 - t1) / 60:.1f} min")
     if args.no_report:
         return 0
     preface = ("Trained by `difftransformer demo`" + (" --quick (a smoke run: too few steps for any verdict to mean "
                                                        "anything)" if args.quick else "") +
                f": the `{args.config}` preset, {args.seeds} seed(s) per variant, all runs on the same tokens.")
     path = write_report(runs, out / "report", quick=args.quick or not args.full_eval, seed=0,
-                        progress=not args.no_progress, preface=preface)
+                        progress=not args.no_progress, preface=preface, retrieval_dir=bench_dir)
+    print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
     print(f"report: {path.resolve()}")
     return 0
 
@@ -157,6 +197,10 @@ def register(sub) -> None:
     p.add_argument("--seeds", type=int, default=1, help="seeds per variant (default 1; the report shows the spread)")
     p.add_argument("--steps", type=int, default=None, help="training steps per model (default: the preset's)")
     p.add_argument("--full-eval", action="store_true", help="the report's larger evaluation settings (slower)")
-    p.add_argument("--no-report", action="store_true", help="train and print the table only")
+    p.add_argument("--no-report", action="store_true", help="train and print the tables only")
+    p.add_argument("--no-retrieval", action="store_true",
+                   help="skip the token-level retrieval benchmark (the report then has only the language models)")
+    p.add_argument("--retrieval-seeds", type=int, default=None, metavar="N",
+                   help="seeds per variant of the retrieval benchmark (default 3; quick 2)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)

@@ -224,7 +224,7 @@ def register(sub) -> None:
 # ---------------------------------------------------------------------------------------------- report
 def run_report(args: argparse.Namespace) -> int:
     path = report.write_report(args.runs, args.out, quick=not args.full, seed=args.seed,
-                               progress=not args.no_progress)
+                               progress=not args.no_progress, retrieval_dir=args.retrieval)
     print(f"report written to {path}")
     return 0
 
@@ -237,6 +237,9 @@ def register_report(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR",
                    help="run (or model) directories: e.g. a baseline, a DIFF V1 and a DIFF V2 run, several seeds each")
+    p.add_argument("--retrieval", metavar="DIR", default=None,
+                   help="the output directory of `difftransformer retrieval` (results.json and its plots): shown "
+                        "first on the page, with its own verdicts")
     p.add_argument("--out", default="report", metavar="DIR", help="where report.html, results.json and the PNGs go "
                                                                   "(default ./report)")
     p.add_argument("--full", action="store_true", help="the larger evaluation settings (more samples; slower)")

@@ -108,6 +108,6 @@ def run_cli(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("retrieval", help=HELP, description=HELP)
+    p = sub.add_parser("retrieval", help=HELP, description=HELP, allow_abbrev=False)
     add_arguments(p)
     p.set_defaults(func=run_cli)

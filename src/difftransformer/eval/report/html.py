@@ -83,6 +83,14 @@ def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figu
              "run of the report; nothing is copied from the paper except the reference column.</p>"]
     if extra.get("preface"):
         parts.append(f"<p>{extra['preface']}</p>")
+    if "retrieval" in extra:  # the lead: the paper's central claim, on a task every variant learns
+        rrows = extra["retrieval_rows"]
+        parts += ["<h2>Retrieval among distractors: token-level key-value benchmark</h2>",
+                  table(["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"],
+                        [[r["claim"], NAMES[r["variant"]], r["verdict"], r["paper"], r["measure"], r["why"]]
+                         for r in rrows], cls=[_slug(r["verdict"]) for r in rrows], left=6),
+                  extra["retrieval"],
+                  "<h2>Language models on the embedded corpus</h2>"]
     # models
     mrows = []
     for r in runs:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from tqdm import tqdm
 
 from ..analyses import MULTI_RUN, PER_RUN
 from ..loading import EvalModel, load_for_eval
 from ..spec import AnalysisSpec
-from .html import analysis_section, render_html, table
+from .html import analysis_section, image, render_html, table
 from .results import RunResults, Settings
 from .training import TRAINING_HEADER, plot_training, training_summary, training_table
-from ...fileio import atomic_write
+from ...fileio import atomic_write, read_json
+from .retrieval import retrieval_verdicts, section as retrieval_section
 from .verdicts import verdicts
 
 # An analysis that raises one of these on one model is recorded on the page ("not measured because"), not fatal:
@@ -67,8 +68,11 @@ def _multi_run(runs: Sequence[RunResults], settings: Settings, out: Path,
 
 
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: bool = True, seed: int = 0,
-                 progress: bool = True, preface: str = "") -> Path:
-    """Evaluate ``run_dirs`` and write ``out_dir/report.html`` (returned) and ``out_dir/results.json``."""
+                 progress: bool = True, preface: str = "", retrieval_dir: Optional[str | Path] = None) -> Path:
+    """Evaluate ``run_dirs`` and write ``out_dir/report.html`` (returned) and ``out_dir/results.json``.
+
+    ``retrieval_dir``: the output directory of ``difftransformer retrieval`` (its ``results.json`` and plots), shown
+    first on the page with its own verdicts."""
     from ... import __version__
 
     if not run_dirs:
@@ -82,6 +86,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     for ev in evs:  # two runs of one variant and seed: name them by directory
         if labels.count(ev.label) > 1:
             ev.label = f"{ev.label} ({Path(ev.source).name})"
+    bench = read_json(Path(retrieval_dir) / "results.json") if retrieval_dir is not None else None
     settings = Settings(quick, seed, progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,9 +105,12 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     rows = verdicts(runs)
     sections = {spec.name: analysis_section(runs, spec.name) for spec in PER_RUN}
     sections["training"] = table(TRAINING_HEADER, training_table(runs))
-    page = render_html(runs, rows, figures, settings,
-                       {"version": __version__, "sections": sections, "preface": html.escape(preface)})
-    results = {"settings": vars(settings), "verdicts": rows,
+    extra = {"version": __version__, "sections": sections, "preface": html.escape(preface)}
+    if bench is not None:
+        extra["retrieval_rows"] = retrieval_verdicts(bench)
+        extra["retrieval"] = retrieval_section(bench, Path(retrieval_dir), table, image)
+    page = render_html(runs, rows, figures, settings, extra)
+    results = {"settings": vars(settings), "verdicts": rows, "retrieval_verdicts": extra.get("retrieval_rows", []),
                "runs": [{"model": r.ev.describe(), "training": r.training, "results": r.results,
                          "errors": r.errors} for r in runs],
                **multi}
