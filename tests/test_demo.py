@@ -9,7 +9,7 @@ from difftransformer.cli import main
 
 def test_demo_trains_three_variants_then_reuses_them(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["demo", "--config", "tiny", "--steps", "4", "--out", str(out), "--no-report", "--no-progress"]
+    argv = ["demo", "--config", "tiny", "--steps", "4", "--out", str(out), "--no-report", "--no-progress", "--no-retrieval"]
     assert main(argv) == 0
     first = capsys.readouterr().out
     for kind in ("baseline", "diff_v1", "diff_v2"):
@@ -25,7 +25,7 @@ def test_demo_trains_three_variants_then_reuses_them(tmp_path, capsys):
     again = capsys.readouterr().out
     assert again.count("reused") == 3
     # A complete run from other options (here another preset) is refused, not silently reported as this one.
-    assert main(["demo", "--config", "demo", "--steps", "4", "--out", str(out), "--no-report", "--no-progress"]) == 2
+    assert main(["demo", "--config", "demo", "--steps", "4", "--out", str(out), "--no-report", "--no-progress", "--no-retrieval"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "other model or data options" in err[0]
 

@@ -16,6 +16,7 @@ where it stopped (the retrieval benchmark is reused when complete, rerun otherwi
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Optional
 
