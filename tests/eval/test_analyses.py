@@ -78,7 +78,19 @@ def test_noise(evs, variant):
         assert r["map"].startswith("differential map")
         assert all(abs(x) <= 2.0 for x in r["answer_per_layer"] + r["noise_per_layer"])
     assert r["answer_sem"] >= 0 and r["noise_sem"] >= 0
-    assert "uniform attention" in noise.format_noise(r)
+    # the old keys are the scale-free shares; shares of |row| lie in [0, 1] (the answer's is signed)
+    assert (r["answer"], r["noise"], r["answer_sem"], r["noise_sem"]) == \
+        (r["answer_share"], r["noise_share"], r["answer_share_sem"], r["noise_share_sem"])
+    assert 0.0 <= r["noise_share"] <= 1.0 and -1.0 <= r["answer_share"] <= 1.0
+    assert r["answer_share"] + r["noise_share"] <= 1.0 + 1e-9
+    for k in ("answer_signed", "noise_signed"):
+        assert math.isfinite(r[k]) and r[f"{k}_sem"] >= 0
+    assert len(r["per_layer"]) == n_layers
+    assert r["noise_signed"] == pytest.approx(sum(p["noise_signed"] for p in r["per_layer"]) / n_layers)
+    assert [d["depth"] for d in r["per_depth"]] == list(noise.DEPTHS)  # 6 haystacks cycle over all 5 depths
+    assert sum(d["samples"] for d in r["per_depth"]) == 6
+    text = noise.format_noise(r)
+    assert "uniform attention" in text and "by needle depth" in text and "signed" in text
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -93,6 +105,10 @@ def test_outliers(evs, variant):
         assert 0.0 <= s["median"] <= ranked[-1]
     assert len(r["top1_logit_per_layer"]) == ev.model.cfg.n_layers
     assert max(r["top1_logit_per_layer"]) == pytest.approx(r["attention_logits"]["top1"], rel=1e-6)
+    for kind in ("attention_logits", "hidden_states"):  # one top-1 per window; the largest is the overall top-1
+        per = r["per_sequence"][kind]
+        assert len(per) == 2 and all(v > 0 for v in per)
+        assert max(per) == pytest.approx(r[kind]["top1"], rel=1e-6)
     text = outliers.format_outliers(r)
     assert "attention_logits" in text and "median" in text
 
@@ -107,6 +123,8 @@ def test_quantized(evs, variant):
     for row in r["rows"]:
         assert math.isfinite(row["loss"]) and 0.0 <= row["accuracy"] <= 1.0
         assert row["loss_increase"] == pytest.approx(row["loss"] - full["loss"])
+        assert row["loss_increase_se"] >= 0.0
+    assert full["loss_increase_se"] == 0.0 and r["rows"][-1]["loss_increase_se"] > 0.0  # 4 bits moves each window
     assert abs(r["rows"][1]["loss_increase"]) < 1e-3  # 16 bits: the loss does not move
     text = quantized.format_quantized(r)
     assert "chance 0.01" in text and "random needle 0.5" in text
@@ -165,6 +183,12 @@ def test_icl(evs, variant):
     o = r["order"]
     assert len(o["accuracies"]) == 3 and 1 <= o["shots"] <= r["max_shots"]
     assert o["spread"] == pytest.approx(o["best"] - o["worst"]) and 0.0 <= o["spread"] <= 1.0
+    # per-query outcomes per ordering: what stats.spread_interval bootstraps; they reproduce the accuracies
+    assert o["samples"] == 8 and len(o["correct"]) == 3 and all(len(c) == 8 for c in o["correct"])
+    assert all(v in (0, 1) for c in o["correct"] for v in c)
+    assert [sum(c) / 8 for c in o["correct"]] == o["accuracies"]
+    from difftransformer.eval.stats import spread_interval
+    assert spread_interval(o["correct"], n_boot=50)[0] == pytest.approx(o["spread"])
     text = icl.format_icl(r)
     rows = [line for line in text.splitlines()[2:-1]]
     assert len(rows) == len(shots) and all(line.split()[2] == "0.250" for line in rows)  # chance on every row

@@ -33,6 +33,79 @@ def test_span_masses_of_a_hand_built_map():
         noise.span_masses(rows, answer[:5], noise_mask[:5])
 
 
+def test_shares_of_a_hand_built_map_with_negative_entries():
+    rows = torch.tensor([[0.10, 0.30, 0.20, 0.05, 0.15, 0.20],  # softmax-like
+                         [0.40, -0.10, 0.25, 0.05, 0.00, 0.10]],  # differential: a negative answer entry
+                        dtype=torch.float64)
+    answer = torch.tensor([False, True, True, False, False, False])
+    context = torch.tensor([True, True, True, True, True, False])  # key 5 (a question) is outside the context
+    a, n = noise.shares(rows, answer, context)
+    # row 0: |context| 0.80, answer 0.50, rest 0.30; row 1: |context| 0.40+0.10+0.25+0.05 = 0.80, answer
+    # signed 0.15, rest |0.40|+|0.05| = 0.45
+    torch.testing.assert_close(a, torch.tensor([0.625, 0.1875], dtype=torch.float64))
+    torch.testing.assert_close(n, torch.tensor([0.375, 0.5625], dtype=torch.float64))
+    neg = torch.tensor([[0.2, -0.3, 0.1, -0.4, 0.0, 0.0]], dtype=torch.float64)  # |context| 1.0
+    a, n = noise.shares(neg, answer, context)
+    assert float(a) == pytest.approx(-0.2) and float(n) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="inside the context"):
+        noise.shares(rows, answer, ~answer)
+    with pytest.raises(ValueError, match="do not match"):
+        noise.shares(rows, answer[:5], context[:5])
+    zero = torch.zeros(1, 6, dtype=torch.float64)  # nothing on the context: 0 and 0, not NaN
+    assert [float(x) for x in noise.shares(zero, answer, context)] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("c", [0.5, 3.0, 1e-3])
+def test_shares_are_scale_free_and_signed_masses_scale(c):
+    torch.manual_seed(1)
+    rows = torch.randn(4, 3, 10, dtype=torch.float64)
+    answer = torch.zeros(10, dtype=torch.bool)
+    answer[2:5] = True
+    context = torch.zeros(10, dtype=torch.bool)
+    context[:8] = True
+    for x, y in zip(noise.shares(rows, answer, context), noise.shares(c * rows, answer, context)):
+        torch.testing.assert_close(x, y)
+    for x, y in zip(noise.span_masses(rows, answer, context & ~answer),
+                    noise.span_masses(c * rows, answer, context & ~answer)):
+        torch.testing.assert_close(c * x, y)
+
+
+def test_shares_ignore_lambda_when_both_maps_agree(evs):
+    """The same first map A1 of a trained DIFF model, with A2 = A1: lambda 0 and 0.5 give rows A1 and 0.5 A1 --
+    signed masses halve, shares stay. (The old signed noise would read this as "half the noise".)"""
+    ev = evs["diff_v1"]
+    docs, _ = held_out_documents(ev)
+    w = text_windows(ev, docs, 32, 1)[:, :-1]
+    with torch.no_grad():
+        a1 = ev.model(w, return_maps=True).maps[0].attn1[0, :, -1, :]  # (heads, Tk) softmax rows of the last query
+    answer = torch.zeros(a1.shape[-1], dtype=torch.bool)
+    answer[5:9] = True
+    context = torch.ones_like(answer)
+    context[-2:] = False
+    rows0, rows5 = a1 - 0.0 * a1, a1 - 0.5 * a1
+    for x, y in zip(noise.shares(rows0, answer, context), noise.shares(rows5, answer, context)):
+        torch.testing.assert_close(x, y)
+    s0, s5 = noise.span_masses(rows0, answer, context & ~answer), noise.span_masses(rows5, answer, context & ~answer)
+    torch.testing.assert_close(s5[1], 0.5 * s0[1])
+    assert bool((s5[1] < s0[1]).all())  # the signed noise mass shrinks with lambda; the share does not
+
+
+def test_summarise_per_layer_and_per_depth():
+    m = {"answer_share": torch.tensor([[0.2, 0.4], [0.6, 0.8]], dtype=torch.float64),
+         "noise_share": torch.tensor([[0.8, 0.6], [0.4, 0.2]], dtype=torch.float64),
+         "answer_signed": torch.tensor([[0.1, 0.2], [0.3, 0.4]], dtype=torch.float64),
+         "noise_signed": torch.tensor([[0.4, 0.3], [0.2, 0.1]], dtype=torch.float64)}
+    s = noise.summarise(m, [0.0, 1.0])
+    assert s["answer_share"] == pytest.approx(0.5) and s["noise_share"] == pytest.approx(0.5)
+    assert s["answer_signed"] == pytest.approx(0.25) and s["noise_signed"] == pytest.approx(0.25)
+    assert s["answer_share_sem"] == pytest.approx(float(torch.tensor([0.3, 0.7]).std()) / 2 ** 0.5)
+    assert [p["answer_share"] for p in s["per_layer"]] == pytest.approx([0.4, 0.6])
+    assert [p["noise_signed"] for p in s["per_layer"]] == pytest.approx([0.3, 0.2])
+    assert set(s["per_layer"][0]) == {f"{k}{e}" for k in noise.MEASURES for e in ("", "_sem")}
+    assert [(d["depth"], d["answer_share"], d["noise_share"]) for d in s["per_depth"]] == \
+        [(0.0, pytest.approx(0.3), pytest.approx(0.7)), (1.0, pytest.approx(0.7), pytest.approx(0.3))]
+
+
 def test_key_masks_split_context_into_answer_and_noise():
     e = EncodedHaystack(haystack=None, ids=list(range(10)), answer_start=9, target=(2, 4), context_end=6,
                         needle_first=[0])
@@ -182,6 +255,8 @@ def test_icl_constant_model_scores_chance_exactly(evs):
     assert all(a == 0.25 for a in r["accuracy"])
     assert all(m == pytest.approx(4 / V) for m in r["label_mass"])
     assert r["order"]["accuracies"] == [0.25] * 3 and r["order"]["spread"] == 0.0
+    # the first label (book 0) wins every tie: query i is right exactly when it is of book i % 4 == 0
+    assert r["order"]["correct"] == [[int(i % 4 == 0) for i in range(12)]] * 3
 
 
 def test_icl_oracle_scores_one_and_reads_the_last_prompt_token(evs):

@@ -67,9 +67,24 @@ def quantized_attention(model, bits: Optional[int]):
 
 
 @torch.no_grad()
+def sequence_losses(model, windows: torch.Tensor) -> list[float]:
+    """Mean next-token loss of each of ``windows`` (n, T+1), one window at a time (no padding in the scales)."""
+    return [float(model(w[None, :-1], w[None, 1:]).loss) for w in windows]
+
+
 def text_loss(model, windows: torch.Tensor) -> float:
-    """Mean next-token loss over ``windows`` (n, T+1), one window at a time (no padding in the scales)."""
-    return sum(float(model(w[None, :-1], w[None, 1:]).loss) for w in windows) / len(windows)
+    """Mean next-token loss over ``windows`` (n, T+1)."""
+    losses = sequence_losses(model, windows)
+    return sum(losses) / len(losses)
+
+
+def paired_se(diffs: Sequence[float]) -> float:
+    """Standard error of the mean of per-sequence differences (0.0 for fewer than two sequences)."""
+    n = len(diffs)
+    if n < 2:
+        return 0.0
+    m = sum(diffs) / n
+    return (sum((d - m) ** 2 for d in diffs) / (n - 1) / n) ** 0.5
 
 
 def run_quantized(ev: EvalModel, widths: Sequence[int] = WIDTHS, sequences: int = QUICK.sequences,
@@ -85,12 +100,15 @@ def run_quantized(ev: EvalModel, widths: Sequence[int] = WIDTHS, sequences: int 
     rows = []
     for bits in [None, *widths]:
         with quantized_attention(ev.model, bits):
-            loss = text_loss(ev.model, windows)
+            losses = sequence_losses(ev.model, windows)
             acc = sum(answers_correct(ev.model, items, pad, batch_size=1)) / len(items)
-        rows.append({"bits": bits, "loss": loss, "accuracy": acc})
+        rows.append({"bits": bits, "loss": sum(losses) / len(losses), "accuracy": acc, "_losses": losses})
     full = rows[0]
+    full_losses = full["_losses"]
     for r in rows:
         r["loss_increase"] = r["loss"] - full["loss"]
+        # SE over sequences of the per-sequence (quantised - full) loss: the same windows, so paired
+        r["loss_increase_se"] = paired_se([q - f for q, f in zip(r.pop("_losses"), full_losses)])
         r["accuracy_drop"] = full["accuracy"] - r["accuracy"]
     return {"analysis": "quantized", "model": ev.describe(), "task": task.to_dict(), "held_out": note, "seed": seed,
             "sequences": int(windows.shape[0]), "length": int(windows.shape[1] - 1), "samples": samples,
@@ -101,10 +119,12 @@ def format_quantized(r: dict[str, Any]) -> str:
     t = r["task"]
     lines = [f"{r['model']['label']}: quantised attention logits ({r['scheme']}); accuracy on {r['samples']} "
              f"haystacks (chance {t['chance']:.3g}, random needle {t['random_needle']:.3g})",
-             f"{'bits':>6} {'loss':>8} {'+loss':>8} {'accuracy':>9}"]
+             f"{'bits':>6} {'loss':>8} {'+loss (SE)':>18} {'accuracy':>9}"]
     for row in r["rows"]:
         b = "full" if row["bits"] is None else str(row["bits"])
-        lines.append(f"{b:>6} {row['loss']:>8.4f} {row['loss_increase']:>+8.4f} {row['accuracy']:>9.3f}")
+        se = row.get("loss_increase_se")
+        se_txt = f" +- {se:.4f}" if se is not None and row["bits"] is not None else ""
+        lines.append(f"{b:>6} {row['loss']:>8.4f} {row['loss_increase']:>+8.4f}{se_txt:<10} {row['accuracy']:>9.3f}")
     return "\n".join(lines)
 
 
