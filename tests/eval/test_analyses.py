@@ -138,7 +138,11 @@ def test_positions(evs, variant):
     assert r["analysis"] == "positions" and r["train_len"] == 64 and T == 128 == 2 * r["train_len"]
     assert r["note"] is None  # 2x fits in max_seq_len 128: nothing clipped
     assert r["positions"] == list(range(1, T + 1)) and len(r["nll"]) == len(r["cumulative_nll"]) == T
+    # long untrained documents, each read from its start: documents x positions, the same for every model
+    assert r["sequences"] == 4 and len(r["nll_docs"]) == 4 and all(len(d) == T for d in r["nll_docs"])
+    assert "never trained on" in r["held_out"]
     nll = torch.tensor(r["nll"], dtype=torch.float64)
+    torch.testing.assert_close(nll, torch.tensor(r["nll_docs"], dtype=torch.float64).mean(0), atol=1e-4, rtol=0)
     assert bool((nll > 0).all()) and float(nll.max()) < 3 * math.log(ev.model.cfg.vocab_size)
     torch.testing.assert_close(torch.tensor(r["cumulative_nll"], dtype=torch.float64),
                                nll.cumsum(0) / torch.arange(1, T + 1, dtype=torch.float64))
@@ -147,9 +151,19 @@ def test_positions(evs, variant):
     assert r["tail_mean_nll"] == r["tail_nll"] and r["tail_nll_se"] > 0
     assert r["within_train_nll"] == pytest.approx(float(nll[:64].mean()))
     assert r["beyond_train_nll"] == pytest.approx(float(nll[64:].mean()))
+    from difftransformer.eval.long_context import context_gains
+    g = context_gains(r["nll_docs"], 64)
+    for key in ("within", "beyond"):
+        assert [r[key]["mean"], r[key]["low"], r[key]["high"], r[key]["n_docs"]] == pytest.approx(list(g[key]),
+                                                                                                  abs=1e-9)
     assert "held_out" in r and r["model"]["attention"] == variant
     text = positions.format_positions(r)
-    assert "<- training length" in text and "tail (positions 97-128)" in text
+    assert "<- training length" in text and "tail (positions 97-128)" in text and "beyond it [L, 2L)" in text
+
+
+def test_positions_reads_the_same_documents_for_every_model(evs):
+    a, b = (positions.long_documents(evs[v], 128, 4)[0] for v in ("baseline", "diff_v2"))
+    assert torch.equal(a, b)
 
 
 def test_positions_clips_the_default_and_refuses_positions_past_max_seq_len(evs):
@@ -161,7 +175,10 @@ def test_positions_clips_the_default_and_refuses_positions_past_max_seq_len(evs)
         positions.run_positions(ev, sequences=2, length=129, progress=False)
     r = positions.run_positions(ev, sequences=2, length=32, progress=False)  # within the training length
     assert r["length"] == 32 and r["beyond_train_nll"] is None and len(r["nll"]) == 32
-    assert "nothing evaluated beyond it" in positions.format_positions(r)
+    assert r["within"] is None and r["beyond"] is None and "no context gain" in r["note"]  # fewer than L positions
+    r = positions.run_positions(ev, sequences=2, length=100, progress=False)  # past L, short of 2L: no "beyond"
+    assert r["within"] is not None and r["beyond"] is None
+    assert "beyond it [L, 2L):                   n/a" in positions.format_positions(r)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

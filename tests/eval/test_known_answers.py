@@ -211,23 +211,66 @@ def test_uniform_model_has_log_vocab_nll_at_every_position(evs, variant):
     ev.model.output.weight.zero_()  # logits 0: the uniform distribution over the vocabulary
     r = positions.run_positions(ev, sequences=3, progress=False)
     expected = math.log(ev.model.cfg.vocab_size)
-    assert len(r["nll"]) == 128
+    assert len(r["nll"]) == 128 and len(r["nll_docs"]) == 3
     for key in ("nll", "cumulative_nll"):
         assert max(abs(x - expected) for x in r[key]) < 1e-9, key
     assert r["tail_nll"] == pytest.approx(expected, abs=1e-9) and r["tail_nll_se"] == pytest.approx(0.0, abs=1e-9)
     assert r["within_train_nll"] == pytest.approx(expected) and r["beyond_train_nll"] == pytest.approx(expected)
+    for key in ("within", "beyond"):  # no gain from context at all
+        assert r[key]["mean"] == pytest.approx(0.0, abs=1e-3)
 
 
 def test_positions_nll_matches_the_models_own_loss(evs):
-    """The per-position NLL averaged over positions is the model's mean next-token loss on the same windows."""
+    """The per-position NLL averaged over positions and documents is the model's mean next-token loss on the same
+    long documents; nll_docs holds those per-document values (4 decimals)."""
     ev = evs["diff_v1"]
     r = positions.run_positions(ev, sequences=3, length=48, seed=2, progress=False)
-    docs, _ = held_out_documents(ev)
-    from difftransformer.eval.loading import held_out_tokens
-    w = positions.select_windows(held_out_tokens(ev, docs), 48, 3, seed=2)
+    docs, _ = positions.long_documents(ev, 48, 3)
+    assert docs.shape == (3, 49)
     with torch.no_grad():
-        loss = float(ev.model(w[:, :-1], w[:, 1:]).loss)
+        loss = float(ev.model(docs[:, :-1], docs[:, 1:]).loss)
     assert r["cumulative_nll"][-1] == pytest.approx(loss, rel=1e-5)
+    nd = torch.tensor(r["nll_docs"], dtype=torch.float64)
+    assert nd.shape == (3, 48) and float(nd.mean()) == pytest.approx(loss, abs=1e-4)
+    assert all(v == round(v, 4) for row in r["nll_docs"] for v in row)
+
+
+def test_positions_context_gains_of_a_known_curve(evs):
+    """A model whose NLL at position t is known: the gains are the known differences, within and beyond L."""
+    ev = fresh(evs["diff_v1"])
+    V, L = ev.model.cfg.vocab_size, ev.train_len  # L = 64
+
+    docs, _ = positions.long_documents(ev, 2 * L, 3)
+    unused = min(set(range(V)) - set(docs[:, 1:].flatten().tolist()))  # a token that is never a target
+
+    def logits(idx):  # uniform up to position L; beyond it the unused token gets logit 2: every target's NLL rises
+        out = torch.zeros(*idx.shape, V)
+        out[:, L:, unused] = 2.0
+        return out
+
+    ev.model = _Wrapped(ev.model, logits)
+    r = positions.run_positions(ev, sequences=3, progress=False)
+    assert r["length"] == 2 * L and len(r["nll_docs"]) == 3
+    base = math.log(V)
+    high = math.log(V - 1 + math.exp(2.0))  # beyond L the target's share falls: NLL rises
+    assert r["within"]["mean"] == pytest.approx(0.0, abs=1e-3) and r["within"]["n_docs"] == 3
+    assert r["beyond"]["mean"] == pytest.approx(high - base, abs=1e-3)
+    assert r["beyond"]["low"] <= r["beyond"]["mean"] <= r["beyond"]["high"]
+    assert r["early_nll"] == pytest.approx(base, abs=1e-3)
+
+
+def test_positions_without_untrained_long_text_returns_a_note(evs, monkeypatch):
+    """A run that trained on the whole corpus (the demo preset) has no untrained long text: no crash, no NLL.
+    (Its longest validation paragraph has 3,749 characters: a tokenizer of 40 characters per token would need
+    6,400 for 128 tokens, so none is long enough, as for the demo's 512 tokens of a larger vocabulary.)"""
+    ev = fresh(evs["diff_v1"])
+    monkeypatch.setattr(positions, "chars_per_token", lambda ev, sample: 40.0)
+    ev.run_config = {**ev.run_config, "data": {**ev.run_config.get("data", {}), "max_chars": 0,
+                                               "val_fraction": 0.02}}
+    r = positions.run_positions(ev, sequences=8, length=127, progress=False)
+    assert r["nll_docs"] == [] and r["within"] is None and r["beyond"] is None
+    assert "no long held-out text" in r["note"] and "max_chars" in r["note"]
+    assert "no long held-out text" in positions.format_positions(r)
 
 
 # ---------------------------------------------------------------------------------------------- icl

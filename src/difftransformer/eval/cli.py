@@ -109,7 +109,7 @@ def _positions_flags(p, q: PositionsSettings) -> None:
                    help="evaluate up to this multiple of the training length (clipped to max_seq_len, with a note)")
     p.add_argument("--length", type=int, help="positions to evaluate, in tokens (overrides --factor; at most "
                                               "max_seq_len)")
-    p.add_argument("--sequences", type=int, default=q.sequences, help="held-out windows to average over")
+    p.add_argument("--sequences", type=int, default=q.sequences, help="long held-out documents to average over (fewer when fewer are long enough)")
 
 
 def _positions_settings(args) -> PositionsSettings:
