@@ -170,7 +170,7 @@ def format_noise(r: dict[str, Any]) -> str:
                      f"{x['noise_signed']:>13.3f}")
     lines.append(f"{'all':>5} {r['answer_share']:>13.3f} {r['noise_share']:>12.3f} {r['answer_signed']:>14.3f} "
                  f"{r['noise_signed']:>13.3f}")
-    lines.append(f"      +-SE {r['answer_share_sem']:>9.3f} {r['noise_share_sem']:>12.3f} "
+    lines.append(f"{'+-SE':>5} {r['answer_share_sem']:>13.3f} {r['noise_share_sem']:>12.3f} "
                  f"{r['answer_signed_sem']:>14.3f} {r['noise_signed_sem']:>13.3f}")
     lines.append(f"(uniform attention over the context would give an answer share of {r['uniform_answer_share']:.3f})")
     lines.append("by needle depth: " + ", ".join(f"{d['depth']:.2f}: answer {d['answer_share']:.3f} / noise "
@@ -188,8 +188,16 @@ def plot_noise(results: Sequence[dict[str, Any]], path) -> None:
                    label=x["model"]["label"])
         ax[1].plot(layers, [p["noise_share"] for p in x["per_layer"]], marker="o", color=color(x),
                    label=x["model"]["label"])
-    ax[0].set(title="answer share of |attention| (scale-free)", xlabel="layer")
+    if results:
+        u = sum(x["uniform_answer_share"] for x in results) / len(results)
+        ax[0].axhline(u, ls="--", color="k", lw=0.8, label=f"uniform attention {u:.2f}")
+    low = min([0.0] + [p["answer_share"] for x in results for p in x["per_layer"]])
+    ax[0].set(title="answer share of |attention| (scale-free)", xlabel="layer", ylim=(low - 0.02, 1.02))
     ax[1].set(title="noise share of |attention| (scale-free)", xlabel="layer", ylim=(-0.02, 1.02))
+    from matplotlib.ticker import MaxNLocator
+
+    for a in ax:
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     save_figure(fig, ax, path)
 
 
