@@ -271,6 +271,18 @@ def test_positions_without_untrained_long_text_returns_a_note(evs, monkeypatch):
     assert r["nll_docs"] == [] and r["within"] is None and r["beyond"] is None
     assert "no long held-out text" in r["note"] and "max_chars" in r["note"]
     assert "no long held-out text" in positions.format_positions(r)
+    with pytest.raises(ValueError, match="--sequences must be >= 2"):
+        positions.run_positions(ev, sequences=1, progress=False)
+
+
+def test_positions_with_one_long_text_measures_nothing(evs, monkeypatch):
+    """One document gives no interval over documents: nothing measured, with a note (not a NaN interval)."""
+    from difftransformer.eval.long_context import long_held_out_texts
+
+    ev = fresh(evs["diff_v1"])
+    monkeypatch.setattr(positions, "long_held_out_texts", lambda **kw: long_held_out_texts(**kw)[:1])
+    r = positions.run_positions(ev, sequences=4, progress=False)
+    assert r["nll_docs"] == [] and "1 held-out text(s) reach 129 tokens" in r["note"]
 
 
 # ---------------------------------------------------------------------------------------------- icl

@@ -5,7 +5,8 @@ The texts are genuinely long and never trained on (``long_context.long_held_out_
 settings: validation paragraphs that alone are long enough, and runs of consecutive paragraphs after the
 ``data.max_chars`` cut, joined by EOS as in training). Each of up to ``sequences`` texts is read from its start in
 one forward pass of up to ``factor`` x the training length L (clipped to ``max_seq_len``); a text too short for
-that is dropped, not padded, so every model of one tokenizer and data setting reads the same documents.
+that is dropped, not padded, so every model of one tokenizer and data setting reads the same documents (``--seed``
+does not change them: seeds of one variant pair document by document too).
 
 The claim is judged per model against its *own* early loss (``long_context.context_gains``): mean NLL over
 positions [L/2, L) minus the mean over [0, L/8) ("within"), and over [L, 2L) minus the same early mean ("beyond":
@@ -47,6 +48,7 @@ class PositionsSettings:
 
 QUICK = PositionsSettings(factor=2.0, sequences=8)
 FULL = PositionsSettings(factor=2.0, sequences=32)
+MIN_DOCS = 2  # an interval over documents needs two of them
 TAIL_FRACTION = 0.25  # tail_nll: the last quarter of the positions evaluated
 
 
@@ -109,9 +111,11 @@ def long_documents(ev: EvalModel, length: int, count: int) -> tuple[torch.Tensor
         kinds[t.source] = kinds.get(t.source, 0) + 1
         if len(rows) == count:
             break
-    if not rows:
-        raise ValueError(f"no held-out text reaches {length + 1} tokens (asked for >= {min_chars} characters); "
-                         "use a shorter --length or --factor")
+    if len(rows) < MIN_DOCS:
+        raise ValueError(f"{len(rows)} held-out text(s) reach {length + 1} tokens (asked for >= {min_chars} "
+                         f"characters), fewer than the {MIN_DOCS} an interval over documents needs; use a shorter "
+                         "--length or --factor, or train with data.max_chars below the corpus size so that the "
+                         "books after the cut stay unseen")
     note = (f"{len(rows)} long held-out texts never trained on (" + ", ".join(f"{n} {k}" for k, n in kinds.items())
             + f"), each read from its start for {length} predictions")
     return torch.tensor(rows, dtype=torch.long), note
@@ -132,8 +136,8 @@ def run_positions(ev: EvalModel, factor: float = QUICK.factor, sequences: int = 
     """Per-document per-position NLL over long held-out texts of up to ``factor`` x the training length, and each
     model's gain from context within and beyond the training length. ``seed`` is recorded only: the documents
     are the same for every seed (so that models pair document by document)."""
-    if sequences < 1:
-        raise ValueError(f"--sequences must be >= 1, got {sequences}")
+    if sequences < MIN_DOCS:
+        raise ValueError(f"--sequences must be >= {MIN_DOCS} (the interval is over documents), got {sequences}")
     T, clip_note = eval_length(ev, factor, length)
     base = {"analysis": "positions", "model": ev.describe(), "seed": seed, "length": T, "train_len": ev.train_len,
             "max_seq_len": ev.model.cfg.max_seq_len, "factor": factor if length is None else None,
