@@ -4,7 +4,9 @@ Each layer's ``attn.logits_hook`` replaces the pre-softmax logits by their symme
 ``round(x / s) * s`` with ``s = max|x| / (2^(b-1) - 1)``, one scale per sequence and head taken over the causally
 visible entries. A few huge logits (the outliers of Table 5) make ``s`` coarse for all the others, which is why
 the paper expects DIFF, with smaller outliers, to keep its accuracy down to 6 bits and at 4 bits to match a 6-bit
-baseline. The hook forces the eager path; the rest of the model runs in float32.
+baseline. The hook forces the eager path; the rest of the model runs in float32. Each row's ``loss_increase_se`` is
+the standard error over the held-out windows of the per-window (quantised - full) loss: the same windows at every
+width, so the difference is paired.
 """
 
 from __future__ import annotations
@@ -119,12 +121,12 @@ def format_quantized(r: dict[str, Any]) -> str:
     t = r["task"]
     lines = [f"{r['model']['label']}: quantised attention logits ({r['scheme']}); accuracy on {r['samples']} "
              f"haystacks (chance {t['chance']:.3g}, random needle {t['random_needle']:.3g})",
-             f"{'bits':>6} {'loss':>8} {'+loss (SE)':>18} {'accuracy':>9}"]
+             f"{'bits':>6} {'loss':>8} {'+loss':>8} {'+- SE':<9} {'accuracy':>9}"]
     for row in r["rows"]:
         b = "full" if row["bits"] is None else str(row["bits"])
         se = row.get("loss_increase_se")
-        se_txt = f" +- {se:.4f}" if se is not None and row["bits"] is not None else ""
-        lines.append(f"{b:>6} {row['loss']:>8.4f} {row['loss_increase']:>+8.4f}{se_txt:<10} {row['accuracy']:>9.3f}")
+        se_txt = f"+- {se:.4f}" if se is not None and row["bits"] is not None else ""
+        lines.append(f"{b:>6} {row['loss']:>8.4f} {row['loss_increase']:>+8.4f} {se_txt:<9} {row['accuracy']:>9.3f}")
     return "\n".join(lines)
 
 
