@@ -283,6 +283,9 @@ def test_positions_with_one_long_text_measures_nothing(evs, monkeypatch):
     monkeypatch.setattr(positions, "long_held_out_texts", lambda **kw: long_held_out_texts(**kw)[:1])
     r = positions.run_positions(ev, sequences=4, progress=False)
     assert r["nll_docs"] == [] and "1 held-out text(s) reach 129 tokens" in r["note"]
+    monkeypatch.setattr(positions, "long_held_out_texts", lambda **kw: long_held_out_texts(**kw)[:2])
+    r = positions.run_positions(ev, sequences=4, progress=False)  # two: measured, and the note says few exist
+    assert len(r["nll_docs"]) == 2 and "only 2 of the 4 requested held-out texts" in r["note"]
 
 
 # ---------------------------------------------------------------------------------------------- icl

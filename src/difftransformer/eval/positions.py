@@ -158,7 +158,10 @@ def run_positions(ev: EvalModel, factor: float = QUICK.factor, sequences: int = 
     n = nll.shape[0]
     train = min(ev.train_len, T)
     tail = float(per_doc_tail.mean())
-    notes = [x for x in (clip_note, gain_note) if x]
+    few = (f"only {n} of the {sequences} requested held-out texts reach {T + 1} tokens (a run on the whole corpus "
+           "keeps few long texts unseen; train with data.max_chars below the corpus size for more)"
+           if n < sequences else None)
+    notes = [x for x in (clip_note, few, gain_note) if x]
     return {**base, "held_out": held_out, "sequences": n, "note": "; ".join(notes) or None,
             "nll_docs": nll_docs,
             "within": within, "beyond": beyond,
