@@ -78,7 +78,19 @@ def test_noise(evs, variant):
         assert r["map"].startswith("differential map")
         assert all(abs(x) <= 2.0 for x in r["answer_per_layer"] + r["noise_per_layer"])
     assert r["answer_sem"] >= 0 and r["noise_sem"] >= 0
-    assert "uniform attention" in noise.format_noise(r)
+    # the old keys are the scale-free shares; shares of |row| lie in [0, 1] (the answer's is signed)
+    assert (r["answer"], r["noise"], r["answer_sem"], r["noise_sem"]) == \
+        (r["answer_share"], r["noise_share"], r["answer_share_sem"], r["noise_share_sem"])
+    assert 0.0 <= r["noise_share"] <= 1.0 and -1.0 <= r["answer_share"] <= 1.0
+    assert r["answer_share"] + r["noise_share"] <= 1.0 + 1e-9
+    for k in ("answer_signed", "noise_signed"):
+        assert math.isfinite(r[k]) and r[f"{k}_sem"] >= 0
+    assert len(r["per_layer"]) == n_layers
+    assert r["noise_signed"] == pytest.approx(sum(p["noise_signed"] for p in r["per_layer"]) / n_layers)
+    assert [d["depth"] for d in r["per_depth"]] == list(noise.DEPTHS)  # 6 haystacks cycle over all 5 depths
+    assert sum(d["samples"] for d in r["per_depth"]) == 6
+    text = noise.format_noise(r)
+    assert "uniform attention" in text and "by needle depth" in text and "signed" in text
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -93,6 +105,10 @@ def test_outliers(evs, variant):
         assert 0.0 <= s["median"] <= ranked[-1]
     assert len(r["top1_logit_per_layer"]) == ev.model.cfg.n_layers
     assert max(r["top1_logit_per_layer"]) == pytest.approx(r["attention_logits"]["top1"], rel=1e-6)
+    for kind in ("attention_logits", "hidden_states"):  # one top-1 per window; the largest is the overall top-1
+        per = r["per_sequence"][kind]
+        assert len(per) == 2 and all(v > 0 for v in per)
+        assert max(per) == pytest.approx(r[kind]["top1"], rel=1e-6)
     text = outliers.format_outliers(r)
     assert "attention_logits" in text and "median" in text
 
@@ -107,6 +123,8 @@ def test_quantized(evs, variant):
     for row in r["rows"]:
         assert math.isfinite(row["loss"]) and 0.0 <= row["accuracy"] <= 1.0
         assert row["loss_increase"] == pytest.approx(row["loss"] - full["loss"])
+        assert row["loss_increase_se"] >= 0.0
+    assert full["loss_increase_se"] == 0.0 and r["rows"][-1]["loss_increase_se"] > 0.0  # 4 bits moves each window
     assert abs(r["rows"][1]["loss_increase"]) < 1e-3  # 16 bits: the loss does not move
     text = quantized.format_quantized(r)
     assert "chance 0.01" in text and "random needle 0.5" in text
@@ -120,7 +138,11 @@ def test_positions(evs, variant):
     assert r["analysis"] == "positions" and r["train_len"] == 64 and T == 128 == 2 * r["train_len"]
     assert r["note"] is None  # 2x fits in max_seq_len 128: nothing clipped
     assert r["positions"] == list(range(1, T + 1)) and len(r["nll"]) == len(r["cumulative_nll"]) == T
+    # long untrained documents, each read from its start: documents x positions, the same for every model
+    assert r["sequences"] == 4 and len(r["nll_docs"]) == 4 and all(len(d) == T for d in r["nll_docs"])
+    assert "never trained on" in r["held_out"]
     nll = torch.tensor(r["nll"], dtype=torch.float64)
+    torch.testing.assert_close(nll, torch.tensor(r["nll_docs"], dtype=torch.float64).mean(0), atol=1e-4, rtol=0)
     assert bool((nll > 0).all()) and float(nll.max()) < 3 * math.log(ev.model.cfg.vocab_size)
     torch.testing.assert_close(torch.tensor(r["cumulative_nll"], dtype=torch.float64),
                                nll.cumsum(0) / torch.arange(1, T + 1, dtype=torch.float64))
@@ -129,9 +151,19 @@ def test_positions(evs, variant):
     assert r["tail_mean_nll"] == r["tail_nll"] and r["tail_nll_se"] > 0
     assert r["within_train_nll"] == pytest.approx(float(nll[:64].mean()))
     assert r["beyond_train_nll"] == pytest.approx(float(nll[64:].mean()))
+    from difftransformer.eval.long_context import context_gains
+    g = context_gains(r["nll_docs"], 64)
+    for key in ("within", "beyond"):
+        assert [r[key]["mean"], r[key]["low"], r[key]["high"], r[key]["n_docs"]] == pytest.approx(list(g[key]),
+                                                                                                  abs=1e-9)
     assert "held_out" in r and r["model"]["attention"] == variant
     text = positions.format_positions(r)
-    assert "<- training length" in text and "tail (positions 97-128)" in text
+    assert "<- training length" in text and "tail (positions 97-128)" in text and "beyond it [L, 2L)" in text
+
+
+def test_positions_reads_the_same_documents_for_every_model(evs):
+    a, b = (positions.long_documents(evs[v], 128, 4)[0] for v in ("baseline", "diff_v2"))
+    assert torch.equal(a, b)
 
 
 def test_positions_clips_the_default_and_refuses_positions_past_max_seq_len(evs):
@@ -143,7 +175,10 @@ def test_positions_clips_the_default_and_refuses_positions_past_max_seq_len(evs)
         positions.run_positions(ev, sequences=2, length=129, progress=False)
     r = positions.run_positions(ev, sequences=2, length=32, progress=False)  # within the training length
     assert r["length"] == 32 and r["beyond_train_nll"] is None and len(r["nll"]) == 32
-    assert "nothing evaluated beyond it" in positions.format_positions(r)
+    assert r["within"] is None and r["beyond"] is None and "no context gain" in r["note"]  # fewer than L positions
+    r = positions.run_positions(ev, sequences=2, length=100, progress=False)  # past L, short of 2L: no "beyond"
+    assert r["within"] is not None and r["beyond"] is None
+    assert "beyond it [L, 2L):                   n/a" in positions.format_positions(r)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -165,6 +200,12 @@ def test_icl(evs, variant):
     o = r["order"]
     assert len(o["accuracies"]) == 3 and 1 <= o["shots"] <= r["max_shots"]
     assert o["spread"] == pytest.approx(o["best"] - o["worst"]) and 0.0 <= o["spread"] <= 1.0
+    # per-query outcomes per ordering: what stats.spread_interval bootstraps; they reproduce the accuracies
+    assert o["samples"] == 8 and len(o["correct"]) == 3 and all(len(c) == 8 for c in o["correct"])
+    assert all(v in (0, 1) for c in o["correct"] for v in c)
+    assert [sum(c) / 8 for c in o["correct"]] == o["accuracies"]
+    from difftransformer.eval.stats import spread_interval
+    assert spread_interval(o["correct"], n_boot=50)[0] == pytest.approx(o["spread"])
     text = icl.format_icl(r)
     rows = [line for line in text.splitlines()[2:-1]]
     assert len(rows) == len(shots) and all(line.split()[2] == "0.250" for line in rows)  # chance on every row

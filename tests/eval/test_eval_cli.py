@@ -113,7 +113,7 @@ def test_tokenizer_without_eos(runs, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["positions", "--sequences", "0"], "--sequences must be >= 1"),
+    (["positions", "--sequences", "1"], "--sequences must be >= 2"),
     (["positions", "--factor", "-1"], "--factor must be a positive number"),
     (["positions", "--factor", "nan"], "--factor must be a positive number"),
     (["positions", "--length", "129"], "--length 129 must be in [2, 128]"),

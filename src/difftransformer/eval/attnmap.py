@@ -176,8 +176,8 @@ def plot_attnmap(result: dict[str, Any], path) -> None:
     maps, K = result["maps"], result["n_keys"]
     t0, t1 = result["target"]
     ce = result["context_end"]
-    fig, axes = plt.subplots(len(maps), 1, figsize=(min(24.0, max(8.0, 0.12 * K)), 1.9 * len(maps) + 1.0),
-                             sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(maps), 1, figsize=(min(24.0, max(8.0, 0.12 * K)), 2.0 * len(maps) + 1.2),
+                             sharex=True, squeeze=False, layout="constrained")
     lo = min(0.0, min(min(m["normalized_row"]) for m in maps))
     hi = max(max(m["normalized_row"]) for m in maps)
     for ax, m in zip(axes[:, 0], maps):
@@ -189,17 +189,18 @@ def plot_attnmap(result: dict[str, Any], path) -> None:
         ax.axhline(0.0, color="k", lw=0.5)
         ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.1 * (hi - lo))
         ax.set_xlim(-0.5, K - 0.5)
-        ax.set_ylabel("score", fontsize=8)
-        ax.set_title(_plain(f"{m['label']} ({m['map']}): answer score {m['answer_score']:.3f}, "
-                            f"noise {m['noise_score']:.3f}"), fontsize=9)
-    axes[0, 0].legend(loc="upper left", fontsize=7)
+        ax.set_ylabel("score", fontsize=10)
+        ax.tick_params(axis="y", labelsize=9)
+        # short titles: the page shows the figure scaled down; the map and the averaging are in the text output
+        ax.set_title(_plain(f"{m['label']}: answer {m['answer_score']:.2f}, noise {m['noise_score']:.2f}"),
+                     fontsize=12, loc="left")
+    axes[0, 0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=9, frameon=False)
     bottom = axes[-1, 0]
     if K <= 200:
-        bottom.set_xticks(range(K), [_plain(t) for t in result["tokens"]], rotation=90, fontsize=5)
-    bottom.set_xlabel("key position (token)")
-    fig.suptitle(_plain(f"attention of the answering query, {result['averaging']}; answer {result['answer']!r}, "
-                        f"uniform answer score {result['uniform_answer_score']:.3f}"), fontsize=10)
-    fig.tight_layout()
+        bottom.set_xticks(range(K), [_plain(t) for t in result["tokens"]], rotation=90, fontsize=7)
+    bottom.set_xlabel("key (token)", fontsize=10)
+    fig.suptitle(_plain(f"answering query's attention (answer {result['answer'].strip()!r}; uniform: "
+                        f"{result['uniform_answer_score']:.2f})"), fontsize=13)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -112,11 +112,14 @@ def _positions_flags(p, q: PositionsSettings) -> None:
                    help="evaluate up to this multiple of the training length (clipped to max_seq_len, with a note)")
     p.add_argument("--length", type=int, help="positions to evaluate, in tokens (overrides --factor; at most "
                                               "max_seq_len)")
-    p.add_argument("--sequences", type=int, default=q.sequences, help="held-out windows to average over")
+    p.add_argument("--sequences", type=int, default=q.sequences,
+                   help="long untrained held-out texts to read, >= 2 (fewer when fewer are long enough; fewer than "
+                        "2 found: nothing measured, with a note)")
 
 
 def _positions_settings(args) -> PositionsSettings:
-    check_positive(sequences=args.sequences)
+    if args.sequences < 2:
+        raise ValueError(f"--sequences must be >= 2 (the interval is over documents), got {args.sequences}")
     if not args.factor > 0 or not math.isfinite(args.factor):
         raise ValueError(f"--factor must be a positive number, got {args.factor}")
     if args.length is not None and args.length < 2:

@@ -287,12 +287,14 @@ def run_icl(ev: EvalModel, classes: int = QUICK.classes, samples: int = QUICK.sa
     fixed = draw_demos(task, n_max, random.Random(f"icl-order-{seed}"))
     n_order = min(fitting_shots(enc, fixed, q, ctx) for q in queries)  # order does not change the length
     fixed = fixed[:n_order]
-    order_acc = []
+    order_acc, order_correct = [], []
     order_rng = random.Random(f"icl-orderings-{seed}")
     for _ in range(orders):
         perm = order_rng.sample(fixed, len(fixed))
         preds, _ = score(ev.model, [enc.prompt(perm, q) for q in queries], task.label_ids, pad)
-        order_acc.append(sum(p == q[1] for p, q in zip(preds, queries)) / len(queries))
+        hits = [int(p == q[1]) for p, q in zip(preds, queries)]
+        order_correct.append(hits)
+        order_acc.append(sum(hits) / len(queries))
         bar.update()
     bar.close()
     chance = task.chance
@@ -305,6 +307,9 @@ def run_icl(ev: EvalModel, classes: int = QUICK.classes, samples: int = QUICK.sa
             "order": {"shots": n_order, "orderings": orders, "accuracies": order_acc, "best": max(order_acc),
                       "worst": min(order_acc), "spread": max(order_acc) - min(order_acc),
                       "mean": sum(order_acc) / orders,
+                      # per ordering, per query (the same queries in the same order): 1 when answered right;
+                      # eval/stats.spread_interval bootstraps the queries from these
+                      "correct": order_correct, "samples": len(queries),
                       "note": None if n_order > 1 else "one demonstration has a single order: spread 0 by definition"}}
 
 

@@ -244,19 +244,21 @@ def format_needles(r: dict[str, Any]) -> str:
 def plot_heatmaps(results: Sequence[dict[str, Any]], path) -> None:
     """One accuracy heatmap per model (paper Fig. 5), chance levels in the titles."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(results), figsize=(3.6 * len(results), 3.2), squeeze=False)
+    # constrained layout and 4.4 inches per panel: each panel's y label keeps clear of the previous panel
+    fig, axes = plt.subplots(1, len(results), figsize=(4.4 * len(results) + 1.0, 3.6), squeeze=False,
+                             layout="constrained")
     for ax, r in zip(axes[0], results):
         im = ax.imshow(r["accuracy"], vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(r["depths"])), [f"{d:.2f}" for d in r["depths"]])
         ax.set_yticks(range(len(r["lengths"])), [str(L) for L in r["lengths"]])
         for i, row in enumerate(r["accuracy"]):
             for j, a in enumerate(row):
-                ax.text(j, i, f"{a:.2f}", ha="center", va="center", color="w" if a < 0.6 else "k", fontsize=8)
-        ax.set_xlabel("needle depth")
-        ax.set_ylabel("context length (tokens)")
+                ax.text(j, i, f"{a:.2f}", ha="center", va="center", color="w" if a < 0.6 else "k", fontsize=9)
+        ax.set_xlabel("needle depth", fontsize=10)
+        ax.set_ylabel("context (tokens)", fontsize=10)
         t = r["task"]
         ax.set_title(f"{r['model']['label']}\nchance {t['chance']:.2g}, random needle {t['random_needle']:.2g}",
-                     fontsize=9)
+                     fontsize=10)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)

@@ -7,7 +7,8 @@ On held-out text windows of the training length we collect, over all layers, hea
 * hidden states: the residual stream after each block (``return_hidden=True``, the embeddings excluded).
 
 and report the k-th largest absolute value for k in 1, 2, 3, 10, 100 and the median, as Table 5 does (paper:
-top-1 attention logit 38.8 DIFF vs 318.0 baseline; hidden state 1688 vs 3609 at 3B scale).
+top-1 attention logit 38.8 DIFF vs 318.0 baseline; hidden state 1688 vs 3609 at 3B scale). ``per_sequence``
+holds each window's own top-1 of both kinds, for an uncertainty over sequences (``stats.log_mean_se``).
 """
 
 from __future__ import annotations
@@ -57,29 +58,43 @@ class TopAbs:
         return out
 
 
-def collect(model, windows: torch.Tensor) -> tuple[dict[str, float], dict[str, float], list[float]]:
-    """(logit stats, hidden-state stats, top-1 |logit| per layer) over ``windows`` (n, T)."""
+def collect(model, windows: torch.Tensor) -> tuple[dict[str, float], dict[str, float], list[float],
+                                                 dict[str, list[float]]]:
+    """(logit stats, hidden-state stats, top-1 |logit| per layer, top-1 per sequence) over ``windows`` (n, T).
+
+    The last: {"attention_logits": [...], "hidden_states": [...]}, each window's own largest |value| (one number
+    per window), so that a spread over sequences -- e.g. the SE of the log maximum -- exists for one seed.
+    """
     logits, hidden = TopAbs(), TopAbs()
     per_layer = [0.0] * model.cfg.n_layers
+    per_seq: dict[str, list[float]] = {"attention_logits": [], "hidden_states": []}
     with torch.no_grad():
         for w in windows:
             out = model(w[None], return_maps=True, return_hidden=True)
+            seq_logit = 0.0
             for i, m in enumerate(out.maps):
                 logits.add(m.logits)
                 finite = m.logits[torch.isfinite(m.logits)]
-                per_layer[i] = max(per_layer[i], float(finite.abs().max()))
+                top = float(finite.abs().max())
+                per_layer[i] = max(per_layer[i], top)
+                seq_logit = max(seq_logit, top)
+            seq_hidden = 0.0
             for h in out.hidden_states[1:]:
                 hidden.add(h)
-    return logits.result(), hidden.result(), per_layer
+                seq_hidden = max(seq_hidden, float(h.detach().abs().max()))
+            per_seq["attention_logits"].append(seq_logit)
+            per_seq["hidden_states"].append(seq_hidden)
+    return logits.result(), hidden.result(), per_layer, per_seq
 
 
 def run_outliers(ev: EvalModel, n_seqs: int = QUICK_SEQS, seed: int = 0, progress: bool = True) -> dict[str, Any]:
     docs, note = held_out_documents(ev)
     windows = text_windows(ev, docs, ev.train_len, n_seqs)[:, :-1]  # (n, T)
-    logit_stats, hidden_stats, per_layer = collect(ev.model, windows)
+    logit_stats, hidden_stats, per_layer, per_seq = collect(ev.model, windows)
     return {"analysis": "outliers", "model": ev.describe(), "held_out": note, "seed": seed,
             "sequences": int(windows.shape[0]), "length": int(windows.shape[1]),
-            "attention_logits": logit_stats, "hidden_states": hidden_stats, "top1_logit_per_layer": per_layer}
+            "attention_logits": logit_stats, "hidden_states": hidden_stats, "top1_logit_per_layer": per_layer,
+            "per_sequence": per_seq}
 
 
 def format_outliers(r: dict[str, Any]) -> str:

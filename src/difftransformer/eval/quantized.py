@@ -4,7 +4,9 @@ Each layer's ``attn.logits_hook`` replaces the pre-softmax logits by their symme
 ``round(x / s) * s`` with ``s = max|x| / (2^(b-1) - 1)``, one scale per sequence and head taken over the causally
 visible entries. A few huge logits (the outliers of Table 5) make ``s`` coarse for all the others, which is why
 the paper expects DIFF, with smaller outliers, to keep its accuracy down to 6 bits and at 4 bits to match a 6-bit
-baseline. The hook forces the eager path; the rest of the model runs in float32.
+baseline. The hook forces the eager path; the rest of the model runs in float32. Each row's ``loss_increase_se`` is
+the standard error over the held-out windows of the per-window (quantised - full) loss: the same windows at every
+width, so the difference is paired.
 """
 
 from __future__ import annotations
@@ -67,9 +69,24 @@ def quantized_attention(model, bits: Optional[int]):
 
 
 @torch.no_grad()
+def sequence_losses(model, windows: torch.Tensor) -> list[float]:
+    """Mean next-token loss of each of ``windows`` (n, T+1), one window at a time (no padding in the scales)."""
+    return [float(model(w[None, :-1], w[None, 1:]).loss) for w in windows]
+
+
 def text_loss(model, windows: torch.Tensor) -> float:
-    """Mean next-token loss over ``windows`` (n, T+1), one window at a time (no padding in the scales)."""
-    return sum(float(model(w[None, :-1], w[None, 1:]).loss) for w in windows) / len(windows)
+    """Mean next-token loss over ``windows`` (n, T+1)."""
+    losses = sequence_losses(model, windows)
+    return sum(losses) / len(losses)
+
+
+def paired_se(diffs: Sequence[float]) -> float:
+    """Standard error of the mean of per-sequence differences (0.0 for fewer than two sequences)."""
+    n = len(diffs)
+    if n < 2:
+        return 0.0
+    m = sum(diffs) / n
+    return (sum((d - m) ** 2 for d in diffs) / (n - 1) / n) ** 0.5
 
 
 def run_quantized(ev: EvalModel, widths: Sequence[int] = WIDTHS, sequences: int = QUICK.sequences,
@@ -85,12 +102,15 @@ def run_quantized(ev: EvalModel, widths: Sequence[int] = WIDTHS, sequences: int 
     rows = []
     for bits in [None, *widths]:
         with quantized_attention(ev.model, bits):
-            loss = text_loss(ev.model, windows)
+            losses = sequence_losses(ev.model, windows)
             acc = sum(answers_correct(ev.model, items, pad, batch_size=1)) / len(items)
-        rows.append({"bits": bits, "loss": loss, "accuracy": acc})
+        rows.append({"bits": bits, "loss": sum(losses) / len(losses), "accuracy": acc, "_losses": losses})
     full = rows[0]
+    full_losses = full["_losses"]
     for r in rows:
         r["loss_increase"] = r["loss"] - full["loss"]
+        # SE over sequences of the per-sequence (quantised - full) loss: the same windows, so paired
+        r["loss_increase_se"] = paired_se([q - f for q, f in zip(r.pop("_losses"), full_losses)])
         r["accuracy_drop"] = full["accuracy"] - r["accuracy"]
     return {"analysis": "quantized", "model": ev.describe(), "task": task.to_dict(), "held_out": note, "seed": seed,
             "sequences": int(windows.shape[0]), "length": int(windows.shape[1] - 1), "samples": samples,
@@ -101,10 +121,12 @@ def format_quantized(r: dict[str, Any]) -> str:
     t = r["task"]
     lines = [f"{r['model']['label']}: quantised attention logits ({r['scheme']}); accuracy on {r['samples']} "
              f"haystacks (chance {t['chance']:.3g}, random needle {t['random_needle']:.3g})",
-             f"{'bits':>6} {'loss':>8} {'+loss':>8} {'accuracy':>9}"]
+             f"{'bits':>6} {'loss':>8} {'+loss':>8} {'+- SE':<9} {'accuracy':>9}"]
     for row in r["rows"]:
         b = "full" if row["bits"] is None else str(row["bits"])
-        lines.append(f"{b:>6} {row['loss']:>8.4f} {row['loss_increase']:>+8.4f} {row['accuracy']:>9.3f}")
+        se = row.get("loss_increase_se")
+        se_txt = f"+- {se:.4f}" if se is not None and row["bits"] is not None else ""
+        lines.append(f"{b:>6} {row['loss']:>8.4f} {row['loss_increase']:>+8.4f} {se_txt:<9} {row['accuracy']:>9.3f}")
     return "\n".join(lines)
 
 
