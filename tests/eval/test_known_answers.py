@@ -369,10 +369,11 @@ def test_noise_section_explains_negative_differential_mass():
 
     from difftransformer.eval.report.html import _noise_section
 
-    def run(label, answer, noise):
+    def run(label, answer, noise):  # shares are never negative for noise; the signed masses can be
         return SimpleNamespace(ev=SimpleNamespace(label=label),
-                               results={"noise": {"map": "differential", "answer": answer, "noise": noise,
+                               results={"noise": {"map": "differential", "answer": 0.1, "noise": 0.9,
+                                                  "answer_signed": answer, "noise_signed": noise,
                                                   "uniform_answer_share": 0.05}})
 
-    assert "negative mass" not in _noise_section([run("base", 0.02, 0.3), run("v2", 0.01, 0.1)])
-    assert "negative mass" in _noise_section([run("base", 0.02, 0.3), run("v1", -0.004, -0.09)])
+    assert "negative signed mass" not in _noise_section([run("base", 0.02, 0.3), run("v2", 0.01, 0.1)])
+    assert "negative signed mass" in _noise_section([run("base", 0.02, 0.3), run("v1", -0.004, -0.09)])

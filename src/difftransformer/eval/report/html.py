@@ -157,12 +157,16 @@ def _needles_section(runs: Sequence[RunResults]) -> str:
 def _noise_section(runs: Sequence[RunResults]) -> str:
     rs = [r for r in runs if "noise" in r.results]
     rows = [[r.ev.label, r.results["noise"]["map"], r.results["noise"]["answer"], r.results["noise"]["noise"],
+             r.results["noise"].get("answer_signed"), r.results["noise"].get("noise_signed"),
              r.results["noise"]["uniform_answer_share"]] for r in rs]
-    out = table(["run", "map", "answer mass", "noise mass", "uniform attention's answer mass"], rows, left=2)
-    if any(r.results["noise"][k] < 0 for r in rs for k in ("answer", "noise")):
-        out += ("<p>A negative mass is possible for DIFF: its map A1 - lambda*A2 is not a probability distribution, "
-                "and where the second map outweighs the first the sum goes below zero. The noise verdict compares the "
-                "signed sums, as the paper's Table 3 does.</p>")
+    out = table(["run", "map", "answer share", "noise share", "answer mass (signed)", "noise mass (signed)",
+                 "uniform attention's answer share"], rows, left=2)
+    out += ("<p>Shares are scale-free: the mass on the answer span, and the |mass| on the rest of the context, each "
+            "divided by the row's total |mass| over the context. DIFF's rows sum to 1 - lambda, so the signed masses "
+            "shrink with lambda even when the model attends no differently; the verdicts compare the shares.</p>")
+    if any((r.results["noise"].get(k) or 0) < 0 for r in rs for k in ("answer_signed", "noise_signed")):
+        out += ("<p>A negative signed mass is possible for DIFF: its map A1 - lambda*A2 is not a probability "
+                "distribution, and where the second map outweighs the first the sum goes below zero.</p>")
     return out
 
 
