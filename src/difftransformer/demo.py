@@ -155,6 +155,19 @@ def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: 
     return bench_dir
 
 
+def print_verdicts(results_json: Path) -> None:
+    """The report's verdicts, retrieval benchmark first, one line each (the page has the measures and reasons)."""
+    from .fileio import read_json
+
+    res = read_json(results_json)
+    for title, rows in (("retrieval benchmark", res.get("retrieval_verdicts", [])), ("language models",
+                                                                                     res["verdicts"])):
+        if rows:
+            print(f"\nverdicts, {title}:")
+        for r in rows:
+            print(f"  {r['variant']:<8} {r['verdict']:<27} {r['claim']}: {r['why']}")
+
+
 def run(args: argparse.Namespace) -> int:
     from .eval.report import write_report
 
@@ -181,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     path = write_report(runs, out / "report", quick=args.quick or not args.full_eval, seed=0,
                         progress=not args.no_progress, preface=preface, retrieval_dir=bench_dir)
     print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
+    print_verdicts(path.parent / "results.json")
     print(f"report: {path.resolve()}")
     return 0
 

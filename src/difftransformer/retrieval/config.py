@@ -21,8 +21,7 @@ Vocabulary layout (token ids, contiguous ranges, see ``Layout``)::
 key comes from ONE group, so each asked key sits among its own group's near-duplicates. With one learned embedding
 per token the nearness is only structural (no shared sub-token); say so beside any "near" result.
 
-Measurement log (defaults chosen by measurement; 2 shared CPU cores, load noted):
-see RETRIEVAL.md in this package for the table of what was tried and what it gave.
+The defaults were chosen by measurement (README, "The retrieval benchmark": what was tried and what it gave).
 """
 
 from __future__ import annotations

@@ -8,13 +8,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from ..eval.plotting import COLORS, pyplot
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-LABELS = {"baseline": "Transformer", "diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
-COLORS = {"baseline": "tab:gray", "diff_v1": "tab:red", "diff_v2": "tab:blue"}
+plt = pyplot()  # the package's one matplotlib set-up (Agg) and colour table, as in the report's other figures
+LABELS = {"baseline": "Baseline", "diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
 
 
 def _ms(xs):

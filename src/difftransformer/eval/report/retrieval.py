@@ -23,7 +23,7 @@ from .verdicts import NAMES, row
 
 QUANT_BITS = 4
 FIGURES = (("accuracy_heatmap.png", "Accuracy by pairs x filler per variant (Fig. 5 style), seed mean"),
-           ("accuracy_vs_difficulty.png", "Accuracy against difficulty, mean and 95% interval over seeds"),
+           ("accuracy_vs_difficulty.png", "Accuracy against difficulty, seed mean and standard deviation"),
            ("attention_shares.png", "Scale-free attention shares of the answering query"),
            ("quantization.png", "Accuracy with attention logits quantised (Fig. 8)"),
            ("attention_row.png", "One query's attention row per variant (Fig. 1)"))
@@ -113,16 +113,25 @@ def _interval(xs: Sequence[float], n: int) -> str:
     return f"{m:.3f} [{lo:.2f}, {hi:.2f}]"
 
 
+def models_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    rows = [[NAMES.get(v, v), x["params"], x["chosen_lr"], len(x["runs"])] for v, x in results["variants"].items()]
+    return ["variant", "parameters", "chosen lr", "seeds"], rows
+
+
 def accuracy_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    conds = [c["name"] for c in results["conditions"]]
-    head = ["variant", "parameters", "chosen lr", "seeds"] + conds
+    """One row per test condition (pairs, filler, context length), one column per variant."""
+    cond_name = results["config"]["primary"]
+    variants = list(results["variants"])
     rows = []
-    for v, x in results["variants"].items():
-        runs = _runs(results, v)
-        rows.append([NAMES.get(v, v), x["params"], x["chosen_lr"], len(runs)]
-                    + [_interval([r["conditions"][c]["accuracy"] for r in runs],
-                                 runs[0]["conditions"][c]["n_queries"]) for c in conds])
-    return head, rows
+    for c in results["conditions"]:
+        name = c["name"]
+        first = _runs(results, variants[0])[0]["conditions"][name]
+        label = name + (" (primary)" if name == cond_name else "") + (" (trained)" if c is results["conditions"][0]
+                                                                      else "")
+        rows.append([label, c.get("pairs"), c.get("filler"), first.get("seq_len")]
+                    + [_interval([r["conditions"][name]["accuracy"] for r in _runs(results, v)], first["n_queries"])
+                       for v in variants])
+    return ["condition", "pairs", "filler", "length"] + [NAMES.get(v, v) for v in variants], rows
 
 
 def shares_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
@@ -160,7 +169,7 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
     parts = [f"<p>{html.escape(intro)}</p>", f"<p>{html.escape(floor)}</p>"]
     if results.get("quick"):
         parts.append("<p class='note'>A quick benchmark: a smoke run, its numbers mean nothing.</p>")
-    for make in (accuracy_table, shares_table, lr_table):
+    for make in (models_table, accuracy_table, shares_table, lr_table):
         head, rows = make(results)
         parts.append(table(head, rows, left=1))
     for name, title in FIGURES:
