@@ -1,4 +1,4 @@
-"""Table-driven bad input across train, generate, convert and bench: every case exits 2 with exactly one
+"""Table-driven bad input across every subcommand: every case exits 2 with exactly one
 ``difftransformer COMMAND: error:`` line naming the field or path, no traceback, and no file changed anywhere in
 the workspace (a trained run, model directories, Hugging Face directories). Driven in-process (``cli.main``)."""
 
@@ -159,6 +159,26 @@ CASES: list[tuple[list[str], str]] = [
     *[(["bench", "decode", "--no-hf", flag, value], flag) for flag, value in [
         ("--batch", "0"), ("--contexts", "0"), ("--head-dim", "0"), ("--new-tokens", "0"), ("--layers", "0"),
         ("--rounds", "0"), ("--kv-heads", "0"), ("--vocab-size", "0")]],
+    # --- eval, report, retrieval, demo ----------------------------------------------------------------------
+    *[(["eval", "needles", "--run", "{ws}/run", flag, value], why) for flag, value, why in [
+        ("--lengths", "inf", "finite"), ("--lengths", "nan", "finite"), ("--lengths", "0,1", "length"),
+        ("--depths", "a,b", "numbers"), ("--samples", "0", "samples")]],
+    (["eval", "noise", "--run", "{ws}/nothing"], "nothing"),
+    (["eval", "outliers", "--run", "{ws}/corrupt"], "corrupt"),
+    (["eval", "positions", "--run", "{ws}/run", "--sequences", "1"], "sequences"),
+    (["eval", "quantized", "--run", "{ws}/run", "--bits", "1"], "bits"),
+    (["eval", "icl", "--run", "{ws}/run", "--orders", "0"], "orders"),
+    (["eval", "noise", "--run", "{ws}/deep_model"], "nested"),
+    (["report", "{ws}/nothing", "--out", "{ws}/o"], "nothing"),
+    (["report", "{ws}/run", "--retrieval", "{ws}/nothing", "--out", "{ws}/o"], "nothing"),
+    *[(["retrieval", "--out", "{ws}/o", flag, value], flag.lstrip("-").replace("-", "_")) for flag, value in [
+        ("--seeds", "0"), ("--steps", "0"), ("--batch", "0"), ("--pairs", "0"), ("--filler", "-1"),
+        ("--d-model", "0"), ("--workers", "0")]],
+    (["retrieval", "--out", "{ws}/o", "--distractors", "close"], "distractors"),
+    (["retrieval", "--out", "{ws}/o", "--lr-grid", "inf"], "lr"),
+    (["demo", "--out", "{ws}/o", "--seeds", "0"], "--seeds"),
+    (["demo", "--out", "{ws}/o", "--retrieval-seeds", "0"], "--retrieval-seeds"),
+    (["demo", "--out", "{ws}/o", "--steps", "-3"], "--steps"),
 ]
 
 

@@ -175,10 +175,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.retrieval_seeds is not None and args.retrieval_seeds < 1:
         raise ValueError(f"--retrieval-seeds must be >= 1, got {args.retrieval_seeds}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     bench_dir = None if args.no_retrieval else retrieval_benchmark(out, args.quick, args.retrieval_seeds,
                                                                    not args.no_progress)
