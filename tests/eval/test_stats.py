@@ -160,6 +160,9 @@ def test_ratio_verdicts_on_known_inputs():
     assert S.compare_ratio([24.0], [7.8]).verdict == S.INCONCLUSIVE  # one seed, a lone peak: no interval
     one = S.compare_ratio([24.0], [7.8], within_se_log=0.2)
     assert one.verdict == S.HELD and one.ci[1] < 1
+    noisy = S.compare_ratio(base, [250.0, 400.0, 310.0])  # the ratio interval straddles 1: said in ratio terms
+    assert noisy.verdict == S.INCONCLUSIVE and noisy.ci[0] < 1 < noisy.ci[1]
+    assert "ratio interval includes 1" in noisy.reason and "includes 0" not in noisy.reason
     with pytest.raises(ValueError, match="positive"):
         S.compare_ratio([0.0], [1.0])
     with pytest.raises(ValueError, match="max_ratio"):

@@ -108,12 +108,12 @@ def _interval(b: np.ndarray, d: np.ndarray, paired: bool, within_se: WithinSE, l
 
 
 def _compare(b, d, good: int, min_effect: float, paired: bool, within_se: WithinSE, level: float,
-             texts: tuple[str, str, str]) -> Verdict:
+             texts: tuple[str, str, str, str]) -> Verdict:
     """The verdict rule of the module docstring; ``good`` +1 when higher is better; ``texts``: why held / did not
-    hold / excludes 0 but small."""
+    hold / excludes 0 but small / includes 0."""
     est, half, method, caveat = _interval(b, d, paired, within_se, level)
     lo, hi = est - half, est + half
-    verdict, why = INCONCLUSIVE, "interval includes 0"
+    verdict, why = INCONCLUSIVE, texts[3]
     if not math.isfinite(half):
         why = ""
     elif (lo > 0 if good > 0 else hi < 0):
@@ -144,7 +144,8 @@ def compare_seeds(base: Sequence[float], diff: Sequence[float], higher_is_better
     return _compare(b, d, 1 if higher_is_better else -1, me, paired, within_se, level,
                     (f"the whole interval is on the good side and the estimate beats {me:.3g}",
                      f"the whole interval is on the bad side and the estimate is worse by more than {me:.3g}",
-                     f"the interval excludes 0 but the estimate is within the minimum effect {me:.3g}"))
+                     f"the interval excludes 0 but the estimate is within the minimum effect {me:.3g}",
+                     "interval includes 0"))
 
 
 def pair_by_seed(base: Mapping[int, float], diff: Mapping[int, float]) -> tuple[list[float], list[float], list[int]]:
@@ -166,7 +167,8 @@ def compare_ratio(base: Sequence[float], diff: Sequence[float], max_ratio: float
     v = _compare(np.log(b), np.log(d), -1, -math.log(r), paired, within_se_log, level,
                  (f"the whole ratio interval is below 1 and the ratio below {r:g}",
                   f"the whole ratio interval is above 1 and the ratio above {1 / r:.3g}",
-                  f"the ratio interval excludes 1 but the ratio is within {r:g}-{1 / r:.3g}"))
+                  f"the ratio interval excludes 1 but the ratio is within {r:g}-{1 / r:.3g}",
+                  "ratio interval includes 1"))
     return replace(v, estimate=math.exp(v.estimate), ci=(math.exp(v.ci[0]), math.exp(v.ci[1])),
                    method=v.method + " on log scale", scale="ratio")
 
