@@ -77,3 +77,7 @@ def test_report_leads_with_a_real_benchmark(runs, tmp_path):
     rows = json.loads((tmp_path / "report" / "results.json").read_text())["retrieval_verdicts"]
     assert {(r["claim"], r["variant"]) for r in rows} >= {("retrieves better among distractors", "diff_v2")}
     assert {r["verdict"] for r in rows} == {SMOKE}  # 3 training steps
+    # the multiplicity note counts every verdict on the page, the benchmark's included
+    lm_rows = json.loads((tmp_path / "report" / "results.json").read_text())["verdicts"]
+    assert f"makes {len(rows) + len(lm_rows)} verdicts" in page
+    assert f"({len(rows)} of them in the retrieval benchmark above, {len(lm_rows)} here.)" in page

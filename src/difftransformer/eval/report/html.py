@@ -114,7 +114,11 @@ def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figu
                   for k in (HELD, NOT_HELD, INCONCLUSIVE, SMOKE)} for v in ("diff_v1", "diff_v2")}
     summary = "; ".join(f"{NAMES[v]}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n)
                         for v, c in counts.items() if sum(c.values()))
-    notes = [summary_note(rows)] + parameter_notes(runs)
+    rrows = extra.get("retrieval_rows", []) if "retrieval" in extra else []
+    # The multiplicity note counts every verdict on the page, the retrieval benchmark's included.
+    notes = [summary_note(list(rrows) + list(rows))] + parameter_notes(runs)
+    if rrows:
+        notes[0] += f" ({len(rrows)} of them in the retrieval benchmark above, {len(rows)} here.)"
     parts.append(f"<p><b>Summary.</b> {_esc(summary)}.</p>"
                  + "".join(f"<p class='note'>{_esc(n)}</p>" for n in notes if n))
     # sections
