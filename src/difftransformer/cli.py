@@ -34,8 +34,26 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 USER_ERRORS = (ValueError, TypeError, OSError)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the house's error form: one ``difftransformer COMMAND: error:`` line, exit code 2 (no usage
+    block; ``--help`` has it). Subcommand parsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _deepest_parser(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser that ``argv`` ends in: ``difftransformer eval needles ...`` -> the needles one."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for i, tok in enumerate(argv):
+                if tok in action.choices:
+                    return _deepest_parser(action.choices[tok], argv[i + 1:])
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="difftransformer", allow_abbrev=False,
         description="Differential Transformer (DIFF V1, DIFF V2) and a parameter-matched baseline: "
                     "train, evaluate, generate, convert, report.")
@@ -50,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand that refused them, not by the top-level parser
+        _deepest_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         rc = args.func(args)
     except USER_ERRORS as e:

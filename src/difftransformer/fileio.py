@@ -7,16 +7,19 @@ exhaust the parser's recursion) into a ``ValueError`` naming the file.
 
 ``fault_point`` is the fault-injection hook of the tests: with ``DIFFTRANSFORMER_FAULT_AT=k`` in the environment
 the process exits (``os._exit``, no cleanup, as a SIGKILL would) at the k-th write it makes; every atomic file,
-checkpoint directory and metrics line is one such point.
+checkpoint directory and metrics line is one such point. ``DIFFTRANSFORMER_FAULT_AT=k:ENOSPC`` (any errno name,
+``EROFS`` for a read-only mount) raises that ``OSError`` at the k-th write instead, naming the file, as a full disk
+would.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -25,13 +28,22 @@ FAULT_EXIT_CODE = 86  # what a process killed by the hook exits with (tests tell
 _writes = 0
 
 
-def fault_point() -> None:
-    """Count one write; exit at once when it is the one ``DIFFTRANSFORMER_FAULT_AT`` names."""
+def fault_point(where: Optional[PathLike] = None) -> None:
+    """Count one write (of ``where``); exit at once, or raise the named ``OSError``, when it is the one
+    ``DIFFTRANSFORMER_FAULT_AT`` names."""
     global _writes
     _writes += 1
     at = os.environ.get(FAULT_ENV)
-    if at and at.isdigit() and int(at) == _writes:
-        os._exit(FAULT_EXIT_CODE)
+    if not at:
+        return
+    k, _, err = at.partition(":")
+    if k.isdigit() and int(k) == _writes:
+        if not err:
+            os._exit(FAULT_EXIT_CODE)
+        code = getattr(errno, err, None)
+        if not isinstance(code, int):
+            raise ValueError(f"{FAULT_ENV}={at!r}: {err!r} is not an errno name (e.g. ENOSPC, EROFS)")
+        raise OSError(code, os.strerror(code), None if where is None else str(where))
 
 
 def fsync_dir(directory: PathLike) -> None:
@@ -52,19 +64,24 @@ def atomic_write(path: PathLike, data: Union[bytes, str]) -> Path:
     """Replace ``path`` with ``data`` (str is written as UTF-8) so that readers see the old or the new file."""
     p = Path(path)
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.tmp-", dir=p.parent)
+    except OSError as e:  # a read-only or missing directory: name the file we meant to write
+        raise OSError(e.errno, e.strerror, str(p)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        fault_point()  # the temp file is complete, the target not yet replaced
+        fault_point(p)  # the temp file is complete, the target not yet replaced
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename is None:  # a full disk says so without a name: add it
+            raise OSError(e.errno, e.strerror, str(p)) from None
         raise
     fsync_dir(p.parent)
     return p

@@ -296,7 +296,7 @@ def append_metrics(run_dir: PathLike, record: dict) -> None:
         if os.environ.get(FAULT_ENV):  # the tests' kill lands inside the line: cut it in two
             f.write(line[:len(line) // 2])
             f.flush()
-            fault_point()
+            fault_point(metrics_path(run_dir))
             f.write(line[len(line) // 2:])
         else:
             f.write(line)

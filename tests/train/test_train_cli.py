@@ -61,11 +61,23 @@ def test_unknown_config_key_in_a_file(files, capsys):
               "unknown key(s) in [train]: step; allowed:")
 
 
-def test_unknown_flag_is_refused_by_the_parser(tmp_path, capsys):
+@pytest.mark.parametrize("argv,prog,text", [
+    (["train", "--config", "tiny", "--train.stepz", "3"], "difftransformer train", "unrecognized arguments: --train.stepz 3"),
+    (["train", "--config", "tiny", "--train.step", "-1"], "difftransformer train", "unrecognized arguments"),  # no abbrev
+    (["report", "x", "--bogus"], "difftransformer report", "unrecognized arguments: --bogus"),
+    (["eval", "needles", "--run", "x", "--zz"], "difftransformer eval needles", "unrecognized arguments: --zz"),
+    (["bench", "attention", "--batch", "x"], "difftransformer bench attention", "invalid int value: 'x'"),
+    (["generate"], "difftransformer generate", "the following arguments are required"),
+    (["bogus"], "difftransformer", "invalid choice: 'bogus'"),
+])
+def test_parser_errors_are_one_line_naming_the_subcommand(tmp_path, capsys, argv, prog, text):
+    argv = [*argv, "--out", str(tmp_path / "run")] if argv[0] == "train" else argv
     with pytest.raises(SystemExit) as e:
-        main(["train", "--config", "tiny", "--out", str(tmp_path / "run"), "--train.stepz", "3"])
+        main(argv)
     assert e.value.code == 2
-    assert "unrecognized arguments: --train.stepz" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{prog}: error: ") and text in err[0], err
+    assert err[0].endswith(f"(see {prog} --help)"), err
     assert not (tmp_path / "run").exists()
 
 

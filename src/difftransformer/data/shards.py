@@ -138,19 +138,27 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
     dtype = "uint16" if data_cfg.vocab_size <= 2**16 else "uint32"
     out.mkdir(parents=True, exist_ok=True)
     tmp_tok = out / f".{TOKENIZER_NAME}.tmp-{os.getpid()}"
-    tok.save(str(tmp_tok))
-    atomic_copy(tmp_tok, out / TOKENIZER_NAME)  # fsynced, then renamed
-    tmp_tok.unlink()
+    try:
+        tok.save(str(tmp_tok))
+        atomic_copy(tmp_tok, out / TOKENIZER_NAME)  # fsynced, then renamed
+    finally:  # a failed write (a full disk) leaves no temporary file behind
+        tmp_tok.unlink(missing_ok=True)
     counts = {}
     for split in SPLITS:
         ids = _encode(tok, split_docs[split], split, progress)
         tmp = out / f".{split}.bin.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            ids.astype(dtype).tofile(f)
-            f.flush()
-            os.fsync(f.fileno())
-        fault_point()
-        tmp.replace(out / f"{split}.bin")
+        try:
+            with open(tmp, "wb") as f:
+                ids.astype(dtype).tofile(f)
+                f.flush()
+                os.fsync(f.fileno())
+            fault_point(out / f"{split}.bin")
+            tmp.replace(out / f"{split}.bin")
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError) and e.filename is None:  # a full disk names no file: name the shard
+                raise OSError(e.errno, e.strerror, str(out / f"{split}.bin")) from None
+            raise
         counts[split] = int(ids.size)
     meta = {"fingerprint": fingerprint(data_cfg), "dtype": dtype, "vocab_size": data_cfg.vocab_size,
             "num_tokens": counts, "documents": {s: len(d) for s, d in split_docs.items()},
@@ -177,8 +185,12 @@ def link_prepared(src: PreparedData, directory: str | Path) -> PreparedData:
         except OSError:
             atomic_copy(src.directory / name, dst)
             continue
-        fault_point()
-        os.replace(tmp, dst)  # never a moment without the file, nor a half-copied one
+        try:
+            fault_point(dst)
+            os.replace(tmp, dst)  # never a moment without the file, nor a half-copied one
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return PreparedData(out, src.dtype, src.vocab_size, dict(src.num_tokens))
 
 

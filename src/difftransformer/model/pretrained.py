@@ -113,7 +113,7 @@ def atomic_directory(directory: PathLike, replace: bool = True) -> Iterator[Path
         for f in tmp.iterdir():  # the contents reach the disk before the rename makes them visible
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        fault_point()  # a complete temporary directory, not yet renamed
+        fault_point(out)  # a complete temporary directory, not yet renamed
         if out.exists() and not replace:
             if not out.is_dir() or any(out.iterdir()):
                 raise FileExistsError(f"{out} exists and is not an empty directory; choose a new --out")
@@ -126,8 +126,11 @@ def atomic_directory(directory: PathLike, replace: bool = True) -> Iterator[Path
         else:
             tmp.rename(out)
         fsync_dir(out.parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename and str(e.filename).startswith(str(tmp)):
+            # name the file the user asked for, not its temporary twin
+            raise OSError(e.errno, e.strerror, str(out) + str(e.filename)[len(str(tmp)):]) from None
         raise
 
 
