@@ -161,8 +161,8 @@ CASES: list[tuple[list[str], str]] = [
         ("--rounds", "0"), ("--kv-heads", "0"), ("--vocab-size", "0")]],
     # --- eval, report, retrieval, demo ----------------------------------------------------------------------
     *[(["eval", "needles", "--run", "{ws}/run", flag, value], why) for flag, value, why in [
-        ("--lengths", "inf", "finite"), ("--lengths", "nan", "finite"), ("--lengths", "0,1", "length"),
-        ("--depths", "a,b", "numbers"), ("--samples", "0", "samples")]],
+        ("--lengths", "inf", "--lengths expects finite"), ("--lengths", "nan", "--lengths expects finite"),
+        ("--lengths", "0,1", "length"), ("--depths", "a,b", "--depths expects comma-separated numbers"), ("--samples", "0", "samples")]],
     (["eval", "noise", "--run", "{ws}/nothing"], "nothing"),
     (["eval", "outliers", "--run", "{ws}/corrupt"], "corrupt"),
     (["eval", "positions", "--run", "{ws}/run", "--sequences", "1"], "sequences"),

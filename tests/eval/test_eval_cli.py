@@ -127,7 +127,7 @@ def test_tokenizer_without_eos(runs, tmp_path, capsys):
     (["icl", "--context", "8"], "use a longer --context or fewer --words"),
     (["icl", "--samples", "100000"], "--samples 100000: not enough verses"),
     (["needles", "--depths", "0.5,2"], "--depths must be numbers in [0, 1]"),
-    (["needles", "--lengths", "a,b"], "expected comma-separated numbers"),
+    (["needles", "--lengths", "a,b"], "--lengths expects comma-separated numbers"),
     (["noise", "--samples", "0"], "--samples must be >= 1"),
     (["outliers", "--sequences", "0"], "--sequences must be >= 1"),
     (["quantized", "--bits", "8,1"], "--bits: 1 is too few"),

@@ -27,13 +27,13 @@ from .spec import AnalysisSpec, check_positive
 
 
 # ---------------------------------------------------------------------------------------------- shared flags
-def floats(text: str) -> list[float]:
+def floats(text: str, flag: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+        raise ValueError(f"{flag} expects comma-separated numbers, got {text!r}") from None
     if any(not math.isfinite(v) for v in values):
-        raise ValueError(f"expected finite numbers, got {text!r}")
+        raise ValueError(f"{flag} expects finite numbers, got {text!r}")
     return values
 
 
@@ -59,7 +59,7 @@ def _needles_flags(p, q: NeedlesSettings) -> None:
 
 
 def _needles_settings(args) -> NeedlesSettings:
-    lengths, depths = floats(args.lengths), floats(args.depths)
+    lengths, depths = floats(args.lengths, "--lengths"), floats(args.depths, "--depths")
     if not lengths or any(f <= 0 for f in lengths):
         raise ValueError(f"--lengths must be positive fractions of the training length, got {args.lengths!r}")
     if not depths or any(not 0 <= d <= 1 for d in depths):
