@@ -96,6 +96,8 @@ CASES: list[tuple[list[str], str]] = [
         ("model.lambda_init", "1.5"), ("model.lambda_init", "nan"), ("model.v2_lambda", "relu"),
         ("model.tie_embeddings", "2"),
     ]],
+    ([*TRAIN, "--out", "{ws}/new", "--model.d_model=1000000"], "GiB"),  # would abort in the allocator
+    ([*TRAIN, "--out", "{ws}/new", "--data.vocab_size=1048576", "--model.d_model=400000"], "parameters"),
     ([*TRAIN[:1], "--config", "nope", "--out", "{ws}/new"], "nope"),
     ([*TRAIN[:1], "--config", "{ws}/bad.toml", "--out", "{ws}/new"], "bad.toml"),
     ([*TRAIN[:1], "--config", "{ws}/missing.toml", "--out", "{ws}/new"], "missing.toml"),

@@ -90,4 +90,8 @@ def test_torchrun_on_a_locked_run_is_refused_by_every_rank(reference):
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode != 0
     assert "difftransformer train: error: " in res.stderr and "is being written by another process" in res.stderr
+    # rank 1 says so in one line too, pointing at rank 0's reason: no traceback from any rank (torchrun's own
+    # launcher still prints its ChildFailedError summary, which is not ours to change)
+    assert "difftransformer train: error: rank 0 could not lock" in res.stderr
+    assert "difftransformer/train/" not in res.stderr, res.stderr[-3000:]
     assert sorted(p.name for p in run.iterdir()) == [rundir.LOCK_NAME]

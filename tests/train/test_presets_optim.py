@@ -140,3 +140,16 @@ def test_tiny_trains_and_logs(tmp_path, prepared_dir):
             "lambda_v2_mean_sigmoid/layer_1"} <= tags
     assert json.loads((tmp_path / "run_config.json").read_text())["model"]["attention"] == "diff_v2"
     assert (tmp_path / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("attention", ["baseline", "diff_v1", "diff_v2"])
+def test_parameter_estimate_matches_the_built_model(attention):
+    """The memory check's count (meta device, extrapolated in n_layers) equals the real model's."""
+    from difftransformer.model.transformer import DiffTransformerLM
+    from difftransformer.train.trainer import estimated_parameters
+    from suite_helpers import tiny_model_config
+
+    cfg = tiny_model_config(attention, n_layers=5, tie_embeddings=False)
+    assert estimated_parameters(cfg) == DiffTransformerLM(cfg).num_parameters()
+    cfg = tiny_model_config(attention, n_layers=1)
+    assert estimated_parameters(cfg) == DiffTransformerLM(cfg).num_parameters()

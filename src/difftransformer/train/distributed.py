@@ -115,6 +115,11 @@ def mean_across(value: float, info: DistInfo) -> float:
     return float(t.item()) / info.world_size
 
 
+class RankZeroFailed(ValueError):
+    """Raised on the other ranks when rank 0 refused its input or failed (rank 0 printed why): a ValueError, so
+    each rank ends with one error line rather than a traceback."""
+
+
 def all_ok(ok: bool, info: DistInfo) -> bool:
     """True when every rank passes ``ok=True`` (a collective: every rank must call it once)."""
     if not info.distributed:

@@ -26,7 +26,7 @@ from ..fileio import atomic_copy
 from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
-from .distributed import DistInfo, all_ok, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
+from .distributed import DistInfo, RankZeroFailed, all_ok, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
 from .metrics import LambdaProbe, MetricsLogger
 from .optim import build_optimizer, lr_at
 
@@ -100,7 +100,7 @@ def setup_data(cfg: TrainConfig, run_dir: Path, info: DistInfo, progress: bool) 
             all_ok(False, info)  # let the other ranks stop too instead of waiting at the barrier
             raise
     if not all_ok(True, info):
-        raise RuntimeError(f"rank 0 failed to prepare the data in {target} (its error is printed above)")
+        raise RankZeroFailed(f"rank 0 failed to prepare the data in {target} (its error is printed above)")
     data = read_prepared(target, cfg.data)
     if data is None:
         raise FileNotFoundError(f"{target} holds no prepared data (rank {info.rank})")
@@ -212,7 +212,7 @@ def _writer_lock(run_dir: Path, info: DistInfo):
                 all_ok(False, info)  # the other ranks stop too instead of waiting at the next collective
                 raise
         if not all_ok(True, info):
-            raise RuntimeError(f"rank 0 could not lock {run_dir} (its error is printed above)")
+            raise RankZeroFailed(f"rank 0 could not lock {run_dir} (its error is printed above)")
         yield
 
 
@@ -220,8 +220,44 @@ def _warn(msg: str) -> None:
     print(f"difftransformer train: {msg}", file=sys.stderr, flush=True)
 
 
+TRAIN_BYTES_PER_PARAM = 16  # float32 weights, gradients and AdamW's two moments; activations come on top
+
+
+def estimated_parameters(model_cfg) -> int:
+    """The parameter count of ``model_cfg`` without allocating it: a 1- and a 2-layer copy built on the meta
+    device, extrapolated linearly in ``n_layers`` (every layer has the same shapes)."""
+    import dataclasses
+
+    def count(n_layers: int) -> int:
+        with torch.device("meta"):
+            return DiffTransformerLM(dataclasses.replace(model_cfg, n_layers=n_layers)).num_parameters()
+
+    one = count(1)
+    return one + (count(2) - one) * (model_cfg.n_layers - 1)
+
+
+def check_fits_memory(model_cfg, info: DistInfo, parallel: str) -> None:
+    """Refuse, before any data is prepared, a model whose weights, gradients and optimizer states alone exceed the
+    device's memory (a ValueError naming the sizes, not an allocator abort minutes later)."""
+    if info.device.type == "cuda":
+        total = torch.cuda.get_device_properties(info.device).total_memory
+    else:
+        try:
+            import os
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return
+    n = estimated_parameters(model_cfg)
+    need = n * TRAIN_BYTES_PER_PARAM // (info.world_size if parallel == "fsdp" else 1)
+    if need > total:
+        raise ValueError(f"the model has {n:,} parameters: training needs at least {need / 2**30:,.1f} GiB per "
+                         f"{info.device.type.upper()} device for weights, gradients and AdamW states, more than its "
+                         f"{total / 2**30:,.1f} GiB; lower model.d_model, model.n_layers or data.vocab_size")
+
+
 def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, desc: str) -> TrainResult:
     accum = cfg.accumulation(info.world_size)
+    check_fits_memory(cfg.model, info, cfg.train.parallel)
     ckpt = check_run_dir(cfg, run_dir, resume, _warn if info.is_main else (lambda m: None))
     data = setup_data(cfg, run_dir, info, progress and info.is_main)
     if info.is_main:
