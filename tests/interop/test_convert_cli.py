@@ -82,6 +82,27 @@ def test_from_hf_and_back_through_the_cli(tmp_path, dirs, capsys, kind, cls, att
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_llama_to_diff_v2_keeps_the_function(tmp_path, dirs, capsys):
+    """`convert --from-hf LLAMA --attention diff_v2`: transformers' logits on the source weights, and the added
+    parameters printed."""
+    assert main(["convert", "--from-hf", str(dirs / "llama"), "--attention", "diff_v2",
+                 "--out", str(tmp_path / "v2")]) == 0
+    out = capsys.readouterr().out
+    model = DiffTransformerLM.from_pretrained(tmp_path / "v2")
+    assert model.cfg.attention == "diff_v2" and model.cfg.v2_lambda == "sigmoid"
+    added = 2 * (4 * 16 + 4) * 64  # per layer: the second query of each pair (H*d rows) and W_lambda (H rows)
+    assert f"{model.num_parameters():,} parameters; +{added:,} over the source" in out, out
+    hf = LlamaForCausalLM.from_pretrained(dirs / "llama").eval()
+    with torch.no_grad():
+        want, got = hf(IDS).logits, model(IDS).logits
+    assert want.abs().max() > 1.0 and (want - got).abs().max() <= 1e-5
+    cli_fails(capsys, ["convert", "--from-hf", str(dirs / "diffllama"), "--attention", "diff_v2",
+                       "--out", str(tmp_path / "x")], "converts a Llama")
+    cli_fails(capsys, ["convert", "--to-hf", str(dirs / "ours_base"), "--attention", "diff_v2",
+                       "--out", str(tmp_path / "x")], "--from-hf only")
+    assert not (tmp_path / "x").exists()
+
+
 def test_ours_to_hf_to_ours_through_the_cli_is_bitwise(tmp_path, dirs, capsys):
     assert main(["convert", "--to-hf", str(dirs / "ours_v1"), "--out", str(tmp_path / "hf"),
                  "--expect", "diff_v1"]) == 0

@@ -1,10 +1,15 @@
 """`difftransformer convert`: Hugging Face checkpoints in and out.
 
     difftransformer convert --from-hf HF_DIR --out MODEL_DIR   # DiffLlamaForCausalLM -> DIFF V1, Llama -> baseline
+    difftransformer convert --from-hf LLAMA_DIR --attention diff_v2 --out MODEL_DIR   # Llama -> DIFF V2, same function
     difftransformer convert --to-hf RUN_OR_MODEL_DIR --out HF_DIR   # DIFF V1 -> DiffLlama, baseline -> Llama
 
 Only config.json and safetensors are read (pytorch_model.bin is refused). DIFF V2 has no Hugging Face class and
 stays in our own format. A tokenizer.json beside the weights is copied along.
+
+`--attention diff_v2` turns a Llama (our baseline) into DIFF V2 computing exactly the same function, to continue
+training from: each query head is copied into both members of its pair, W_lambda starts at zero (lambda = 1/2)
+and W_o is doubled (`difftransformer.model.upcycle` derives it). The added parameters are printed.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 
 from ..model.pretrained import is_model_dir, save_pretrained
 from ..model.transformer import DiffTransformerLM
+from ..model.upcycle import baseline_to_diff_v2
 from ..rundir import TOKENIZER_NAME, resolve_checkpoint
 from .hf import is_hf_dir, load_hf, save_hf
 
@@ -30,6 +36,11 @@ def register(sub) -> None:
     src.add_argument("--to-hf", type=Path, metavar="DIR",
                      help="our run or model directory (DIFF V1 or baseline) to export for transformers")
     p.add_argument("--out", type=Path, required=True, help="output directory (must not exist or be empty)")
+    p.add_argument("--attention", choices=("diff_v2",), default=None,
+                   help="with --from-hf of a Llama: convert it to DIFF V2 computing the same function (the second "
+                        "query of each pair and W_lambda are added)")
+    p.add_argument("--v2-lambda", choices=("sigmoid", "raw"), default="sigmoid",
+                   help="with --attention diff_v2: the V2 lambda form of the result (default sigmoid)")
     p.add_argument("--expect", choices=sorted(EXPECT), default=None,
                    help="refuse any other architecture (e.g. --expect diffllama)")
     p.set_defaults(func=run)
@@ -43,16 +54,27 @@ def _check_out(out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     expect = EXPECT[args.expect] if args.expect else None
+    if args.attention is not None and args.from_hf is None:
+        raise ValueError("--attention applies to --from-hf only (export keeps the model's own attention)")
     if args.from_hf is not None:
         if is_model_dir(args.from_hf):
             raise ValueError(f"{args.from_hf} is in our own format, not a Hugging Face checkpoint (its config.json "
                              "names no model_type); use --to-hf to export it")
         model = load_hf(args.from_hf, expect=expect)
+        added = ""
+        if args.attention == "diff_v2":
+            if model.cfg.attention != "baseline":
+                raise ValueError(f"--attention diff_v2 converts a Llama; {args.from_hf} holds a "
+                                 f"{model.cfg.attention} model")
+            source = model
+            model = baseline_to_diff_v2(source, args.v2_lambda)
+            added = (f"; {model.num_parameters() - source.num_parameters():+,} over the source: the second query "
+                     "of each pair and W_lambda, set so that the function is unchanged")
         tok = args.from_hf / TOKENIZER_NAME
         if args.out.exists():
             args.out.rmdir()
         save_pretrained(model, args.out, tokenizer_file=tok if tok.is_file() else None)
-        kind = model.cfg.attention
+        kind = {"diff_v2": "DIFF V2", "diff_v1": "DIFF V1"}.get(model.cfg.attention, model.cfg.attention)
     else:
         if args.to_hf.is_dir() and is_hf_dir(args.to_hf):
             raise ValueError(f"{args.to_hf} is already a Hugging Face checkpoint (use --from-hf to import it)")
@@ -62,6 +84,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{model_dir} holds attention={model.cfg.attention!r}, not the expected {expect}")
         tok = model_dir / TOKENIZER_NAME
         save_hf(model, args.out, tokenizer_file=tok if tok.is_file() else None)
-        kind = "DiffLlamaForCausalLM" if model.cfg.attention == "diff_v1" else "LlamaForCausalLM"
-    print(f"wrote {kind} ({model.num_parameters():,} parameters) to {args.out}")
+        kind, added = "DiffLlamaForCausalLM" if model.cfg.attention == "diff_v1" else "LlamaForCausalLM", ""
+    print(f"wrote {kind} ({model.num_parameters():,} parameters{added}) to {args.out}")
     return 0
