@@ -30,7 +30,7 @@ from . import corpus
 from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents, short_sentences
 from ..model.pretrained import TOKENIZER_NAME  # the one spelling of the file name; shards sit in a run
 from ..fileio import atomic_copy, atomic_json, fault_point, parse_json
-from .tokenizer import eos_id, train_tokenizer
+from .tokenizer import eos_id, load_tokenizer, train_tokenizer
 
 META_NAME = "meta.json"
 SPLITS = ("train", "val")
@@ -134,13 +134,22 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
     train_docs, val_docs = corpus.split_documents(docs, data_cfg.val_fraction)
     split_docs = {"train": mix_retrieval(train_docs, data_cfg, data_cfg.seed),
                   "val": mix_retrieval(val_docs, data_cfg, data_cfg.seed + 1)}
-    tok = train_tokenizer(split_docs["train"], data_cfg.vocab_size)
+    if data_cfg.tokenizer:  # a pretrained model's own tokenizer (train --init-from): never a new BPE
+        tok = load_tokenizer(data_cfg.tokenizer)
+        if tok.get_vocab_size() > data_cfg.vocab_size:
+            raise ValueError(f"data.tokenizer={data_cfg.tokenizer} has {tok.get_vocab_size()} tokens, more than "
+                             f"data.vocab_size={data_cfg.vocab_size}")
+    else:
+        tok = train_tokenizer(split_docs["train"], data_cfg.vocab_size)
     dtype = "uint16" if data_cfg.vocab_size <= 2**16 else "uint32"
     out.mkdir(parents=True, exist_ok=True)
     tmp_tok = out / f".{TOKENIZER_NAME}.tmp-{os.getpid()}"
     try:
-        tok.save(str(tmp_tok))
-        atomic_copy(tmp_tok, out / TOKENIZER_NAME)  # fsynced, then renamed
+        if data_cfg.tokenizer:  # byte for byte the source's file
+            atomic_copy(data_cfg.tokenizer, out / TOKENIZER_NAME)
+        else:
+            tok.save(str(tmp_tok))
+            atomic_copy(tmp_tok, out / TOKENIZER_NAME)  # fsynced, then renamed
     finally:  # a failed write (a full disk) leaves no temporary file behind
         tmp_tok.unlink(missing_ok=True)
     counts = {}

@@ -3,6 +3,7 @@
   difftransformer train --config demo --model.attention diff_v2 --out runs/v2
   difftransformer train --out runs/v2 --resume --train.steps 4000   # the run's own config, more steps
   python -m torch.distributed.run --nproc_per_node=2 -m difftransformer train --config tiny --out runs/ddp
+  difftransformer train --config tiny --init-from hf-llama --model.attention diff_v2 --out runs/ft-v2
 
 Every config key is also a flag --section.key VALUE (VALUE read as TOML: 3e-4, true, '["a.txt", "b/"]', or a
 bare word). The run directory receives run_config.json, tokenizer.json, data/, metrics.jsonl, tb/ and
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from .config import TrainConfig, parse_value, list_presets, load_config, merge, override_keys
+from .init_from import apply_init_from
 
 OVERRIDE_PREFIX = "override:"
 
@@ -37,7 +39,11 @@ def run(args: argparse.Namespace) -> int:
                              "; or a .toml file), unless --resume finds the run's run_config.json")
         cfg = merge(TrainConfig.from_dict(saved), overrides)
     else:
+        init_from = args.init_from or overrides.get("train", {}).pop("init_from", None)
+        model_overrides = overrides.pop("model", {}) if init_from else {}
         cfg = load_config(args.config, overrides)
+        if init_from:
+            cfg = apply_init_from(cfg, Path(init_from), model_overrides)
     result = train(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary line
         print(f"{cfg.model.attention}: {result.parameters:,} parameters, {result.tokens_per_s:,.0f} tokens/s, "
@@ -54,6 +60,11 @@ def register(sub) -> None:
     p.add_argument("--out", default="runs/train", metavar="RUN_DIR", help="run directory (default runs/train)")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR from its newest complete checkpoint (a corrupt newest one is skipped)")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="continue training an existing model: one of our model or run directories, or a Hugging "
+                        "Face Llama/DiffLlama directory. The run takes its model config and its tokenizer.json (no "
+                        "BPE is trained) and starts from its weights; only --model.backend may change, and "
+                        "--model.attention diff_v2 converts a baseline/Llama to DIFF V2 with the same function")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     g = p.add_argument_group("config overrides (--section.key VALUE, VALUE parsed as TOML)")
     for key, text in override_keys():

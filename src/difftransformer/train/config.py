@@ -54,6 +54,8 @@ class DataConfig:
     retrieval_n_filler: int = _field(8, "corpus filler sentences per retrieval document")
     retrieval_digits: int = _field(3, "digits of each pass number")
     seed: int = _field(1234, "seed of the document shuffle and the retrieval documents")
+    tokenizer: str = _field("", "a tokenizer.json to encode with instead of training a BPE (train --init-from sets "
+                                "it to the source model's)")
     prepared_dir: str = _field("", "folder where shards are prepared once and shared (hard-linked into the run's "
                                    "data folder)")
 
@@ -80,6 +82,8 @@ class OptimConfig:
                                           '"bfloat16"')
     compile: bool = _field(False, "torch.compile the model (true/false)")
     parallel: Parallel = _field("ddp", 'under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard)')
+    init_from: str = _field("", "start from this model's weights (set by train --init-from: one of our model or run "
+                                "directories, or a Hugging Face Llama/DiffLlama directory)")
 
 
 @dataclass

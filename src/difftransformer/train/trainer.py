@@ -266,6 +266,9 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
 
     torch.manual_seed(cfg.train.seed)
     raw = DiffTransformerLM(cfg.model).to(info.device)  # built on CPU by the seed, so every rank starts equal
+    if ckpt is None and cfg.train.init_from:  # continued training: the source's weights (every rank, before wrap)
+        from .init_from import load_source_weights
+        raw.load_state_dict(load_source_weights(cfg))
     model = wrap(raw, cfg.train.parallel, info)
     optimizer = build_optimizer(raw, cfg.train)
     sampler = WindowSampler(data.num_tokens["train"], cfg.data.seq_len, cfg.train.seed)
