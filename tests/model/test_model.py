@@ -143,3 +143,22 @@ def test_paper_3b_shape_on_meta():
     with torch.device("meta"):
         n = DiffTransformerLM(cfg).num_parameters()
     assert 3.0e9 < n < 4.0e9  # 3.17B in the blocks plus 2 x 0.31B untied embeddings
+
+
+@pytest.mark.parametrize("attention", ["baseline", "diff_v1", "diff_v2"])
+def test_logits_to_keep_is_the_tail_of_the_full_logits(attention):
+    """Prefill's output layer on the last positions only: the same numbers as the full forward's tail."""
+    from suite_helpers import tiny_model_config
+
+    torch.manual_seed(0)
+    model = DiffTransformerLM(tiny_model_config(attention)).double().eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 20))
+    full = model(ids).logits
+    for k in (1, 3, 20):
+        part = model(ids, logits_to_keep=k).logits
+        assert part.shape == (2, k, model.cfg.vocab_size)
+        torch.testing.assert_close(part, full[:, -k:], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="targets"):
+        model(ids, targets=ids, logits_to_keep=1)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(ids, logits_to_keep=0)

@@ -124,7 +124,7 @@ def check_vocab(ids: torch.Tensor, mask: torch.Tensor, vocab_size: int) -> None:
 def prefill(model: DiffTransformerLM, ids: torch.Tensor, cache_mask: torch.Tensor) -> torch.Tensor:
     """Run the whole (padded) prompt through the model, filling the cache; last-position logits (B, V)."""
     input_pos = torch.arange(ids.shape[1], device=ids.device)
-    return model(ids, input_pos=input_pos, attention_mask=cache_mask).logits[:, -1]
+    return model(ids, input_pos=input_pos, attention_mask=cache_mask, logits_to_keep=1).logits[:, -1]
 
 
 def decode_step(model: DiffTransformerLM, token: torch.Tensor, input_pos: torch.Tensor,

@@ -150,14 +150,23 @@ class DiffTransformerLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 attention_mask: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None,
-                return_maps: bool = False, return_hidden: bool = False) -> LMOutput:
+                return_maps: bool = False, return_hidden: bool = False,
+                logits_to_keep: Optional[int] = None) -> LMOutput:
         """idx (B, T) token ids; targets (B, T) next-token ids (-100 = ignore) for the loss.
+
+        logits_to_keep: compute the output layer for the last k positions only (logits (B, k, vocab)); a prompt's
+        prefill needs one, and the full (B, T, vocab) tensor is the largest of the forward at long prompts.
 
         attention_mask: (B, Tk) bool/int, 1 for real tokens, over all key positions (Tk = T, or the cache length
         when a KV cache is set up). input_pos: (T,) positions of idx, required with a KV cache (default 0..T-1).
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, seq_len), got {tuple(idx.shape)}")
+        if logits_to_keep is not None:
+            if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 1:
+                raise ValueError(f"logits_to_keep must be a positive integer or None, got {logits_to_keep!r}")
+            if targets is not None:
+                raise ValueError("logits_to_keep cannot be combined with targets (the loss needs every position)")
         B, T = idx.shape
         limit = self.cfg.max_seq_len
         if input_pos is None and self.layers[0].attn.kv_cache is not None:
@@ -186,7 +195,9 @@ class DiffTransformerLM(nn.Module):
                 maps.append(m)
             if return_hidden:
                 hidden.append(x)
-        logits = self.output(self.norm(x))  # (B, T, vocab)
+        if logits_to_keep is not None:
+            x = x[:, -logits_to_keep:]  # the output layer (B, T, vocab) only where it is read
+        logits = self.output(self.norm(x))  # (B, T or logits_to_keep, vocab)
         loss = lm_loss(logits, targets) if targets is not None else None
         return LMOutput(logits=logits, loss=loss, maps=maps, hidden_states=hidden)
 
