@@ -14,6 +14,7 @@ from .bench import cli as bench_cli
 from .eval import cli as eval_cli
 from .inference import cli as inference_cli
 from .interop import cli as interop_cli
+from .interop import lm_eval_cli
 from .retrieval import cli as retrieval_cli
 from .train import cli as train_cli
 
@@ -24,6 +25,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     bench_cli.register,
     inference_cli.register,
     interop_cli.register,
+    lm_eval_cli.register,
     eval_cli.register,
     eval_cli.register_report,
     retrieval_cli.register,
