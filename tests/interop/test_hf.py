@@ -218,3 +218,39 @@ def test_expected_architecture_is_enforced(tmp_path):
     hf_model("llama", 4, 2).save_pretrained(tmp_path / "hf")
     with pytest.raises(ValueError, match="not the expected diff_v1"):
         load_hf(tmp_path / "hf", expect="diff_v1")
+
+
+@pytest.mark.parametrize("factor, low, high, original", [(8.0, 1.0, 4.0, 16), (32.0, 1.0, 4.0, 8)])
+def test_llama3_rope_scaling_converts_both_ways(tmp_path, factor, low, high, original):
+    """Llama 3.1/3.2's `rope_type: llama3`: our logits equal transformers' (positions past the original length
+    included, where the scaling acts), and an export reads back the same scaling."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from difftransformer.interop.hf import load_hf, save_hf
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": low,
+            "high_freq_factor": high, "original_max_position_embeddings": original}
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5,
+                      rope_parameters=rope, rope_scaling=rope)
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_hf(tmp_path / "hf")
+    assert ours.cfg.rope_type == "llama3" and ours.cfg.rope_factor == factor
+    ids = torch.randint(0, 96, (2, 60), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = hf(ids).logits, ours(ids).logits
+    assert (want - got).abs().max() <= 1e-4
+    plain = ours.cfg.replace(rope_type="default", rope_factor=1.0, rope_low_freq_factor=1.0,
+                             rope_high_freq_factor=4.0, rope_original_max_len=8192)
+    other = DiffTransformerLM(plain)
+    other.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        assert (other.eval()(ids).logits - want).abs().max() > 1e-3  # the scaling matters at these positions
+    save_hf(ours, tmp_path / "back")
+    assert load_hf(tmp_path / "back").cfg == ours.cfg

@@ -101,9 +101,16 @@ def read_hf_config(hf_dir: PathLike) -> dict[str, Any]:
     return cfg
 
 
-def _rope_theta(hf: dict[str, Any]) -> float:
+LLAMA3_KEYS = {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
+               "high_freq_factor": "rope_high_freq_factor",
+               "original_max_position_embeddings": "rope_original_max_len"}
+
+
+def _rope(hf: dict[str, Any]) -> dict[str, Any]:
+    """Our RoPE fields (rope_theta, and Llama 3.1's scaling when the file names it) from a config.json."""
     # transformers 4.x writes rope_scaling, 5.x rope_parameters, some files both: each is checked on its own, so
     # a scaled RoPE in one is never hidden by "default" in the other (it would convert to wrong logits).
+    out: dict[str, Any] = {}
     for key in ("rope_parameters", "rope_scaling"):
         v = hf.get(key)
         if v is None:
@@ -111,11 +118,19 @@ def _rope_theta(hf: dict[str, Any]) -> float:
         if not isinstance(v, dict):
             raise ValueError(f"{key}={v!r} must be a mapping (e.g. {{\"rope_type\": \"default\"}}) or null")
         kind = v.get("rope_type", v.get("type", "default"))
-        if kind != "default":
+        if kind == "llama3":
+            missing = [k for k in LLAMA3_KEYS if k not in v]
+            if missing:
+                raise ValueError(f"{key}: rope_type 'llama3' needs {', '.join(missing)}")
+            out.update({"rope_type": "llama3", **{ours: _number(hf, f"{key}.{k}", v[k])
+                                                  for k, ours in LLAMA3_KEYS.items()}})
+            out["rope_original_max_len"] = int(out["rope_original_max_len"])
+        elif kind != "default":
             raise ValueError(f"{key}.rope_type={kind!r} is not implemented here; only plain RoPE (rope_type "
-                             "'default') converts")
+                             "'default') and Llama 3.1's 'llama3' convert")
     rp = hf.get("rope_parameters") or {}
-    return _number(hf, "rope_theta", rp.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+    out["rope_theta"] = _number(hf, "rope_theta", rp.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+    return out
 
 
 def _number(hf: dict[str, Any], key: str, v: Any) -> float:
@@ -159,7 +174,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         vocab_size=_count(hf, "vocab_size"), d_model=d_model, n_layers=_count(hf, "num_hidden_layers"),
         n_heads=H, n_kv_heads=_count(hf, "num_key_value_heads", hf.get("num_key_value_heads") or H),
         head_dim=_count(hf, "head_dim", hf.get("head_dim") or d_model // H), attention=attention,
-        ffn_hidden=_count(hf, "intermediate_size"), rope_theta=_rope_theta(hf),
+        ffn_hidden=_count(hf, "intermediate_size"), **_rope(hf),
         max_seq_len=_count(hf, "max_position_embeddings", 2048), norm_eps=eps,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         init_std=_number(hf, "initializer_range", hf.get("initializer_range", 0.02)))
@@ -176,6 +191,13 @@ def _architecture_of(cfg: ModelConfig) -> str:
         raise ValueError("attention='diff_v2' has no Hugging Face class; keep our own format "
                          "(config.json + model.safetensors), which DiffTransformerLM.from_pretrained reloads")
     return "diffllama" if cfg.attention == "diff_v1" else "llama"
+
+
+def _rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
+    if cfg.rope_type == "llama3":
+        out.update({k: getattr(cfg, ours) for k, ours in LLAMA3_KEYS.items()})
+    return out
 
 
 def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -196,7 +218,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim, "hidden_act": "silu", "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": _rope_parameters(cfg),
         "rope_theta": cfg.rope_theta,  # transformers 4.x reads this key; 5.x reads rope_parameters
         "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "initializer_range": cfg.init_std,
         "dtype": str(dtype).removeprefix("torch."), "use_cache": True,

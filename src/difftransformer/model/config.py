@@ -66,6 +66,12 @@ class ModelConfig:
     ffn_hidden: int | None = None  # SwiGLU width; default ~8/3 d_model rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     rope_theta: float = 10000.0
+    # RoPE frequency scaling: "default" (none) or "llama3" (Llama 3.1/3.2's; the four numbers below are its own)
+    rope_type: Literal["default", "llama3"] = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
     max_seq_len: int = 1024
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
@@ -104,6 +110,22 @@ class ModelConfig:
         for name in ("tie_embeddings", "headwise_norm", "headwise_norm_weight"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        _check_choice("rope_type", self.rope_type, ("default", "llama3"))
+        for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ValueError(f"ModelConfig.{name} must be a positive finite number, got {v!r}")
+        _check_positive_int("rope_original_max_len", self.rope_original_max_len)
+        if self.rope_type == "llama3" and not (self.rope_factor >= 1
+                                               and self.rope_low_freq_factor < self.rope_high_freq_factor):
+            raise ValueError(f"ModelConfig: rope_type='llama3' needs rope_factor >= 1 (got {self.rope_factor}) and "
+                             f"rope_low_freq_factor < rope_high_freq_factor (got {self.rope_low_freq_factor}, "
+                             f"{self.rope_high_freq_factor})")
+        if self.rope_type == "default":
+            default = {f.name: f.default for f in fields(ModelConfig)}
+            for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"):
+                if getattr(self, name) != default[name]:
+                    raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} only applies to rope_type='llama3'")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs of channels)")
         if self.n_heads % self.n_kv_heads:

@@ -6,6 +6,8 @@ Channels (2i, 2i+1) of each head form one rotated pair. Hugging Face's Llama/Dif
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -17,6 +19,20 @@ def rope_frequencies(head_dim: int, theta: float, device: torch.device | str | N
     and float64 tests see exact RoPE. Not stored as a buffer, so ``model.to(bfloat16)`` cannot degrade it.
     """
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=dtype) / head_dim))
+
+
+def llama3_scaled(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                  original_max_len: int) -> torch.Tensor:
+    """Llama 3.1's RoPE frequency scaling (``rope_type: llama3``): wavelengths longer than
+    ``original_max_len / low_freq_factor`` are stretched by ``factor``, those shorter than
+    ``original_max_len / high_freq_factor`` are kept, and the band between is interpolated smoothly."""
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = original_max_len / low_freq_factor, original_max_len / high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

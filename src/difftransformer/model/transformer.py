@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .norm import RMSNorm
 from .pretrained import WEIGHTS_NAME, assign_weights, read_model_dir, save_pretrained
-from .rope import rope_cos_sin, rope_frequencies
+from .rope import llama3_scaled, rope_cos_sin, rope_frequencies
 
 
 class SwiGLU(nn.Module):
@@ -183,6 +183,10 @@ class DiffTransformerLM(nn.Module):
         # float64 frequencies (float32 where the device has no float64): exact angles at long contexts
         fdt = torch.float32 if idx.device.type == "mps" else torch.float64
         inv_freq = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta, idx.device, fdt)
+        if self.cfg.rope_type == "llama3":
+            c = self.cfg
+            inv_freq = llama3_scaled(inv_freq, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
+                                     c.rope_original_max_len)
         rope = rope_cos_sin(pos, inv_freq)  # (T, 1, d/2) each
         mask = self.build_mask(B, T, input_pos, attention_mask, idx.device)
 
