@@ -200,3 +200,43 @@ def test_existing_out_is_not_overwritten(tmp_path, dirs, capsys):
     cli_fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--out", str(out)], "exists and is not an empty")
     cli_fails(capsys, ["convert", "--to-hf", str(dirs / "ours_v1"), "--out", str(out)], "exists and is not an empty")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_side_files_travel_both_ways(tmp_path, dirs):
+    """tokenizer_config.json, special_tokens_map.json, generation_config.json and the chat template survive
+    HF -> ours -> HF byte for byte, and config.json takes its token ids from generation_config.json."""
+    src = tmp_path / "llama"
+    shutil.copytree(dirs / "llama", src)
+    side = {"tokenizer_config.json": b'{"eos_token": "<|im_end|>", "tokenizer_class": "PreTrainedTokenizerFast"}\n',
+            "special_tokens_map.json": b'{"eos_token": "<|im_end|>"}\n',
+            "generation_config.json": b'{"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}\n',
+            "chat_template.jinja": b"{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"}
+    for name, data in side.items():
+        (src / name).write_bytes(data)
+    assert main(["convert", "--from-hf", str(src), "--out", str(tmp_path / "ours")]) == 0
+    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "back")]) == 0
+    for name, data in side.items():
+        assert (tmp_path / "ours" / name).read_bytes() == data and (tmp_path / "back" / name).read_bytes() == data
+    cfg = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (cfg["bos_token_id"], cfg["eos_token_id"], cfg["pad_token_id"]) == (1, 2, 2)
+
+
+def test_our_run_exports_its_end_token(tmp_path):
+    """An exported run of ours names <|endoftext|> as transformers' end token (it assumed ids 1/2 before, which
+    are ordinary tokens of our BPE), so AutoTokenizer knows it and transformers' generate stops there."""
+    from transformers import AutoTokenizer
+
+    from difftransformer import rundir
+
+    assert main(["train", "--config", "tiny", "--model.attention", "baseline", "--train.steps", "1",
+                 "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert main(["convert", "--to-hf", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == eos
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["eos_token_id"] == eos and cfg["bos_token_id"] == eos
+    assert tok("In the beginning")["input_ids"] == rundir.read_tokenizer(
+        rundir.tokenizer_path(tmp_path / "run"), 512).encode("In the beginning").ids
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert model.generation_config.eos_token_id == eos

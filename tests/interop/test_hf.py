@@ -254,3 +254,10 @@ def test_llama3_rope_scaling_converts_both_ways(tmp_path, factor, low, high, ori
         assert (other.eval()(ids).logits - want).abs().max() > 1e-3  # the scaling matters at these positions
     save_hf(ours, tmp_path / "back")
     assert load_hf(tmp_path / "back").cfg == ours.cfg
+
+
+def test_from_pretrained_on_a_hugging_face_directory_says_what_to_do(tmp_path):
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "hf")
+    with pytest.raises(ValueError, match="is a Hugging Face checkpoint .*convert --from-hf"):
+        DiffTransformerLM.from_pretrained(tmp_path / "hf")

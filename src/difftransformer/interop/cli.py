@@ -21,7 +21,7 @@ from ..model.pretrained import is_model_dir, save_pretrained
 from ..model.transformer import DiffTransformerLM
 from ..model.upcycle import baseline_to_diff_v2
 from ..rundir import TOKENIZER_NAME, resolve_checkpoint
-from .hf import is_hf_dir, load_hf, save_hf
+from .hf import is_hf_dir, load_hf, save_hf, side_files_of
 
 EXPECT = {"diff_v1": "diff_v1", "baseline": "baseline", "diffllama": "diff_v1", "llama": "baseline"}
 
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         tok = args.from_hf / TOKENIZER_NAME
         if args.out.exists():
             args.out.rmdir()
-        save_pretrained(model, args.out, tokenizer_file=tok if tok.is_file() else None)
+        save_pretrained(model, args.out, tokenizer_file=tok if tok.is_file() else None,
+                        extra_files=side_files_of(args.from_hf))  # end tokens, chat template: kept for export
         kind = {"diff_v2": "DIFF V2", "diff_v1": "DIFF V1"}.get(model.cfg.attention, model.cfg.attention)
     else:
         if args.to_hf.is_dir() and is_hf_dir(args.to_hf):
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if expect is not None and model.cfg.attention != expect:
             raise ValueError(f"{model_dir} holds attention={model.cfg.attention!r}, not the expected {expect}")
         tok = model_dir / TOKENIZER_NAME
-        save_hf(model, args.out, tokenizer_file=tok if tok.is_file() else None)
+        save_hf(model, args.out, tokenizer_file=tok if tok.is_file() else None, side_files=side_files_of(model_dir))
         kind, added = "DiffLlamaForCausalLM" if model.cfg.attention == "diff_v1" else "LlamaForCausalLM", ""
     print(f"wrote {kind} ({model.num_parameters():,} parameters{added}) to {args.out}")
     return 0

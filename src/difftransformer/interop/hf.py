@@ -45,6 +45,9 @@ PathLike = Union[str, os.PathLike]
 
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
+# What a Hugging Face user expects beside the tokenizer (end tokens, chat template, generation defaults): carried
+# both ways by `convert`, byte for byte; for our own runs `side_files_for` writes the first and the third.
+HF_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
 HF_INDEX = "model.safetensors.index.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
 HEADWISE_EPS = 1e-5  # our DIFF V1 head-wise RMSNorm eps (the official code's)
@@ -349,18 +352,57 @@ def load_hf(hf_dir: PathLike, expect: Optional[str] = None) -> DiffTransformerLM
     return DiffTransformerLM.from_state_dict(cfg, state_from_hf(cfg, read_hf_weights(hf_dir)), where=str(hf_dir))
 
 
-def save_hf(model: DiffTransformerLM, out_dir: PathLike, tokenizer_file: Optional[PathLike] = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``) for transformers, atomically."""
+def side_files_of(directory: PathLike) -> dict[str, bytes]:
+    """The ``HF_SIDE_FILES`` present in ``directory``, as bytes."""
+    d = Path(directory)
+    return {name: (d / name).read_bytes() for name in HF_SIDE_FILES if (d / name).is_file()}
+
+
+def side_files_for(tokenizer_file: PathLike, max_seq_len: int) -> dict[str, bytes]:
+    """tokenizer_config.json and generation_config.json for one of our own runs: its end token is
+    ``<|endoftext|>`` (without them transformers assumes ids 1/2, which are ordinary tokens of our BPE)."""
+    from tokenizers import Tokenizer
+
+    from ..data.tokenizer import EOS
+
+    eos = Tokenizer.from_file(str(tokenizer_file)).token_to_id(EOS)
+    if eos is None:
+        return {}
+    tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": EOS, "pad_token": EOS,
+               "model_max_length": max_seq_len, "clean_up_tokenization_spaces": False}
+    gen_cfg = {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}
+    return {"tokenizer_config.json": (json.dumps(tok_cfg, indent=2) + "\n").encode(),
+            "generation_config.json": (json.dumps(gen_cfg, indent=2) + "\n").encode()}
+
+
+def _token_ids(side: dict[str, bytes]) -> dict[str, Any]:
+    """bos/eos/pad ids for config.json, from generation_config.json when there is one."""
+    if "generation_config.json" not in side:
+        return {}
+    gen = parse_json(side["generation_config.json"].decode(), "generation_config.json")
+    return {k: gen[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if isinstance(gen, dict) and k in gen}
+
+
+def save_hf(model: DiffTransformerLM, out_dir: PathLike, tokenizer_file: Optional[PathLike] = None,
+            side_files: Optional[dict[str, bytes]] = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json`` and ``side_files``, e.g. carried from
+    an import by ``side_files_of``; without them, ones made for our tokenizer) for transformers, atomically."""
     if not isinstance(model, DiffTransformerLM):
         raise TypeError(f"save_hf expects a DiffTransformerLM, got {type(model).__name__}")
     dtype = model.output.weight.dtype
     hf_cfg = config_to_hf(model.cfg, dtype)  # validates first: nothing is written for an unsupported model
+    if not side_files and tokenizer_file is not None:
+        side_files = side_files_for(tokenizer_file, model.cfg.max_seq_len)
+    side_files = side_files or {}
+    hf_cfg.update(_token_ids(side_files))
     state = {k: v.cpu() for k, v in state_to_hf(model).items()}
     with atomic_directory(out_dir, replace=False) as tmp:
         (tmp / HF_CONFIG).write_text(json.dumps(hf_cfg, indent=2) + "\n")
         save_file(state, str(tmp / HF_WEIGHTS), metadata={"format": "pt"})
         if tokenizer_file is not None:
             shutil.copyfile(tokenizer_file, tmp / TOKENIZER_NAME)
+        for name, data in side_files.items():
+            (tmp / name).write_bytes(data)
     return Path(out_dir)
 
 

@@ -192,6 +192,11 @@ def read_model_dir(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} does not exist")
     check_manifest(d)
+    raw = parse_json(cfg_path.read_text(), cfg_path)
+    if isinstance(raw, dict) and "model_type" in raw:
+        raise ValueError(f"{d} is a Hugging Face checkpoint (model_type {raw['model_type']!r}), not our format: load "
+                         f"it with difftransformer.interop.hf.load_hf, or convert it once with `difftransformer "
+                         f"convert --from-hf {d} --out DIR`")
     return ModelConfig.from_json(cfg_path), load_state_dict(d / WEIGHTS_NAME)
 
 
