@@ -202,3 +202,49 @@ def test_generate_refuses_cuda_graph_on_cpu_before_decoding():
         gen_module.generate(tiny_model("diff_v1"), [[1, 2, 3]], SamplingConfig(max_new_tokens=3, temperature=0),
                             decode="cuda-graph", on_token=lambda t, d: seen.append(t))
     assert seen == []
+
+
+def test_end_tokens_from_the_generation_config_and_stop(model_dirs, tokenizer_file, tmp_path, capsys):
+    """A converted model's generation_config.json end token and --stop both end the text where they appear."""
+    from difftransformer.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_file)
+    prompt = "In the beginning"
+    model = DiffTransformerLM.from_pretrained(model_dirs["baseline"])
+    new = generate(model, [tok.encode(prompt).ids], SamplingConfig(max_new_tokens=6, temperature=0)).tokens[0]
+    cut = 3  # end at the greedy path's 4th token
+    end = new[cut]
+    assert end not in new[:cut]
+    args = ["--prompt", prompt, "--max-new-tokens", "6", "--temperature", "0", "--device", "cpu"]
+    d = tmp_path / "m"
+    shutil.copytree(model_dirs["baseline"], d)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [end]}))
+    assert main(["generate", "--checkpoint", str(d), *args]) == 0
+    assert capsys.readouterr().out == prompt + tok.decode(new[:cut]) + "\n"
+    assert main(["generate", "--checkpoint", str(model_dirs["baseline"]), *args,
+                 "--stop", tok.id_to_token(end)]) == 0
+    assert capsys.readouterr().out == prompt + tok.decode(new[:cut]) + "\n"
+    assert main(["generate", "--checkpoint", str(d), *args, "--ignore-eos"]) == 0  # and without: all 6
+    assert capsys.readouterr().out == prompt + tok.decode(new) + "\n"
+    cli_fails(capsys, ["generate", "--checkpoint", str(d), *args, "--stop", "no such token here"], "--stop")
+
+
+def test_chat_template_renders_as_transformers_does(model_dirs, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    template = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+    d = tmp_path / "chat"
+    shutil.copytree(model_dirs["baseline"], d)
+    (d / "chat_template.jinja").write_text(template)
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    from difftransformer.inference.cli import _chat, _side_config
+
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"), eos_token="</s>")
+    hf_tok.chat_template = template
+    msg = [{"role": "user", "content": "the word"}]
+    assert _chat("the word", _side_config(d, None)) == hf_tok.apply_chat_template(msg, add_generation_prompt=True,
+                                                                                  tokenize=False)
+    assert main(["generate", "--checkpoint", str(d), "--chat", "--prompt", "the word", *GREEDY]) == 0
+    assert capsys.readouterr().out.startswith("<|user|>\nthe word</s>\n<|assistant|>\n")
+    cli_fails(capsys, ["generate", "--checkpoint", str(model_dirs["baseline"]), "--chat", "--prompt", "x", *GREEDY],
+              "no chat template")

@@ -5,7 +5,10 @@
 
 The model directory (``--checkpoint``, or the newest complete checkpoint of ``--run``) must be in our own format
 (config.json + model.safetensors); the tokenizer is its tokenizer.json (or the run's, or ``--tokenizer``).
-Generation stops at the tokenizer's end-of-text token unless ``--ignore-eos``.
+Generation stops at the model's end tokens unless ``--ignore-eos``: the tokenizer's end-of-text token and those
+its generation_config.json names (a converted Hugging Face model keeps its own, e.g. SmolLM2's <|im_end|>), plus
+any ``--stop`` token. ``--chat`` wraps each prompt as one user message with the model's chat template
+(chat_template.jinja or tokenizer_config.json's), as transformers' ``apply_chat_template`` does.
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set with mass >= p")
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
-    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end tokens")
+    p.add_argument("--stop", action="append", default=[], metavar="TOKEN",
+                   help="also stop at this token (its text, e.g. '<|im_end|>'; one token of the tokenizer); repeatable")
+    p.add_argument("--chat", action="store_true",
+                   help="apply the model's chat template to each prompt (one user message, generation prompt added)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
@@ -80,31 +87,82 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{e}; pass --tokenizer") from None
     # No end-of-text token is fine here: generation then runs to --max-new-tokens.
     tok = rundir.read_tokenizer(tok_file, model.cfg.vocab_size, require_eos=False)
+    side = _side_config(model_dir, args.run)
+    texts = [_chat(text, side) for text in args.prompt] if args.chat else list(args.prompt)
     prompts = []
-    for i, text in enumerate(args.prompt):
-        ids = tok.encode(text).ids
+    for i, text in enumerate(texts):
+        ids = tok.encode(text, add_special_tokens=False).ids
         if not ids:
             raise ValueError(f"prompt {i + 1} is empty: give some text")
         prompts.append(ids)
     # Refused up front: generation itself would refuse these only after the prompt was echoed or a token printed.
     check_context(model, max(len(p) for p in prompts), args.max_new_tokens)
     check_decode_device(model, args.decode)
-    eos = tok.token_to_id(EOS)
-    stops = () if args.ignore_eos or eos is None else (eos,)
-    sampling = SamplingConfig(stop_tokens=stops, **sampling_kw)
+    stops = [] if args.ignore_eos else [t for t in (tok.token_to_id(EOS), *_config_eos(side)) if t is not None]
+    for text in args.stop:
+        t = tok.token_to_id(text)
+        if t is None:
+            raise ValueError(f"--stop {text!r} is not one token of the tokenizer")
+        stops.append(t)
+    sampling = SamplingConfig(stop_tokens=tuple(dict.fromkeys(stops)), **sampling_kw)
 
     t0 = time.perf_counter()
     if len(prompts) == 1:
-        n = _stream_one(model, tok, prompts[0], args.prompt[0], sampling, args.decode)
+        n = _stream_one(model, tok, prompts[0], texts[0], sampling, args.decode)
     else:
         out = generate(model, prompts, sampling, decode=args.decode)
-        for text, new in zip(args.prompt, out.tokens):
+        for text, new in zip(texts, out.tokens):
             print(text + tok.decode(new), end="\n\n", flush=True)
         n = sum(len(t) for t in out.tokens)
     dt = time.perf_counter() - t0
     print(f"[{n} tokens in {dt:.2f} s, {n / dt:.1f} tokens/s, {model.cfg.attention} on "
           f"{model.output.weight.device.type}]", file=sys.stderr)
     return 0
+
+
+def _side_config(model_dir: Path, run: Optional[Path]) -> dict:
+    """generation_config.json, tokenizer_config.json and chat_template.jinja beside the weights (a converted
+    Hugging Face model keeps them), as {"generation": {...}, "tokenizer": {...}, "chat_template": str|None}."""
+    from ..fileio import read_json
+
+    out: dict = {"generation": {}, "tokenizer": {}, "chat_template": None}
+    for d in (model_dir, run):
+        if d is None:
+            continue
+        for key, name in (("generation", "generation_config.json"), ("tokenizer", "tokenizer_config.json")):
+            if not out[key] and (Path(d) / name).is_file():
+                value = read_json(Path(d) / name)
+                out[key] = value if isinstance(value, dict) else {}
+        if out["chat_template"] is None and (Path(d) / "chat_template.jinja").is_file():
+            out["chat_template"] = (Path(d) / "chat_template.jinja").read_text()
+    if out["chat_template"] is None and isinstance(out["tokenizer"].get("chat_template"), str):
+        out["chat_template"] = out["tokenizer"]["chat_template"]
+    return out
+
+
+def _config_eos(side: dict) -> list[int]:
+    eos = side["generation"].get("eos_token_id")
+    eos = eos if isinstance(eos, list) else [eos]
+    return [int(t) for t in eos if isinstance(t, int) and not isinstance(t, bool)]
+
+
+def _chat(prompt: str, side: dict) -> str:
+    """``prompt`` as one user message through the model's chat template (rendered as transformers does: a
+    sandboxed Jinja environment, trim_blocks and lstrip_blocks, the generation prompt added)."""
+    template = side["chat_template"]
+    if template is None:
+        raise ValueError("--chat: the model has no chat template (chat_template.jinja or tokenizer_config.json's "
+                         "chat_template)")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def _token(name: str) -> str:
+        v = side["tokenizer"].get(name)
+        return v.get("content", "") if isinstance(v, dict) else (v or "")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(messages=[{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True, bos_token=_token("bos_token"),
+                                            eos_token=_token("eos_token"))
 
 
 def _stream_one(model, tok, ids: list[int], text: str, sampling: SamplingConfig, decode: str) -> int:
