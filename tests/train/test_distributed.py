@@ -95,3 +95,32 @@ def test_torchrun_on_a_locked_run_is_refused_by_every_rank(reference):
     assert "difftransformer train: error: rank 0 could not lock" in res.stderr
     assert "difftransformer/train/" not in res.stderr, res.stderr[-3000:]
     assert sorted(p.name for p in run.iterdir()) == [rundir.LOCK_NAME]
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_init_from_under_torchrun_matches_one_process(tmp_path, parallel):
+    """`train --init-from SRC --model.attention diff_v2` on 2 ranks starts from the source's converted weights on
+    every rank (loaded before DDP/FSDP2 wraps the model) and follows the 1-process run."""
+    from difftransformer import rundir
+
+    env = child_env()
+    env["OMP_NUM_THREADS"] = "1"
+    quiet = ["--no-progress", "--log.tensorboard", "false"]
+    src = tmp_path / "src"
+    res = subprocess.run([sys.executable, "-m", "difftransformer", "train", "--config", "tiny", "--model.attention",
+                          "baseline", "--train.steps", "2", "--out", str(src), *quiet],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    args = ["-m", "difftransformer", "train", "--config", "tiny", "--init-from", str(src), "--model.attention",
+            "diff_v2", "--train.steps", "3", "--train.micro_batch_size", "2", "--log.every", "1",
+            "--checkpoint.every", "3", *quiet]
+    for name, launcher in (("one", []), ("two", ["-m", "torch.distributed.run", "--standalone",
+                                                 "--nproc_per_node=2"])):
+        extra = ["--train.parallel", parallel] if name == "two" else []
+        res = subprocess.run([sys.executable, *launcher, *args, *extra, "--out", str(tmp_path / name)],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+    a, b = metric_records(tmp_path / "one", "loss"), metric_records(tmp_path / "two", "loss")
+    assert a.keys() == b.keys() and all(abs(a[s] - b[s]) <= 1e-5 for s in a)
+    wa, wb = weights(rundir.step_dir(tmp_path / "one", 3)), weights(rundir.step_dir(tmp_path / "two", 3))
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
