@@ -87,3 +87,23 @@ def test_every_flag_has_help():
                                                     "--layers", "--d-model", "--rounds", "--decode-mode", "--no-hf"}
     assert all(a.help for a in flags)
     assert "2 CPU cores" in next(a.help for a in flags if a.dest == "new_tokens")
+
+
+def test_bench_pretrained_runs_on_a_tiny_llama(tmp_path, capsys):
+    """`bench pretrained` on a small random Llama: every row printed, tokens identical to transformers'."""
+    transformers = pytest.importorskip("transformers")
+    from difftransformer.cli import main
+
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)  # well-separated greedy choices
+    model.save_pretrained(tmp_path / "hf")
+    assert main(["bench", "pretrained", "--hf-dir", str(tmp_path / "hf"), "--batch", "1,2", "--prompt-len", "8",
+                 "--new-tokens", "3", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("same tokens") == 4 and "TOKENS DIFFER" not in out and out.count("prefill") == 4
