@@ -4,6 +4,7 @@ exactly one error line (no traceback, exit code != 0) and nothing written to --o
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -100,6 +101,33 @@ def test_llama_to_diff_v2_keeps_the_function(tmp_path, dirs, capsys):
                        "--out", str(tmp_path / "x")], "converts a Llama")
     cli_fails(capsys, ["convert", "--to-hf", str(dirs / "ours_base"), "--attention", "diff_v2",
                        "--out", str(tmp_path / "x")], "--from-hf only")
+    assert not (tmp_path / "x").exists()
+
+
+def test_llama_to_diff_v1_keeps_the_function_and_prints_the_gaps(tmp_path, dirs, capsys):
+    """`convert --from-hf LLAMA --attention diff_v1`: the per_head layout, transformers' logits on the source weights,
+    the added parameters and the step-0 gap of each option printed (and measured: the no-warm-up one is large)."""
+    assert main(["convert", "--from-hf", str(dirs / "llama"), "--attention", "diff_v1",
+                 "--out", str(tmp_path / "v1")]) == 0
+    out = capsys.readouterr().out
+    model = DiffTransformerLM.from_pretrained(tmp_path / "v1")
+    assert (model.cfg.attention, model.cfg.v1_layout, model.cfg.headwise_norm) == ("diff_v1", "per_head", False)
+    added = 2 * ((4 + 2) * 16 * 64 + 4 * 16)  # per layer: a second query (H*d) and key (H_kv*d) map, 4 lambda vectors
+    assert f"{model.num_parameters():,} parameters; +{added:,} over the source" in out, out
+    gaps = re.search(r"random tokens: (\S+) \(negative branch at weight 0\); (\S+) without the warm-up", out)
+    assert gaps and float(gaps.group(1)) <= 1e-4 and float(gaps.group(2)) > 1e-2, out
+    hf = LlamaForCausalLM.from_pretrained(dirs / "llama").eval()
+    with torch.no_grad():
+        want, got = hf(IDS).logits, model(IDS).logits
+    assert want.abs().max() > 1.0 and (want - got).abs().max() <= 1e-5
+    assert main(["convert", "--from-hf", str(dirs / "llama"), "--attention", "diff_v1", "--v1-headwise-norm",
+                 "--out", str(tmp_path / "v1n")]) == 0
+    gap = re.search(r"random tokens: (\S+) \(with the head-wise norm\)", capsys.readouterr().out)
+    assert gap and float(gap.group(1)) > 1e-2
+    cli_fails(capsys, ["convert", "--to-hf", str(tmp_path / "v1"), "--out", str(tmp_path / "x")],
+              "v1_layout='per_head' cannot be exported")
+    cli_fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--v1-headwise-norm",
+                       "--out", str(tmp_path / "x")], "--attention diff_v1 only")
     assert not (tmp_path / "x").exists()
 
 

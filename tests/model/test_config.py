@@ -48,12 +48,23 @@ def test_derived_sizes():
     ({"attention": "diff_v2", "headwise_norm": False, "headwise_norm_weight": False}, "headwise_norm"),
     ({"norm_eps": 0}, "norm_eps"),
     ({"tie_embeddings": "yes"}, "tie_embeddings"),
+    ({"attention": "diff_v1", "v1_layout": "split"}, "v1_layout"),
+    ({"attention": "diff_v2", "v1_layout": "per_head"}, "v1_layout"),
+    ({"attention": "baseline", "v1_layout": "per_head"}, "v1_layout"),
 ])
 def test_bad_configs_name_the_field(changes, field):
     base = {"vocab_size": 64, "d_model": 64, "n_heads": 4, "head_dim": 16}
     base.update(changes)
     with pytest.raises(ValueError, match=field):
         ModelConfig(**base)
+
+
+def test_v1_per_head_layout_keeps_odd_head_counts():
+    """per_head: H differential heads over H_kv groups, so odd counts are fine (the paper layout halves them)."""
+    cfg = ModelConfig(vocab_size=64, d_model=48, n_heads=6, n_kv_heads=3, head_dim=8, attention="diff_v1",
+                      v1_layout="per_head")
+    assert (cfg.n_diff_heads, cfg.v1_value_dim) == (6, 8)
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
 
 
 def test_unknown_key_raises():

@@ -97,10 +97,11 @@ def test_torchrun_on_a_locked_run_is_refused_by_every_rank(reference):
     assert sorted(p.name for p in run.iterdir()) == [rundir.LOCK_NAME]
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_init_from_under_torchrun_matches_one_process(tmp_path, parallel):
-    """`train --init-from SRC --model.attention diff_v2` on 2 ranks starts from the source's converted weights on
-    every rank (loaded before DDP/FSDP2 wraps the model) and follows the 1-process run."""
+@pytest.mark.parametrize("parallel, attention", [("ddp", "diff_v2"), ("fsdp", "diff_v2"), ("fsdp", "diff_v1")])
+def test_init_from_under_torchrun_matches_one_process(tmp_path, parallel, attention):
+    """`train --init-from SRC --model.attention diff_v2|diff_v1` on 2 ranks starts from the source's converted
+    weights on every rank (loaded before DDP/FSDP2 wraps the model) and follows the 1-process run (V1: with the
+    negative branch's warm-up buffer set on every rank)."""
     from difftransformer import rundir
 
     env = child_env()
@@ -112,8 +113,8 @@ def test_init_from_under_torchrun_matches_one_process(tmp_path, parallel):
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     args = ["-m", "difftransformer", "train", "--config", "tiny", "--init-from", str(src), "--model.attention",
-            "diff_v2", "--train.steps", "3", "--train.micro_batch_size", "2", "--log.every", "1",
-            "--checkpoint.every", "3", *quiet]
+            attention, "--train.steps", "3", "--train.micro_batch_size", "2", "--log.every", "1",
+            "--train.v1_negative_warmup", "2", "--checkpoint.every", "3", *quiet]
     for name, launcher in (("one", []), ("two", ["-m", "torch.distributed.run", "--standalone",
                                                  "--nproc_per_node=2"])):
         extra = ["--train.parallel", parallel] if name == "two" else []

@@ -44,11 +44,12 @@ def _first_logged_loss(run) -> float:
     return next(r["loss"] for r in rundir.read_metric_records(run) if r.get("step") == 1 and "loss" in r)
 
 
-@pytest.mark.parametrize("attention", ["baseline", "diff_v2"])
+@pytest.mark.parametrize("attention", ["baseline", "diff_v2", "diff_v1"])
 def test_continues_from_the_source_with_its_tokenizer(tmp_path, source, attention):
     out = tmp_path / "ft"
     assert main(["train", "--config", "tiny", "--init-from", str(source), "--model.attention", attention,
-                 "--train.steps", "2", "--log.every", "1", "--out", str(out), *QUIET]) == 0
+                 "--train.steps", "2", "--log.every", "1", "--train.v1_negative_warmup", "3",
+                 "--out", str(out), *QUIET]) == 0
     # the source's tokenizer, byte for byte, and the same tokens as the source's own data
     assert rundir.tokenizer_path(out).read_bytes() == rundir.tokenizer_path(source).read_bytes()
     a, b = read_prepared(rundir.data_dir(source)), read_prepared(rundir.data_dir(out))
@@ -64,6 +65,19 @@ def test_continues_from_the_source_with_its_tokenizer(tmp_path, source, attentio
                  "--log.every", "1", "--data.tokenizer", str(rundir.tokenizer_path(source)),
                  "--out", str(fresh), *QUIET]) == 0
     assert abs(_first_logged_loss(fresh) - want) > 1e-2
+    if attention == "diff_v1":  # per_head layout; the negative branch's weight after step 2 of a 3-step warm-up
+        assert cfg["model"]["v1_layout"] == "per_head"
+        last = DiffTransformerLM.from_pretrained(rundir.resolve_checkpoint(out))
+        assert float(last.layers[0].attn.neg_weight) == pytest.approx(1 / 3)
+
+
+def test_v1_without_the_warm_up_starts_away_from_the_source(tmp_path, source):
+    out = tmp_path / "ft"
+    assert main(["train", "--config", "tiny", "--init-from", str(source), "--model.attention", "diff_v1",
+                 "--train.steps", "1", "--log.every", "1", "--train.v1_negative_warmup", "0",
+                 "--out", str(out), *QUIET]) == 0
+    src = DiffTransformerLM.from_pretrained(rundir.resolve_checkpoint(source))
+    assert abs(_first_logged_loss(out) - _first_batch_loss(src, out)) > 1e-3
 
 
 def test_from_a_hugging_face_llama(tmp_path, source, capsys):
@@ -76,9 +90,10 @@ def test_from_a_hugging_face_llama(tmp_path, source, capsys):
     assert _first_logged_loss(out) == pytest.approx(_first_batch_loss(src, out), abs=1e-5)
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path, source):
-    args = ["--config", "tiny", "--init-from", str(source), "--model.attention", "diff_v2", "--checkpoint.every", "2",
-            *QUIET]
+@pytest.mark.parametrize("attention", ["diff_v2", "diff_v1"])
+def test_resume_equals_an_uninterrupted_run(tmp_path, source, attention):
+    args = ["--config", "tiny", "--init-from", str(source), "--model.attention", attention, "--checkpoint.every", "2",
+            "--train.v1_negative_warmup", "3", *QUIET]
     assert main(["train", *args, "--train.steps", "4", "--out", str(tmp_path / "straight")]) == 0
     assert main(["train", *args, "--train.steps", "2", "--out", str(tmp_path / "cut")]) == 0
     assert main(["train", "--out", str(tmp_path / "cut"), "--resume", "--train.steps", "4", "--no-progress"]) == 0
@@ -90,7 +105,12 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, source):
 def test_what_cannot_be_honoured_is_one_line(tmp_path, source, capsys):
     base = ["train", "--config", "tiny", "--init-from", str(source), "--out", str(tmp_path / "x"), *QUIET]
     cli_fails(capsys, [*base, "--model.d_model", "64"], "--model.d_model cannot change it")
-    cli_fails(capsys, [*base, "--model.attention", "diff_v1"], "only baseline -> diff_v2")
+    v2 = tmp_path / "v2"
+    assert main(["convert", "--to-hf", str(source), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--attention", "diff_v2", "--out", str(v2)]) == 0
+    cli_fails(capsys, ["train", "--config", "tiny", "--init-from", str(v2), "--model.attention", "diff_v1",
+                       "--out", str(tmp_path / "x"), *QUIET], "only baseline -> diff_v1 or diff_v2")
+    cli_fails(capsys, [*base, "--train.v1_negative_warmup", "-1"], "train.v1_negative_warmup=-1 must be >= 0")
     cli_fails(capsys, ["train", "--config", "tiny", "--init-from", str(tmp_path / "none"),
                        "--out", str(tmp_path / "x"), *QUIET], "none")
     (tmp_path / "plain").mkdir()

@@ -2,6 +2,7 @@
 
     difftransformer convert --from-hf HF_DIR --out MODEL_DIR   # DiffLlamaForCausalLM -> DIFF V1, Llama -> baseline
     difftransformer convert --from-hf LLAMA_DIR --attention diff_v2 --out MODEL_DIR   # Llama -> DIFF V2, same function
+    difftransformer convert --from-hf LLAMA_DIR --attention diff_v1 --out MODEL_DIR   # Llama -> DIFF V1 (per_head)
     difftransformer convert --to-hf RUN_OR_MODEL_DIR --out HF_DIR   # DIFF V1 -> DiffLlama, baseline -> Llama
     difftransformer convert --from-gguf smollm2 --out HF_DIR        # a GGUF Llama (here SmolLM2-135M) -> HF_DIR
 
@@ -11,6 +12,12 @@ stays in our own format. A tokenizer.json beside the weights is copied along.
 `--attention diff_v2` turns a Llama (our baseline) into DIFF V2 computing exactly the same function, to continue
 training from: each query head is copied into both members of its pair, W_lambda starts at zero (lambda = 1/2)
 and W_o is doubled (`difftransformer.model.upcycle` derives it). The added parameters are printed.
+
+`--attention diff_v1` turns it into DIFF V1 in the per_head layout (each head one differential head; the original
+query/key is the positive branch, a fresh small random one the negative branch, whose weight starts at 0 and is
+warmed up by `train --init-from ... --train.v1_negative_warmup N`). The command prints the added parameters and
+the measured step-0 gap (max |logit difference| on random tokens) of the result and of the options that do not
+keep the function: no warm-up (negative branch at full weight at step 0) and `--v1-headwise-norm`.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from pathlib import Path
 
 from ..model.pretrained import is_model_dir, save_pretrained
 from ..model.transformer import DiffTransformerLM
-from ..model.upcycle import baseline_to_diff_v2
+from ..model.upcycle import baseline_to_diff_v1, baseline_to_diff_v2, step0_gap
 from ..rundir import TOKENIZER_NAME, resolve_checkpoint
 from .hf import is_hf_dir, load_hf, save_hf, side_files_of
 
@@ -40,14 +47,36 @@ def register(sub) -> None:
     src.add_argument("--to-hf", type=Path, metavar="DIR",
                      help="our run or model directory (DIFF V1 or baseline) to export for transformers")
     p.add_argument("--out", type=Path, required=True, help="output directory (must not exist or be empty)")
-    p.add_argument("--attention", choices=("diff_v2",), default=None,
-                   help="with --from-hf of a Llama: convert it to DIFF V2 computing the same function (the second "
-                        "query of each pair and W_lambda are added)")
+    p.add_argument("--attention", choices=("diff_v1", "diff_v2"), default=None,
+                   help="with --from-hf of a Llama: convert it to DIFF V2 (the second query of each pair and W_lambda "
+                        "are added) or DIFF V1 in the per_head layout (a second query and key map per head and the "
+                        "lambda vectors are added), computing the same function")
     p.add_argument("--v2-lambda", choices=("sigmoid", "raw"), default="sigmoid",
                    help="with --attention diff_v2: the V2 lambda form of the result (default sigmoid)")
+    p.add_argument("--v1-headwise-norm", action="store_true",
+                   help="with --attention diff_v1: keep the paper's head-wise RMSNorm (the function is then NOT kept; "
+                        "the step-0 gap is printed)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="with --attention diff_v1: seed of the negative branch and lambda vectors (default 0)")
     p.add_argument("--expect", choices=sorted(EXPECT), default=None,
                    help="refuse any other architecture (e.g. --expect diffllama)")
     p.set_defaults(func=run)
+
+
+def _print_v1_gaps(source: DiffTransformerLM, model: DiffTransformerLM) -> None:
+    """The step-0 gap of the conversion and of the options that do not keep the function, on random tokens."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, source.cfg.vocab_size, (2, min(128, source.cfg.max_seq_len)), generator=gen)
+    gap = step0_gap(source, model, tokens)
+    model.set_negative_weight(1.0)
+    no_warmup = step0_gap(source, model, tokens)
+    model.set_negative_weight(0.0)
+    what = "with the head-wise norm" if model.cfg.headwise_norm else "negative branch at weight 0"
+    print(f"step-0 gap, max |logit difference| on 2 x {tokens.shape[1]} random tokens: {gap:.3g} ({what}); "
+          f"{no_warmup:.3g} without the warm-up (negative branch at full weight); train with "
+          "--train.v1_negative_warmup N to blend it in over N steps")
 
 
 def _check_out(out: Path) -> None:
@@ -60,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     expect = EXPECT[args.expect] if args.expect else None
     if args.attention is not None and args.from_hf is None:
         raise ValueError("--attention applies to --from-hf only (export keeps the model's own attention)")
+    if args.v1_headwise_norm and args.attention != "diff_v1":
+        raise ValueError("--v1-headwise-norm applies to --attention diff_v1 only")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.from_gguf is not None:
         from .gguf import gguf_to_hf
 
@@ -74,14 +107,20 @@ def run(args: argparse.Namespace) -> int:
                              "names no model_type); use --to-hf to export it")
         model = load_hf(args.from_hf, expect=expect)
         added = ""
+        if args.attention is not None and model.cfg.attention != "baseline":
+            raise ValueError(f"--attention {args.attention} converts a Llama; {args.from_hf} holds a "
+                             f"{model.cfg.attention} model")
         if args.attention == "diff_v2":
-            if model.cfg.attention != "baseline":
-                raise ValueError(f"--attention diff_v2 converts a Llama; {args.from_hf} holds a "
-                                 f"{model.cfg.attention} model")
             source = model
             model = baseline_to_diff_v2(source, args.v2_lambda)
             added = (f"; {model.num_parameters() - source.num_parameters():+,} over the source: the second query "
                      "of each pair and W_lambda, set so that the function is unchanged")
+        elif args.attention == "diff_v1":
+            source = model
+            model = baseline_to_diff_v1(source, args.v1_headwise_norm, seed=args.seed)
+            added = (f"; {model.num_parameters() - source.num_parameters():+,} over the source: a second query and "
+                     "key map per head and the lambda vectors")
+            _print_v1_gaps(source, model)
         tok = args.from_hf / TOKENIZER_NAME
         if args.out.exists():
             args.out.rmdir()

@@ -207,6 +207,9 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     """A ``config.json`` for DiffLlamaForCausalLM (DIFF V1) or LlamaForCausalLM (baseline)."""
     model_type = _architecture_of(cfg)
     if cfg.attention == "diff_v1":
+        if cfg.v1_layout != "paper":
+            raise ValueError(f"v1_layout={cfg.v1_layout!r} cannot be exported: DiffLlama holds the paper's layout "
+                             "(n_heads/2 heads with 2d-wide values); keep the model in our format")
         if not cfg.headwise_norm:
             raise ValueError("headwise_norm=false cannot be exported: DiffLlama always applies its head-wise norm")
         if cfg.lambda_init != "schedule":

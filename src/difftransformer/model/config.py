@@ -25,11 +25,13 @@ AttentionKind = Literal["baseline", "diff_v1", "diff_v2"]
 Backend = Literal["eager", "sdpa", "blocked"]
 V2Lambda = Literal["sigmoid", "none", "raw"]
 V2Pairing = Literal["interleaved", "halves"]
+V1Layout = Literal["paper", "per_head"]
 
 ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 V2_LAMBDA_MODES: tuple[str, ...] = get_args(V2Lambda)
 V2_PAIRINGS: tuple[str, ...] = get_args(V2Pairing)
+V1_LAYOUTS: tuple[str, ...] = get_args(V1Layout)
 
 
 def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -80,6 +82,10 @@ class ModelConfig:
     lambda_init: Union[Literal["schedule"], float] = "schedule"  # or a constant in (0, 1), e.g. 0.8 / 0.5
     headwise_norm: bool = True  # Table 6: "w/o GroupNorm" ablation when False
     headwise_norm_weight: bool = True  # official code: learnable 2d weight shared by heads; HF DiffLlama: none
+    # "paper": h = H/2 heads with 2d-wide values (parameters matched to the baseline); "per_head": each of the
+    # baseline's H heads becomes one differential head (queries/keys doubled, d-wide values): the layout that a
+    # pretrained Llama converts to with its function kept (model/upcycle.py), with a warmed-up negative branch.
+    v1_layout: V1Layout = "paper"
     # --- DIFF V2 options (the article's design ablations) ---
     v2_lambda: V2Lambda = "sigmoid"  # "none": attn1 - attn2; "raw": attn1 - lambda * attn2 without sigmoid
     v2_pairing: V2Pairing = "interleaved"  # "halves": first half vs second half (the wrong-grouping ablation)
@@ -102,6 +108,7 @@ class ModelConfig:
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("v2_lambda", self.v2_lambda, V2_LAMBDA_MODES)
         _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS)
+        _check_choice("v1_layout", self.v1_layout, V1_LAYOUTS)
         for name in ("rope_theta", "norm_eps", "init_std"):
             v = getattr(self, name)
             # inf passes "> 0" but makes every weight (init_std) or rotation (rope_theta) NaN
@@ -135,11 +142,12 @@ class ModelConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
                 raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; use \"schedule\" or a number in (0, 1)")
             self.lambda_init = float(v)
-        if self.attention == "diff_v1":
+        if self.attention == "diff_v1" and self.v1_layout == "paper":
             if self.n_heads % 2 or self.n_kv_heads % 2:
                 raise ValueError(
                     f"ModelConfig.n_heads={self.n_heads} and n_kv_heads={self.n_kv_heads} must both be even for "
-                    "attention='diff_v1' (it uses n_heads/2 differential heads and n_kv_heads/2 KV heads)")
+                    "attention='diff_v1' (it uses n_heads/2 differential heads and n_kv_heads/2 KV heads; "
+                    "v1_layout='per_head' keeps n_heads heads)")
         if self.headwise_norm_weight and not self.headwise_norm:
             raise ValueError("ModelConfig.headwise_norm_weight=true needs headwise_norm=true")
         self._refuse_foreign_options()
@@ -147,7 +155,7 @@ class ModelConfig:
     def _refuse_foreign_options(self) -> None:
         # A V1 ablation set on a V2 model (or vice versa) would silently do nothing: refuse it loudly.
         default = {f.name: f.default for f in fields(ModelConfig)}
-        v1_opts = ("lambda_init", "headwise_norm", "headwise_norm_weight")
+        v1_opts = ("lambda_init", "headwise_norm", "headwise_norm_weight", "v1_layout")
         v2_opts = ("v2_lambda", "v2_pairing")
         foreign = {"baseline": v1_opts + v2_opts, "diff_v1": v2_opts, "diff_v2": v1_opts}[self.attention]
         for name in foreign:
@@ -158,8 +166,13 @@ class ModelConfig:
     # ------------------------------------------------------------------ derived sizes
     @property
     def n_diff_heads(self) -> int:
-        """DIFF V1's h = H/2 (paper: h = d_model / 2d)."""
-        return self.n_heads // 2
+        """DIFF V1's h = H/2 (paper: h = d_model / 2d); H under ``v1_layout="per_head"``."""
+        return self.n_heads if self.v1_layout == "per_head" else self.n_heads // 2
+
+    @property
+    def v1_value_dim(self) -> int:
+        """Width of one DIFF V1 head's value: 2d (paper), d (``v1_layout="per_head"``)."""
+        return self.head_dim if self.v1_layout == "per_head" else 2 * self.head_dim
 
     def lambda_init_for(self, layer_idx: int) -> float:
         """Eq. (2) initial lambda: 0.8 - 0.6 exp(-0.3 l) with 0-based l (the paper writes l-1, 1-based)."""

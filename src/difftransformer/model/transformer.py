@@ -100,6 +100,13 @@ class DiffTransformerLM(nn.Module):
             n -= self.tok_embeddings.weight.numel()
         return n
 
+    def set_negative_weight(self, w: float) -> None:
+        """Set the negative branch's warm-up weight of every layer (DIFF V1 ``v1_layout="per_head"``; else a no-op)."""
+        if not 0.0 <= w <= 1.0:
+            raise ValueError(f"negative-branch weight must be in [0, 1], got {w!r}")
+        for layer in self.layers:
+            layer.attn.set_negative_weight(w)
+
     def set_backend(self, backend: str) -> None:
         """Switch every layer's attention backend (``eager``, ``sdpa`` or ``blocked``) in place."""
         self.cfg = self.cfg.replace(backend=backend)  # validates

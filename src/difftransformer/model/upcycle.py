@@ -1,5 +1,8 @@
-"""A trained baseline turned into DIFF V2 that computes exactly the same function (continued training starts
-from the source model, not from noise).
+"""A trained baseline turned into DIFF V2 or DIFF V1 that computes exactly the same function (continued training
+starts from the source model, not from noise).
+
+DIFF V2
+-------
 
 DIFF V2 keeps the baseline's K, V and W_o shapes and doubles the query heads: pair i is query heads (2i, 2i+1),
 both reading KV head i // (H / H_kv), combined as ``attn(q_2i) - lambda_i * attn(q_2i+1)`` with
@@ -20,6 +23,29 @@ No parameters are added beyond V2's own (the second query of each pair and W_lam
 
 ``v2_lambda="none"`` (attn1 - attn2) has no such point (an exact copy cancels to zero), and the ``"halves"``
 pairing puts a pair's two heads in different GQA groups: both are refused.
+
+DIFF V1
+-------
+The paper's layout (h = H/2 heads with 2d-wide values, parameters matched to the baseline) cannot hold H
+independent softmax heads, so a Llama converts to ``v1_layout="per_head"``: each of its H heads becomes one
+differential head with two d-wide query/key maps and the head's own d-wide value (W_v unchanged). For every
+layer l (lambda_init_l = 0.8 - 0.6 exp(-0.3 l)) and head i of group g:
+
+    Q1_i = the baseline's q_i,  K1_g = the baseline's k_g     (the positive branch is the original head)
+    Q2_i, K2_g ~ N(0, init_std), seeded                        (a fresh negative branch)
+    lambda vectors ~ N(0, 0.1) as at initialisation,  neg_weight = 0
+    W_o = the baseline's W_o / (1 - lambda_init_l),  no head-wise RMSNorm
+
+The layer applies lambda * neg_weight, so at neg_weight = 0 head i is ``(1 - lambda_init)(A1_i V)`` and the
+divided W_o undoes the factor: the baseline's output. Training warms ``neg_weight`` up linearly from 0 to 1 over
+``train.v1_negative_warmup`` steps (the axolotl diff-transformer plugin's idea), so the negative map is blended in
+rather than switched on. The negative branch starts small and random, not at zero: with Q2 = K2 = 0 both
+gradients are products with the other one (dQ2 = dS2 K2, dK2 = dS2^T Q2) and stay exactly zero for ever, a
+saddle that training never leaves. With the head-wise RMSNorm kept (``headwise_norm=True``, option of
+``baseline_to_diff_v1``) the function is not kept (RMSNorm of a head is not the head): its step-0 gap is measured
+by ``convert``, as is the gap without the warm-up (neg_weight = 1 at step 0).
+
+Added parameters per layer: the second query and key maps (d_model x (H + H_kv) d) and lambda's 4d.
 """
 
 from __future__ import annotations
@@ -69,3 +95,60 @@ def baseline_to_diff_v2(model: DiffTransformerLM, v2_lambda: str = "sigmoid") ->
 
 def added_parameters(source: DiffTransformerLM, converted: DiffTransformerLM) -> int:
     return converted.num_parameters() - source.num_parameters()
+
+
+def diff_v1_config_from_baseline(cfg: ModelConfig, headwise_norm: bool = False) -> ModelConfig:
+    """The per_head DIFF V1 config with ``cfg``'s shapes."""
+    if cfg.attention != "baseline":
+        raise ValueError(f"attention={cfg.attention!r}: only a baseline model converts to DIFF V1")
+    if not isinstance(headwise_norm, bool):
+        raise TypeError(f"headwise_norm must be true or false, got {headwise_norm!r}")
+    return cfg.replace(attention="diff_v1", v1_layout="per_head", headwise_norm=headwise_norm,
+                       headwise_norm_weight=headwise_norm)
+
+
+@torch.no_grad()
+def baseline_to_diff_v1(model: DiffTransformerLM, headwise_norm: bool = False, seed: int = 0) -> DiffTransformerLM:
+    """A per_head DIFF V1 model whose forward equals ``model``'s (negative branch at weight 0); ``model`` unchanged.
+
+    ``seed`` draws the negative branch's queries/keys and the lambda vectors. With ``headwise_norm=True`` the
+    head-wise RMSNorm is kept (weights 1) and the function is NOT preserved (see the module docstring).
+    """
+    if not isinstance(model, DiffTransformerLM):
+        raise TypeError(f"model must be a DiffTransformerLM, got {type(model).__name__}")
+    cfg = diff_v1_config_from_baseline(model.cfg, headwise_norm)
+    p = next(model.parameters())
+    with torch.device("meta"):
+        out = DiffTransformerLM(cfg)
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std).to(device=p.device, dtype=p.dtype)
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    H, Hkv, d, dm = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
+    for i in range(cfg.n_layers):
+        pre = f"layers.{i}.attn."
+        for name, heads in (("wq", H), ("wk", Hkv)):
+            w = state[pre + name + ".weight"].view(heads, 1, d, dm)
+            neg = normal(heads, 1, d, dm, std=cfg.init_std)
+            state[pre + name + ".weight"] = torch.cat((w, neg), dim=1).reshape(2 * heads * d, dm)  # 2i: Q1, 2i+1: Q2
+        state[pre + "wo.weight"] = state[pre + "wo.weight"] / (1.0 - cfg.lambda_init_for(i))
+        for lam in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            state[pre + lam] = normal(d, std=0.1).float()
+        state[pre + "neg_weight"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        if headwise_norm:
+            state[pre + "subln.weight"] = torch.ones(d, dtype=p.dtype, device=p.device)
+    for k in TIED if cfg.tie_embeddings else ():
+        state.pop(k, None)
+    assign_weights(out, state, "the converted baseline")
+    out.train(model.training)
+    return out
+
+
+def step0_gap(source: DiffTransformerLM, converted: DiffTransformerLM, tokens: torch.Tensor) -> float:
+    """max |logits(converted) - logits(source)| on ``tokens`` (B, T): how far a conversion is from the source."""
+    with torch.no_grad():
+        a = source(tokens).logits.double()
+        b = converted(tokens).logits.double()
+    return float((a - b).abs().max())

@@ -69,6 +69,8 @@ class OptimConfig:
     lr: float = _field(1e-3, "peak learning rate")
     min_lr: float = _field(1e-4, "learning rate at the end of the cosine")
     warmup_steps: int = _field(100, "linear warmup steps")
+    v1_negative_warmup: int = _field(0, "DIFF V1 per_head layout (a converted Llama): steps over which the negative "
+                                        "branch's weight rises linearly from 0 to 1 (0: at 1 from the start)")
     weight_decay: float = _field(0.1, "AdamW weight decay on matrices (never norms, biases, lambda parameters)")
     beta1: float = _field(0.9, "AdamW beta1")
     beta2: float = _field(0.95, "AdamW beta2")
@@ -162,7 +164,9 @@ class TrainConfig:
         if t.batch_size % t.micro_batch_size:
             raise ValueError(f"train.batch_size={t.batch_size} must be a multiple of "
                              f"train.micro_batch_size={t.micro_batch_size} (times the number of processes)")
-        checks = [("warmup_steps", t.warmup_steps >= 0, ">= 0"), ("lr", t.lr > 0, "> 0"),
+        checks = [("warmup_steps", t.warmup_steps >= 0, ">= 0"),
+                  ("v1_negative_warmup", not isinstance(t.v1_negative_warmup, bool) and t.v1_negative_warmup >= 0,
+                   ">= 0"), ("lr", t.lr > 0, "> 0"),
                   ("min_lr", 0 <= t.min_lr <= t.lr, "in [0, train.lr]"), ("grad_clip", t.grad_clip >= 0, ">= 0"),
                   ("weight_decay", t.weight_decay >= 0, ">= 0"), ("beta1", 0 <= t.beta1 < 1, "in [0, 1)"),
                   ("beta2", 0 <= t.beta2 < 1, "in [0, 1)"), ("eps", t.eps > 0, "> 0"),

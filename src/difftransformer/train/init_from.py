@@ -2,7 +2,8 @@
 
 DIR is one of our model directories, a run directory (its newest complete checkpoint), or a Hugging Face Llama /
 DiffLlama directory. The run takes the source's model config (only ``model.backend`` may be chosen, and
-``model.attention diff_v2`` on a baseline source converts it with ``model.upcycle`` first, the same function),
+``model.attention diff_v2`` or ``diff_v1`` on a baseline source converts it with ``model.upcycle`` first, the same
+function; V1 in the per_head layout, its negative branch warmed up over ``train.v1_negative_warmup`` steps),
 encodes the corpus with the source's ``tokenizer.json`` (``data.tokenizer``; no BPE is trained) and starts from
 the source's weights. Everything else (data, optimizer, checkpoints, resume, torchrun) is a normal run: the
 source's path and tokenizer are recorded in ``run_config.json``, and ``--resume`` reads the run's own
@@ -20,7 +21,8 @@ from ..interop.hf import config_from_hf, load_hf, read_hf_config
 from ..model.config import ModelConfig
 from ..model.pretrained import CONFIG_NAME
 from ..model.transformer import DiffTransformerLM
-from ..model.upcycle import baseline_to_diff_v2, diff_v2_config_from_baseline
+from ..model.upcycle import (baseline_to_diff_v1, baseline_to_diff_v2, diff_v1_config_from_baseline,
+                             diff_v2_config_from_baseline)
 from .config import TrainConfig
 
 # What a run started from a source may still choose about its model (the shape is the source's).
@@ -60,10 +62,10 @@ def apply_init_from(cfg: TrainConfig, path: Path, model_overrides: Mapping[str, 
     src = source_config(path)
     attention = model_overrides.get("attention", src.attention)
     if attention != src.attention:
-        if (src.attention, attention) != ("baseline", "diff_v2"):
+        if src.attention != "baseline" or attention not in ("diff_v1", "diff_v2"):
             raise ValueError(f"--init-from {path} holds a {src.attention} model; --model.attention {attention} is "
-                             "not a conversion that keeps its function (only baseline -> diff_v2)")
-        src = diff_v2_config_from_baseline(src)
+                             "not a conversion that keeps its function (only baseline -> diff_v1 or diff_v2)")
+        src = diff_v1_config_from_baseline(src) if attention == "diff_v1" else diff_v2_config_from_baseline(src)
     model = src.replace(backend=model_overrides.get("backend", cfg.model.backend))
     tok = source_tokenizer(path).resolve()
     rundir.read_tokenizer(tok, model.vocab_size, where=path)  # refuse one that does not fit before any work
@@ -81,6 +83,8 @@ def load_source_weights(cfg: TrainConfig) -> dict:
     src = load_hf(where) if kind == "hf" else DiffTransformerLM.from_pretrained(where)
     if cfg.model.attention == "diff_v2" and src.cfg.attention == "baseline":
         src = baseline_to_diff_v2(src, cfg.model.v2_lambda)
+    elif cfg.model.attention == "diff_v1" and src.cfg.attention == "baseline":
+        src = baseline_to_diff_v1(src, cfg.model.headwise_norm, seed=cfg.train.seed)
     if src.cfg.replace(backend=cfg.model.backend) != cfg.model:
         raise ValueError(f"train.init_from={path} no longer matches the run's model config (was it replaced?)")
     return src.state_dict()

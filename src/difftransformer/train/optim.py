@@ -39,6 +39,14 @@ def build_optimizer(model: nn.Module, t) -> torch.optim.AdamW:
     return torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
 
 
+def negative_weight_at(step: int, t) -> float:
+    """DIFF V1 per_head layout: the negative branch's weight at optimizer step ``step`` (0-based), 0 at step 0
+    rising linearly to 1 at ``t.v1_negative_warmup`` (so a converted model's first loss is the source's)."""
+    if t.v1_negative_warmup <= 0:
+        return 1.0
+    return min(1.0, step / t.v1_negative_warmup)
+
+
 def lr_at(step: int, t) -> float:
     """Learning rate of optimizer step ``step`` (0-based): linear warmup, then cosine from lr to min_lr."""
     if step < t.warmup_steps:

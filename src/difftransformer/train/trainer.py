@@ -28,7 +28,7 @@ from . import checkpoint as ckpt_io
 from .config import TrainConfig
 from .distributed import DistInfo, RankZeroFailed, all_ok, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
 from .metrics import LambdaProbe, MetricsLogger
-from .optim import build_optimizer, lr_at
+from .optim import build_optimizer, lr_at, negative_weight_at
 
 
 @dataclass
@@ -295,6 +295,7 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
         lr = lr_at(step, cfg.train)
         for g in optimizer.param_groups:
             g["lr"] = lr
+        raw.set_negative_weight(negative_weight_at(step, cfg.train))  # DIFF V1 per_head only; else a no-op
         t0 = time.perf_counter()
         starts = rank_slice(sampler.next_starts(cfg.train.batch_size), accum, info)
         loss, gnorm, ok = train_step(step_fn, raw, optimizer, data, starts, cfg, info, autocast)

@@ -86,6 +86,9 @@ class Attention(nn.Module):
         """One number per layer for the metrics, from this layer's attention input ``x`` (B, T, d_model)."""
         return None
 
+    def set_negative_weight(self, w: float) -> None:
+        """The negative branch's warm-up weight in [0, 1] (DIFF V1's per_head layout only; a no-op elsewhere)."""
+
     def use_eager(self, return_maps: bool) -> bool:
         return self.backend == "eager" or return_maps or self.logits_hook is not None
 

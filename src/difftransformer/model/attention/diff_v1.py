@@ -17,6 +17,13 @@ Pairing (official layout): half-heads 2i and 2i+1 of the query projection are Q1
 half-heads 2g and 2g+1 are K1 and K2 of KV group g; query head i reads group i // (h / h_kv). Q1 reads K1
 and Q2 reads K2 of the *same* group -- the official plain-PyTorch file repeats the key half-heads before
 pairing, so under GQA its Q1 and Q2 read the same key half; we split first, then repeat.
+
+``v1_layout="per_head"`` (for a pretrained baseline converted with its function kept, ``model/upcycle.py``):
+h = H differential heads and h_kv = H_kv groups, each head with d-wide queries/keys (two of each) and a d-wide
+value, so W_q: d_model -> 2H*d, W_k: d_model -> 2H_kv*d, W_v: d_model -> H_kv*d, W_o: H*d -> d_model (the
+baseline's V and W_o; the queries and keys doubled). Its lambda is multiplied by ``neg_weight``, a per-layer
+buffer that a conversion sets to 0 (the negative branch off: the layer is then the source's head, rescaled) and
+training warms up to 1 over ``train.v1_negative_warmup`` steps. A per_head model built from scratch starts at 1.
 """
 
 from __future__ import annotations
@@ -35,12 +42,15 @@ from .base import Attention, AttentionMaps, eager_dtype, grouped_probs, repeat_k
 class DiffV1Attention(Attention):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads // 2, cfg.n_kv_heads // 2, cfg.head_dim
-        h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        per_head = cfg.v1_layout == "per_head"
+        self.n_heads = cfg.n_diff_heads
+        self.n_kv_heads = cfg.n_kv_heads if per_head else cfg.n_kv_heads // 2
+        self.head_dim, self.value_dim = cfg.head_dim, cfg.v1_value_dim
+        h, hkv, d, dv = self.n_heads, self.n_kv_heads, self.head_dim, self.value_dim
         self.wq = nn.Linear(cfg.d_model, 2 * h * d, bias=False)
         self.wk = nn.Linear(cfg.d_model, 2 * hkv * d, bias=False)
-        self.wv = nn.Linear(cfg.d_model, hkv * 2 * d, bias=False)
-        self.wo = nn.Linear(h * 2 * d, cfg.d_model, bias=False)
+        self.wv = nn.Linear(cfg.d_model, hkv * dv, bias=False)
+        self.wo = nn.Linear(h * dv, cfg.d_model, bias=False)
         # Eq. (2): four learnable vectors in R^d, one lambda per layer shared by its heads; kept in fp32.
         self.lambda_init = cfg.lambda_init_for(layer_idx)
         self.lambda_q1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
@@ -48,8 +58,14 @@ class DiffV1Attention(Attention):
         self.lambda_q2 = nn.Parameter(torch.empty(d, dtype=torch.float32))
         self.lambda_k2 = nn.Parameter(torch.empty(d, dtype=torch.float32))
         # Eq. (3): head-wise RMSNorm over each 2d-wide head (Table 6 ablation: headwise_norm=False).
-        self.subln = (RMSNorm(2 * d, eps=1e-5, elementwise_affine=cfg.headwise_norm_weight)
+        self.subln = (RMSNorm(dv, eps=1e-5, elementwise_affine=cfg.headwise_norm_weight)
                       if cfg.headwise_norm else None)
+        # per_head layout: the negative branch's weight (0 after a conversion, warmed up to 1 by training).
+        self.neg_weight: Optional[torch.Tensor]
+        if per_head:
+            self.register_buffer("neg_weight", torch.ones((), dtype=torch.float32))
+        else:
+            self.neg_weight = None
         self.reset_lambda()
 
     lambda_summary_name = "lambda_v1"  # the learned lambda of eq. (2), per layer
@@ -68,14 +84,23 @@ class DiffV1Attention(Attention):
         return float(self.lambda_full())
 
     def cache_layout(self) -> tuple[int, int, int, int]:
-        return 2 * self.n_kv_heads, self.head_dim, self.n_kv_heads, 2 * self.head_dim
+        return 2 * self.n_kv_heads, self.head_dim, self.n_kv_heads, self.value_dim
+
+    def set_negative_weight(self, w: float) -> None:
+        if self.neg_weight is not None:
+            self.neg_weight.fill_(w)
 
     def lambda_full(self) -> torch.Tensor:
-        """Eq. (2), a 0-dim fp32 tensor; not clamped (it may go negative or above 1 during training)."""
+        """Eq. (2), a 0-dim fp32 tensor; not clamped (it may go negative or above 1 during training).
+
+        Under ``v1_layout="per_head"`` it is multiplied by the negative branch's warm-up weight ``neg_weight``:
+        the lambda that the layer applies, which is what the analyses and the metrics read.
+        """
         acc = torch.promote_types(self.lambda_q1.dtype, torch.float32)
         lam1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc)))
         lam2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
-        return lam1 - lam2 + self.lambda_init
+        lam = lam1 - lam2 + self.lambda_init
+        return lam if self.neg_weight is None else lam * self.neg_weight.to(acc)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
                 input_pos: Optional[torch.Tensor] = None, return_maps: bool = False):
@@ -84,7 +109,7 @@ class DiffV1Attention(Attention):
         rep = h // hkv
         q = apply_rope(self.wq(x).view(B, T, 2 * h, d), *rope).transpose(1, 2)  # (B, 2h, T, d)
         k = apply_rope(self.wk(x).view(B, T, 2 * hkv, d), *rope).transpose(1, 2)  # (B, 2hkv, T, d)
-        v = self.wv(x).view(B, T, hkv, 2 * d).transpose(1, 2)  # (B, hkv, T, 2d)
+        v = self.wv(x).view(B, T, hkv, self.value_dim).transpose(1, 2)  # (B, hkv, T, 2d) (per_head: d)
         k, v = self.update_cache(input_pos, k, v)
         # Eq. (1) pairing: half-heads (2i, 2i+1) -> (Q1, Q2) of head i, (K1, K2) of group g. Split, then repeat.
         q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, h, T, d) each
@@ -111,26 +136,27 @@ class DiffV1Attention(Attention):
         if self.subln is not None:
             out = self.subln(out)  # Eq. (3): RMSNorm over each head's 2d channels
         out = out * (1.0 - self.lambda_init)  # Eq. (3): fixed multiplier aligns gradients with the baseline
-        out = out.transpose(1, 2).reshape(B, T, h * 2 * d)  # (B, T, h*2d): Concat(heads)
+        out = out.transpose(1, 2).reshape(B, T, h * self.value_dim)  # (B, T, h*2d): Concat(heads)
         return self.wo(out), maps
 
     def _sdpa_diff(self, q1, q2, k1, k2, v, lam, mask, rep) -> torch.Tensor:
         """Eq. (1) with standard fused attention: A1 V and A2 V in one SDPA call.
 
         Fused CPU/CUDA kernels want value width == query width, so V (2d) is split into its two d-wide halves and
-        the four products (A1 Va, A1 Vb, A2 Va, A2 Vb) are stacked along the batch axis of a single call.
+        the four products (A1 Va, A1 Vb, A2 Va, A2 Vb) are stacked along the batch axis of a single call
+        (per_head layout, d-wide V: the two products A1 V and A2 V).
         """
         B, d = q1.shape[0], self.head_dim
-        va, vb = v[..., :d], v[..., d:]  # (B, hkv, Tk, d) each
-        q4 = torch.cat((q1, q1, q2, q2), dim=0)  # (4B, h, T, d)
-        k4 = repeat_kv(torch.cat((k1, k1, k2, k2), dim=0), rep)  # (4B, h, Tk, d)
-        v4 = repeat_kv(torch.cat((va, vb, va, vb), dim=0), rep)  # (4B, h, Tk, d)
+        vs = v.split(d, dim=-1)  # (va, vb) of (B, hkv, Tk, d); (v,) under per_head
+        n = len(vs)
+        qn = torch.cat((q1,) * n + (q2,) * n, dim=0)  # (2nB, h, T, d)
+        kn = repeat_kv(torch.cat((k1,) * n + (k2,) * n, dim=0), rep)  # (2nB, h, Tk, d)
+        vn = repeat_kv(torch.cat(vs + vs, dim=0), rep)  # (2nB, h, Tk, d)
         if mask is not None and mask.shape[0] > 1:
-            mask = mask.repeat(4, 1, 1, 1)
-        o = sdpa(q4, k4, v4, mask, self.scale)  # (4B, h, T, d)
-        o1a, o1b, o2a, o2b = o.split(B, dim=0)
-        a1v = torch.cat((o1a, o1b), dim=-1)  # (B, h, T, 2d) = A1 V
-        a2v = torch.cat((o2a, o2b), dim=-1)  # (B, h, T, 2d) = A2 V
+            mask = mask.repeat(2 * n, 1, 1, 1)
+        o = sdpa(qn, kn, vn, mask, self.scale).split(B, dim=0)  # 2n x (B, h, T, d)
+        a1v = torch.cat(o[:n], dim=-1)  # (B, h, T, 2d) = A1 V
+        a2v = torch.cat(o[n:], dim=-1)  # (B, h, T, 2d) = A2 V
         return a1v - lam.to(a1v.dtype) * a2v
 
     def _decode_diff(self, q, k, v, lam, mask) -> torch.Tensor:
@@ -147,4 +173,4 @@ class DiffV1Attention(Attention):
         p = grouped_probs(q, k.view(B, hkv, 2, N, d), mask, self.scale)  # (B, hkv, 2, rep, T, N)
         diff = p[:, :, 0] - lam.to(p.dtype) * p[:, :, 1]  # (B, hkv, rep, T, N)
         out = torch.matmul(diff.reshape(B, hkv, rep * T, N).to(v.dtype), v)  # (B, hkv, rep*T, 2d)
-        return out.view(B, self.n_heads, T, 2 * d)
+        return out.view(B, self.n_heads, T, self.value_dim)
