@@ -34,3 +34,34 @@ def test_demo_bad_input_is_one_line(tmp_path, capsys):
     assert main(["demo", "--seeds", "0", "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--seeds" in err[0]
+
+
+def test_demo_from_a_pretrained_model_continues_it_three_ways(tmp_path, capsys):
+    """`demo --init-from SRC`: the baseline continues SRC, DIFF V1 (per_head) and V2 continue its conversions, all with
+    SRC's tokenizer and on the same tokens; each run's first loss is SRC's on that batch (the functions are kept)."""
+    from difftransformer import rundir
+    from difftransformer.model.transformer import DiffTransformerLM
+
+    src = tmp_path / "src"
+    assert main(["train", "--config", "tiny", "--model.attention", "baseline", "--train.steps", "3", "--out", str(src),
+                 "--no-progress", "--log.tensorboard", "false"]) == 0
+    from difftransformer.train.config import PRESETS_DIR
+
+    preset = tmp_path / "tiny_log1.toml"  # the tiny preset, logging every step, V1's negative branch warmed up
+    text = (PRESETS_DIR / "tiny.toml").read_text().replace("[log]\nevery = 5", "[log]\nevery = 1")
+    preset.write_text(text.replace("[train]\n", "[train]\nv1_negative_warmup = 4\n"))
+    out = tmp_path / "demo"
+    assert main(["demo", "--init-from", str(src), "--config", str(preset), "--steps", "2", "--out", str(out),
+                 "--no-report", "--no-progress"]) == 0
+    assert "retrieval" not in capsys.readouterr().out and not (out / "retrieval").exists()
+    first = {}
+    for kind in ("baseline", "diff_v1", "diff_v2"):
+        cfg = json.loads((out / kind / "run_config.json").read_text())
+        assert cfg["model"]["attention"] == kind and cfg["train"]["init_from"] == str(src.resolve())
+        assert rundir.tokenizer_path(out / kind).read_bytes() == rundir.tokenizer_path(src).read_bytes()
+        first[kind] = next(r["loss"] for r in rundir.read_metric_records(out / kind) if r.get("step") == 1)
+    assert json.loads((out / "diff_v1" / "run_config.json").read_text())["model"]["v1_layout"] == "per_head"
+    assert abs(first["diff_v1"] - first["baseline"]) < 1e-4 and abs(first["diff_v2"] - first["baseline"]) < 1e-4
+    assert DiffTransformerLM.from_pretrained(rundir.resolve_checkpoint(out / "baseline")).cfg.attention == "baseline"
+    assert main(["demo", "--init-from", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    assert "not a directory" in capsys.readouterr().err

