@@ -207,3 +207,25 @@ def test_generate_rejects_empty_and_too_long_prompts():
         generate(model, [list(range(40))], SamplingConfig(max_new_tokens=9))
     with pytest.raises(ValueError, match=r"\[0, 64\)"):
         generate(model, [[70]], SamplingConfig(max_new_tokens=2))
+
+
+def test_v1_lambda_is_computed_once_per_generation():
+    """Under a KV cache (no autograd) V1's lambda comes from the prefill, not from its four vectors at every step: a
+    change of the vectors after the prefill does not reach the decode step, and a new cache set-up picks it up."""
+    model = model_for("diff_v1")
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.setup_caches(1, 16, dtype=torch.float64)
+        model(ids[:, :10], input_pos=torch.arange(10))
+        before = model(ids[:, 10:11], input_pos=torch.tensor([10])).logits
+        model.layers[0].attn.lambda_q1.add_(0.5)  # lambda changes; the frozen one stays
+        model.layers[0].attn.kv_cache.k[:, :, 10:].zero_()
+        same = model(ids[:, 10:11], input_pos=torch.tensor([10])).logits
+        assert torch.equal(before, same)
+        model.setup_caches(1, 16, dtype=torch.float64)  # a new generation: the new lambda
+        model(ids[:, :10], input_pos=torch.arange(10))
+        after = model(ids[:, 10:11], input_pos=torch.tensor([10])).logits
+        model.clear_caches()
+        full = model(ids[:, :11]).logits[:, 10:11]
+    assert (after - before).abs().max() > 1e-6
+    torch.testing.assert_close(after, full, rtol=1e-10, atol=1e-10)

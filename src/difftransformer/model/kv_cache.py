@@ -18,6 +18,8 @@ class KVCache(nn.Module):
                              persistent=False)
         self.register_buffer("v", torch.zeros(batch_size, v_heads, max_seq_len, v_dim, dtype=dtype, device=device),
                              persistent=False)
+        # Input-independent values a layer computes once per generation (DIFF V1's lambda), set by the layer.
+        self.frozen: dict[str, torch.Tensor] = {}
 
     @property
     def max_seq_len(self) -> int:
@@ -32,6 +34,7 @@ class KVCache(nn.Module):
     def reset(self) -> None:
         self.k.zero_()
         self.v.zero_()
+        self.frozen.clear()
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()

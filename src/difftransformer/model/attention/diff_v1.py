@@ -89,6 +89,8 @@ class DiffV1Attention(Attention):
     def set_negative_weight(self, w: float) -> None:
         if self.neg_weight is not None:
             self.neg_weight.fill_(w)
+            if self.kv_cache is not None:
+                self.kv_cache.frozen.clear()
 
     def lambda_full(self) -> torch.Tensor:
         """Eq. (2), a 0-dim fp32 tensor; not clamped (it may go negative or above 1 during training).
@@ -102,6 +104,17 @@ class DiffV1Attention(Attention):
         lam = lam1 - lam2 + self.lambda_init
         return lam if self.neg_weight is None else lam * self.neg_weight.to(acc)
 
+    def generation_lambda(self) -> torch.Tensor:
+        """Eq. (2)'s lambda; under a KV cache without autograd, computed once per generation (at the prefill, kept
+        with the cache, which every generation sets up anew) instead of from the four vectors at every step."""
+        cache = self.kv_cache
+        if cache is None or torch.is_grad_enabled():
+            return self.lambda_full()
+        lam = cache.frozen.get("lambda")
+        if lam is None:
+            lam = cache.frozen["lambda"] = self.lambda_full()
+        return lam
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
                 input_pos: Optional[torch.Tensor] = None, return_maps: bool = False):
         B, T, _ = x.shape
@@ -114,7 +127,7 @@ class DiffV1Attention(Attention):
         # Eq. (1) pairing: half-heads (2i, 2i+1) -> (Q1, Q2) of head i, (K1, K2) of group g. Split, then repeat.
         q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, h, T, d) each
         k1, k2 = k[:, 0::2], k[:, 1::2]  # (B, hkv, Tk, d) each
-        lam = self.lambda_full()
+        lam = self.generation_lambda()
 
         maps = None
         if self.use_eager(return_maps):
