@@ -1,8 +1,9 @@
 """`difftransformer bench pretrained --hf-dir DIR`: a real pretrained Llama (e.g. SmolLM2-135M from
-`convert --from-gguf smollm2`) as our baseline and as DIFF V2 with the same function, against transformers on the
-same weights: prefill time and end-to-end greedy generation (prefill included, transformers' static cache), the
+`convert --from-gguf smollm2`) as our baseline and as DIFF V2 and DIFF V1 (per_head layout) with the same
+function, against transformers on the same weights: prefill time and end-to-end greedy generation (prefill included, transformers' static cache), the
 generated tokens checked identical. Prints ours / transformers as speed ratios (> 1: ours faster), median of
---rounds after one warm-up, all in one run.
+--rounds after one warm-up, all in one run. ``--decode-mode compile`` runs our per-token step under torch.compile
+(as ``generate --decode compile``; the warm-up round compiles it).
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ def run(args: argparse.Namespace) -> int:
 
     from ..inference.generate import SamplingConfig, generate
     from ..interop.hf import load_hf
-    from ..model.upcycle import baseline_to_diff_v2
+    from ..model.upcycle import baseline_to_diff_v1, baseline_to_diff_v2
 
     torch.manual_seed(0)
     hf = LlamaForCausalLM.from_pretrained(args.hf_dir, dtype=torch.float32).eval()
     base = load_hf(args.hf_dir, expect="baseline").eval()
-    ours = {"baseline": base, "diff_v2": baseline_to_diff_v2(base).eval()}
+    ours = {"baseline": base, "diff_v2": baseline_to_diff_v2(base).eval(), "diff_v1": baseline_to_diff_v1(base).eval()}
     gen_cfg = copy.deepcopy(hf.generation_config)
     T, N = args.prompt_len, args.new_tokens
     gen_cfg.eos_token_id, gen_cfg.pad_token_id = None, 0
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--prompt-len + --new-tokens = {T + N} exceeds the model's {base.cfg.max_seq_len} positions")
     print_load("before")
     print(f"{args.hf_dir}: prompt {T} tokens, {N} new tokens, float32, {torch.get_num_threads()} threads, median of "
-          f"{args.rounds}")
+          f"{args.rounds}; our decode step: {args.decode_mode}")
     widths = (6, 10, 12, 14, 12, 10)
     print(table_row(["batch", "what", "model", "ours s", "hf s", "ours/hf"], widths))
     for B in batches:
@@ -78,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
                 return out
 
             def our_generate(m=model):
-                return generate(m, ids.tolist(), SamplingConfig(max_new_tokens=N, temperature=0.0)).tokens
+                return generate(m, ids.tolist(), SamplingConfig(max_new_tokens=N, temperature=0.0),
+                                decode=args.decode_mode).tokens
 
             t_pre, _ = _median_time(our_prefill, args.rounds)
             t_gen, toks = _median_time(our_generate, args.rounds)
@@ -92,12 +94,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("pretrained", help="a real Llama as ours (baseline, DIFF V2) vs transformers: prefill and "
-                                          "generation", description=__doc__,
+    p = sub.add_parser("pretrained", help="a real Llama as ours (baseline, DIFF V2, DIFF V1) vs transformers: "
+                                          "prefill and generation", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--hf-dir", required=True, help="a Hugging Face Llama directory (e.g. from convert --from-gguf)")
     p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per row (default 512)")
     p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens generated per row (default 32)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up; the median is shown")
+    p.add_argument("--decode-mode", choices=("eager", "compile"), default="eager",
+                   help="how our per-token step runs, as generate --decode (default eager)")
     p.set_defaults(func=run)
