@@ -181,6 +181,8 @@ CASES: list[tuple[list[str], str]] = [
         ("--d-model", "0"), ("--workers", "0")]],
     (["retrieval", "--out", "{ws}/o", "--distractors", "close"], "distractors"),
     (["retrieval", "--out", "{ws}/o", "--lr-grid", "inf"], "lr"),
+    (["bench", "attention", "--shape", "nope"], "--shape"),
+    (["bench", "train", "--shape", "nope"], "--shape"),
     (["bench", "pretrained", "--hf-dir", "{ws}/run", "--rounds", "0"], "--rounds"),
     (["bench", "pretrained", "--hf-dir", "{ws}/run", "--batch", "0"], "--batch"),
     (["convert", "--from-gguf", "{ws}/afile", "--out", "{ws}/o"], "not a .gguf file"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from difftransformer.bench import cli as bench_cli
-from difftransformer.bench.common import SHAPE, bench_config, load_average, table_row
+from difftransformer.bench import train as bench_train
+from difftransformer.bench.common import SHAPE, bench_config, load_average, resolve_shape, table_row
 from difftransformer.cli import build_parser
 from difftransformer.model.config import ModelConfig
 
@@ -16,7 +17,10 @@ def test_default_flags_give_the_bench_flavour():
                        vocab_size=args.vocab_size, max_seq_len=SHAPE["max_seq_len"])
     assert cfg == ModelConfig.from_flavour("bench", attention="diff_v1", backend="sdpa")
     train = build_parser().parse_args(["bench", "train"])
+    assert resolve_shape(train, bench_train.SHAPE_DESTS) == "shape bench"
     assert (train.d_model, train.layers, train.heads) == (SHAPE["d_model"], SHAPE["n_layers"], SHAPE["n_heads"])
+    assert bench_train.model_config(train, "diff_v1", "sdpa") == ModelConfig.from_flavour(
+        "bench", attention="diff_v1", backend="sdpa", max_seq_len=train.seq_len)
 
 
 def test_table_row_and_load():

@@ -5,6 +5,10 @@ Times are taken round-robin in one process (each round runs every case once) and
 rounds of the per-round ratio, so that a change of machine load hits all cases alike. Peak memory is measured
 for each (variant, backend, N) in a fresh child process, so that it is its own: on CPU the rise of the process's
 resident-set high-water mark over its first step (reset first); on CUDA ``torch.cuda.max_memory_allocated``.
+
+``--shape`` picks the model shape (d_model, head_dim, KV heads) from ``model.config.FLAVOURS``: ``bench`` by
+default, ``paper-3b`` for the paper's 3B width (d_model 3072, 24 heads of 128; on a GPU, with
+``--seq-lens 2048 4096 8192 16384``); ``--d-model``, ``--head-dim`` and ``--kv-heads`` override it.
 """
 
 from __future__ import annotations
@@ -17,19 +21,22 @@ from typing import Callable
 import torch
 
 from ..model.attention import build_attention
-from .common import SHAPE, bench_config, table_row
+from .common import (add_shape_flag, bench_cases, bench_config, diff_backends, resolve_shape, shape_default_help,
+                     table_row)
 from ..model.rope import rope_cos_sin, rope_frequencies
 from .timing import median_ratio, paired_times
 
-# (label, attention, backend). "eager" V1 materialises both maps: the official plain computation.
-CASES: tuple[tuple[str, str, str], ...] = (
-    ("baseline sdpa", "baseline", "sdpa"),
-    ("V1 blocked", "diff_v1", "blocked"),
-    ("V1 sdpa", "diff_v1", "sdpa"),
-    ("V1 eager", "diff_v1", "eager"),
-    ("V2 blocked", "diff_v2", "blocked"),
-    ("V2 sdpa", "diff_v2", "sdpa"),
-)
+DEFAULT_BACKENDS = ("blocked", "sdpa")
+
+
+def cases(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(label, attention, backend): the baseline with SDPA, then V1 and V2 with each of ``--backends``, and V1's
+    eager path after V1's others with ``--eager`` (it materialises both maps: the official plain computation)."""
+    chosen = bench_cases(args.backends)
+    if not args.eager:
+        return chosen
+    last_v1 = max(i for i, c in enumerate(chosen) if c[1] == "diff_v1")
+    return [*chosen[:last_v1 + 1], ("V1 eager", "diff_v1", "eager"), *chosen[last_v1 + 1:]]
 
 
 def _build(attention: str, backend: str, n: int, args) -> Callable[[], None]:
@@ -37,7 +44,8 @@ def _build(attention: str, backend: str, n: int, args) -> Callable[[], None]:
     torch.manual_seed(0)
     dt = getattr(torch, args.dtype)
     cfg = bench_config(attention, backend, d_model=args.d_model, head_dim=args.head_dim, n_layers=1,
-                       vocab_size=256, max_seq_len=n, n_kv_heads=args.kv_heads)  # one layer, no LM head: tiny vocab
+                       vocab_size=256, max_seq_len=n, n_kv_heads=args.kv_heads,
+                       shape=args.shape)  # one layer, no LM head: tiny vocab
     attn = build_attention(cfg, layer_idx=0).to(device=args.device, dtype=dt)
     x = torch.randn(args.batch, n, args.d_model, device=args.device, dtype=dt, requires_grad=True)
     rope = rope_cos_sin(torch.arange(n, device=args.device),
@@ -92,6 +100,7 @@ def peak_memory(attention: str, backend: str, n: int, args) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    shape = resolve_shape(args, ("d_model", "head_dim", "kv_heads"))
     # checked before any arithmetic: --head-dim 0 would divide by zero, --batch 0 time empty tensors
     for flag, v in (("--d-model", args.d_model), ("--head-dim", args.head_dim), ("--batch", args.batch),
                     ("--repeats", args.repeats), *(("--seq-lens", n) for n in args.seq_lens),
@@ -104,23 +113,31 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--device cuda requested but CUDA is not available")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    cases = [c for c in CASES if args.eager or c[2] != "eager"]
-    ref = cases[0][0]
-    print(f"# attention fwd+bwd, d_model={args.d_model} head_dim={args.head_dim} kv_heads={args.kv_heads or 'all'} "
-          f"batch={args.batch} {args.dtype} on {args.device} ({torch.get_num_threads()} threads).\n"
+    measured = cases(args)
+    for _, attention, backend in measured:  # every case must be buildable at this shape (V1 needs even head counts)
+        try:
+            bench_config(attention, backend, d_model=args.d_model, head_dim=args.head_dim, n_layers=1,
+                         vocab_size=256, max_seq_len=max(args.seq_lens), n_kv_heads=args.kv_heads, shape=args.shape)
+        except ValueError as e:
+            raise ValueError(f"--d-model {args.d_model} / --head-dim {args.head_dim} / --kv-heads {args.kv_heads} "
+                             f"give no valid {attention} module: {e}") from None
+    ref = measured[0][0]
+    print(f"# attention fwd+bwd, {shape}: d_model={args.d_model} head_dim={args.head_dim} "
+          f"kv_heads={args.kv_heads or 'all'} batch={args.batch} {args.dtype} on {args.device} "
+          f"({torch.get_num_threads()} threads).\n"
           f"# time: median over {args.repeats} rounds (after a warm-up round) of the ratio to {ref} in the same "
           f"round; cases run round-robin in one process.\n"
           f"# memory (xM): peak extra memory of one step, each case in a fresh process, relative to {ref}.")
-    widths = (6, *(20 for _ in cases))
-    print(table_row(("N", *(c[0] for c in cases)), widths), flush=True)
+    widths = (6, *(20 for _ in measured))
+    print(table_row(("N", *(c[0] for c in measured)), widths), flush=True)
     for n in args.seq_lens:
-        steps = {label: _build(attention, backend, n, args) for label, attention, backend in cases}
+        steps = {label: _build(attention, backend, n, args) for label, attention, backend in measured}
         times = paired_times(steps, repeats=args.repeats, warmup=1)
         del steps
-        mems = {label: peak_memory(attention, backend, n, args) for label, attention, backend in cases}
+        mems = {label: peak_memory(attention, backend, n, args) for label, attention, backend in measured}
         t0, m0 = statistics.median(times[ref]), mems[ref]
         cells = [f"{t0 * 1e3:8.1f}ms {m0 / 2**20:7.1f}MB"]
-        for label, _, _ in cases[1:]:
+        for label, _, _ in measured[1:]:
             cells.append(f"{median_ratio(times, label, ref):8.2f}x {mems[label] / max(m0, 1):8.2f}xM")
         print(table_row((n, *cells), widths), flush=True)
     return 0
@@ -131,15 +148,20 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], metavar="N",
-                   help="sequence lengths to measure (default: 512 1024 2048 4096)")
-    p.add_argument("--d-model", type=int, default=SHAPE["d_model"], help=f"model width (default {SHAPE['d_model']})")
-    p.add_argument("--head-dim", type=int, default=SHAPE["head_dim"],
-                   help=f"head dimension d (default {SHAPE['head_dim']})")
-    p.add_argument("--kv-heads", type=int, default=None, help="the baseline's KV heads (default: as many as heads)")
+                   help="sequence lengths to measure (default: 512 1024 2048 4096; for --shape paper-3b on a GPU: "
+                        "2048 4096 8192 16384)")
+    add_shape_flag(p, "--head-dim 64")
+    p.add_argument("--d-model", type=int, default=None, help=shape_default_help("d_model", "model width"))
+    p.add_argument("--head-dim", type=int, default=None, help=shape_default_help("head_dim", "head dimension d"))
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="the baseline's KV heads (default: the --shape's; as many as heads where it sets none)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds, median of per-round ratios reported (default 5)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="device (default cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="dtype (default float32)")
+    p.add_argument("--backends", nargs="+", choices=diff_backends(), default=list(DEFAULT_BACKENDS), metavar="B",
+                   help=f"DIFF backends to time, each as V1 and V2 (choices: {', '.join(diff_backends())}; default: "
+                        f"{' '.join(DEFAULT_BACKENDS)}); the baseline always uses sdpa")
     p.add_argument("--eager", action="store_true",
                    help="also time V1's eager path (the official plain computation with materialised maps)")
     p.set_defaults(func=run)

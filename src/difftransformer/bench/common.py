@@ -1,26 +1,102 @@
-"""What the benchmarks share besides timing: the matched model shape, the load-average lines and table rows.
+"""What the benchmarks share besides timing: the matched model shape, the backends and cases, the load-average
+lines and table rows.
 
-Every benchmark builds its models from the ``bench`` flavour (``model.config.FLAVOURS``: d_model 512, 8 layers,
-8 baseline heads of 64, vocab 8192), with the shape flags of its command on top, so the three commands measure
-the same models unless told otherwise.
+Every benchmark builds its models from a named shape (``model.config.FLAVOURS``; ``bench`` by default: d_model
+512, 8 layers, 8 baseline heads of 64, vocab 8192; ``--shape paper-3b`` for the paper's 3B width), with the shape
+flags of its command on top, so the commands measure the same models unless told otherwise.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import Any, Optional, Sequence
 
+from ..model import config as model_config
 from ..model.config import FLAVOURS, ModelConfig
 
-SHAPE = FLAVOURS["bench"]  # the flag defaults of every bench command
+DEFAULT_SHAPE = "bench"
+SHAPE = FLAVOURS[DEFAULT_SHAPE]  # the default shape of every bench command
+
+# A shape flag's dest -> the ModelConfig field it sets (each command has some of them).
+SHAPE_FIELDS = {"d_model": "d_model", "head_dim": "head_dim", "heads": "n_heads", "kv_heads": "n_kv_heads",
+                "layers": "n_layers", "vocab_size": "vocab_size"}
+
+# (label, attention kind) of the two DIFF variants; each is timed with every backend asked for.
+VARIANTS: tuple[tuple[str, str], ...] = (("V1", "diff_v1"), ("V2", "diff_v2"))
+BASELINE_CASE: tuple[str, str, str] = ("baseline sdpa", "baseline", "sdpa")  # every ratio's reference
+
+
+def diff_backends() -> tuple[str, ...]:
+    """The backends a DIFF variant can be timed with: ``model.config.BACKENDS`` except "eager" (read at each call,
+    so a backend added there is offered by every bench's ``--backends`` and timed as "V1 <b>" and "V2 <b>")."""
+    return tuple(b for b in model_config.BACKENDS if b != "eager")
+
+
+def bench_cases(backends: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(label, attention, backend) of the baseline, then V1 with each backend, then V2 with each, in the order
+    given (repeats dropped)."""
+    allowed = diff_backends()
+    chosen = list(dict.fromkeys(backends))
+    bad = [b for b in chosen if b not in allowed]
+    if bad or not chosen:
+        raise ValueError(f"--backends {' '.join(map(str, backends))} is not allowed; choose one or more of "
+                         f"{', '.join(allowed)}")
+    return [BASELINE_CASE, *((f"{label} {b}", attention, b) for label, attention in VARIANTS for b in chosen)]
+
+
+def add_shape_flag(p: argparse.ArgumentParser, example: str) -> None:
+    """``--shape NAME``: the named model shape the other shape flags default to (``example``: one overriding flag
+    of this command, for the help)."""
+    shapes = ", ".join(f"{name} (d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads)"
+                       for name, s in FLAVOURS.items())
+    p.add_argument("--shape", default=DEFAULT_SHAPE, metavar="NAME",
+                   help=f"named model shape ({shapes}; default {DEFAULT_SHAPE}); it sets every shape flag that is "
+                        f"not given, and a given one overrides it (--shape paper-3b {example})")
+
+
+def shape_default_help(dest: str, what: str) -> str:
+    """Help text of a shape flag: ``what (default: the shape's, N for bench)``."""
+    value = getattr(ModelConfig.from_flavour(DEFAULT_SHAPE), SHAPE_FIELDS[dest])
+    return f"{what} (default: the --shape's, {value} for {DEFAULT_SHAPE})"
+
+
+def shape_config(name: Any) -> ModelConfig:
+    """The named shape as a (resolved) ModelConfig; a bad name is a ValueError naming ``--shape``."""
+    if not isinstance(name, str) or name not in FLAVOURS:
+        raise ValueError(f"--shape {name!r} is not a model shape; choose one of {', '.join(FLAVOURS)}")
+    return ModelConfig.from_flavour(name)
+
+
+def resolve_shape(args: argparse.Namespace, dests: Sequence[str]) -> str:
+    """Fill each shape flag in ``dests`` left unset (None) from ``args.shape``; returns the header's description,
+    e.g. ``shape paper-3b`` or ``shape paper-3b with --layers 4``.
+
+    The KV heads of a shape that sets none stay None ("as many as heads"), so that ``--heads`` alone keeps the
+    full multi-head layout, as without ``--shape``.
+    """
+    flavour = shape_config(args.shape)
+    given = [d for d in dests if getattr(args, d) is not None]
+    for dest in dests:
+        if getattr(args, dest) is None:
+            field = SHAPE_FIELDS[dest]
+            value = FLAVOURS[args.shape].get(field) if field == "n_kv_heads" else getattr(flavour, field)
+            setattr(args, dest, value)
+    flags = ", ".join(f"--{d.replace('_', '-')} {getattr(args, d)}" for d in given)
+    return f"shape {args.shape}" + (f" with {flags}" if flags else "")
 
 
 def bench_config(attention: str, backend: str = "sdpa", *, d_model: int, head_dim: int, n_layers: int,
-                 vocab_size: int, max_seq_len: int, n_kv_heads: Optional[int] = None) -> ModelConfig:
-    """The matched config of one variant; the baseline's heads are d_model / head_dim."""
-    return ModelConfig.from_flavour("bench", attention=attention, backend=backend, d_model=d_model,
-                                    n_heads=d_model // head_dim, head_dim=head_dim, n_kv_heads=n_kv_heads,
-                                    n_layers=n_layers, vocab_size=vocab_size, max_seq_len=max_seq_len)
+                 vocab_size: int, max_seq_len: int, n_kv_heads: Optional[int] = None, n_heads: Optional[int] = None,
+                 shape: str = DEFAULT_SHAPE) -> ModelConfig:
+    """The matched config of one variant in the named shape; the baseline's heads are ``n_heads`` (default
+    d_model / head_dim). The FFN is the shape's where d_model is the shape's, else the default for d_model."""
+    flavour = shape_config(shape)
+    ffn = {} if d_model == flavour.d_model else {"ffn_hidden": None}
+    return ModelConfig.from_flavour(shape, attention=attention, backend=backend, d_model=d_model,
+                                    n_heads=n_heads if n_heads is not None else d_model // head_dim,
+                                    head_dim=head_dim, n_kv_heads=n_kv_heads, n_layers=n_layers,
+                                    vocab_size=vocab_size, max_seq_len=max_seq_len, **ffn)
 
 
 def load_average() -> str:
