@@ -1,0 +1,307 @@
+"""The Triton differential-attention kernels (forward + backward) against a float64 PyTorch oracle.
+
+Without CUDA the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set below before triton is
+imported); small shapes and 16-wide blocks keep the file fast there. The oracle is written from the equations
+(arXiv 2410.05258 eq. 1): materialised softmax maps with the causal + padding-mask rule, autograd for the
+gradients.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton` / kernel definition
+
+triton = pytest.importorskip("triton")
+
+# Triton decides interpreter-or-not when its @jit functions (its own standard library included) are defined,
+# i.e. at the first `import triton` of the process. If something imported it earlier in this pytest process
+# (torch.compile does, even on CPU), setting the variable now cannot help: then the whole file is re-run in a
+# fresh process by `test_in_fresh_interpreter_process` and every other test here is skipped.
+NEEDS_FRESH_PROCESS = (not torch.cuda.is_available()
+                       and type(triton.language.standard.sigmoid).__name__ != "InterpretedFunction")
+
+td = importlib.import_module("difftransformer.model.attention.triton_diff")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_or_fresh_process(request):
+    if NEEDS_FRESH_PROCESS and request.node.originalname != "test_in_fresh_interpreter_process":
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; covered by "
+                    "test_in_fresh_interpreter_process")
+
+
+@pytest.mark.skipif(not NEEDS_FRESH_PROCESS, reason="this process already runs the kernels directly")
+def test_in_fresh_interpreter_process():
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
+                         cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F64_TOL = 1e-10
+F32_TOL = 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ oracle
+
+
+def visibility(b: int, t: int, key_mask):
+    """(B, 1, T, T) bool: key j visible to query t iff j <= t and key_mask[b, j]; a row that sees nothing sees
+    only itself."""
+    causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
+    if key_mask is None:
+        return causal[:, None]
+    vis = causal & key_mask.cpu()[:, None, :]
+    empty = ~vis.any(-1)  # (B, T)
+    vis = vis | (empty[:, :, None] & torch.eye(t, dtype=torch.bool))
+    return vis[:, None]
+
+
+def reference(q1, q2, k1, k2, v, lam, scale, key_mask=None):
+    """float64 (softmax(q1 k1^T s + M) - lam softmax(q2 k2^T s + M)) v with repeated kv heads (GQA)."""
+    b, hq, t, _ = q1.shape
+    r = hq // k1.shape[1]
+    k1, k2, v = (x.repeat_interleave(r, dim=1) for x in (k1, k2, v))
+    vis = visibility(b, t, key_mask).to(q1.device)
+
+    def probs(q, k):
+        return (q @ k.transpose(-1, -2) * scale).masked_fill(~vis, float("-inf")).softmax(-1)
+
+    return (probs(q1, k1) - lam * probs(q2, k2)) @ v
+
+
+# ------------------------------------------------------------------------------------------------ cases
+
+
+def make_case(*, b=1, hq=2, hk=1, t=17, d=16, dv_mult=2, shared_k=False, lam="scalar", lam_value=0.8,
+              pads=None, dtype=torch.float64, strided_q=False, seed=0):
+    """Inputs (leaf tensors on DEVICE) and the key mask. lam: 'scalar' (0-dim, lam_value) or 'row' (B, Hq, T, 1)
+    with values of both signs, some > 1. pads: left-padding length per batch row (None: no mask)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+
+    if strided_q:  # (B, T, Hq, d) projections viewed as (B, Hq, T, d): non-contiguous, unit last stride
+        q1 = rnd(b, t, hq, d).transpose(1, 2)
+        q2 = rnd(b, t, hq, d).transpose(1, 2)
+    else:
+        q1, q2 = rnd(b, hq, t, d), rnd(b, hq, t, d)
+    k1 = rnd(b, hk, t, d)
+    k2 = k1 if shared_k else rnd(b, hk, t, d)
+    v = rnd(b, hk, t, dv_mult * d)
+    if lam == "scalar":
+        lam_t = torch.tensor(lam_value, dtype=dtype, device=DEVICE)
+    else:  # per token and head, in [-1.5, 2.0]: negative, in (0, 1) and > 1
+        lam_t = (torch.rand(b, hq, t, 1, generator=g, dtype=torch.float64) * 3.5 - 1.5).to(DEVICE, dtype)
+    leaves = [q1, q2, k1] + ([] if shared_k else [k2]) + [v, lam_t]
+    for x in leaves:
+        x.requires_grad_(True)
+    key_mask = None
+    if pads is not None:
+        key_mask = torch.ones(b, t, dtype=torch.bool)
+        for i, p in enumerate(pads):
+            key_mask[i, :p] = False
+        key_mask = key_mask.to(DEVICE)
+    return (q1, q2, k1, k2, v, lam_t), key_mask
+
+
+def run_both(inputs, key_mask, *, block_m=16, block_n=16, ref_lam_shift=0.0, swap_ref_keys=False, seed=1):
+    """Kernel output and gradients, and the float64 oracle's on the same (upcast) values.
+
+    Returns dict name -> (kernel, reference) for 'out' and every input that has a gradient; for shared keys
+    the single key gradient is reported as 'k' (both maps' contributions)."""
+    q1, q2, k1, k2, v, lam = inputs
+    d = q1.shape[-1]
+    scale = d ** -0.5
+    shared = k1 is k2
+    out = td.triton_diff_attention(q1, q2, k1, k2, v, lam, scale, key_mask, block_m=block_m, block_n=block_n)
+    assert out.dtype == q1.dtype and out.shape == q1.shape[:3] + (v.shape[-1],)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed),
+                           dtype=torch.float64).to(DEVICE, out.dtype)
+    leaves = [q1, q2, k1] + ([] if shared else [k2]) + [v, lam]
+    grads = torch.autograd.grad(out, leaves, grad_out)
+
+    r = [x.detach().double().requires_grad_(True) for x in leaves]
+    rq1, rq2, rk1 = r[0], r[1], r[2]
+    rk2 = rk1 if shared else r[3]
+    rv, rlam = r[-2], r[-1]
+    if swap_ref_keys:
+        rk1, rk2 = rk2, rk1
+    ref = reference(rq1, rq2, rk1, rk2, rv, rlam + ref_lam_shift, scale, key_mask)
+    rgrads = torch.autograd.grad(ref, r, grad_out.double())
+
+    names = ["q1", "q2"] + (["k"] if shared else ["k1", "k2"]) + ["v", "lam"]
+    res = {"out": (out, ref)}
+    for name, a, e, leaf in zip(names, grads, rgrads, leaves):
+        assert a.shape == leaf.shape and a.dtype == leaf.dtype, name
+        res[name] = (a, e)
+    return res
+
+
+def max_errors(res):
+    return {k: (a.double() - e).abs().max().item() for k, (a, e) in res.items()}
+
+
+def assert_close(res, tol):
+    errs = max_errors(res)
+    bad = {k: e for k, e in errs.items() if not e <= tol}
+    assert not bad, f"max abs errors above {tol}: {bad} (all: {errs})"
+
+
+# ------------------------------------------------------------------------------------------------ float64
+
+
+F64_CASES = {
+    # DIFF V1: two key maps, dv = 2d, one 0-dim lambda; odd T spanning three 16-blocks
+    "v1_gqa1_T37": dict(b=2, hq=2, hk=2, t=37, lam_value=0.8),
+    # DIFF V2: shared keys, dv = d, per-token lambda of both signs (and > 1); strided queries
+    "v2_shared_gqa2_T17": dict(b=2, hq=4, hk=2, t=17, dv_mult=1, shared_k=True, lam="row", strided_q=True),
+    # GQA 4 with a negative scalar lambda
+    "v1_gqa4_T17_neg_lam": dict(b=1, hq=4, hk=1, t=17, lam_value=-0.6),
+    # lambda > 1, a single token
+    "v1_T1_lam_gt1": dict(b=2, hq=2, hk=1, t=1, lam_value=1.7),
+    "v2_T1": dict(b=1, hq=2, hk=2, t=1, dv_mult=1, shared_k=True, lam="row"),
+    # left padding: 0 pads, 5 pads (rows 0..4 see only themselves), 20 pads (a whole 16-key block is
+    # invisible to every row and rows 0..19 see only themselves), all pads (every row sees only itself)
+    "v1_padding": dict(b=4, hq=2, hk=1, t=37, lam_value=0.5, pads=[0, 5, 20, 37]),
+    "v2_padding_gqa2": dict(b=3, hq=4, hk=2, t=23, dv_mult=1, shared_k=True, lam="row", pads=[3, 0, 18]),
+    # one wider head: d = 64
+    "v2_d64": dict(b=1, hq=2, hk=1, t=17, d=64, dv_mult=1, shared_k=True, lam="row"),
+}
+
+
+@pytest.mark.parametrize("name", list(F64_CASES))
+def test_float64_matches_oracle(name):
+    inputs, key_mask = make_case(**F64_CASES[name])
+    res = run_both(inputs, key_mask)
+    expected = {"out", "q1", "q2", "v", "lam"} | ({"k"} if F64_CASES[name].get("shared_k") else {"k1", "k2"})
+    assert set(res) == expected
+    assert_close(res, F64_TOL)
+
+
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (16, 32)])
+def test_float64_unequal_blocks(block_m, block_n):
+    """block_m != block_n exercises the causal loop limits of the forward, dQ and dK/dV kernels."""
+    inputs, key_mask = make_case(b=2, hq=2, hk=1, t=45, lam="row", pads=[0, 7])
+    assert_close(run_both(inputs, key_mask, block_m=block_m, block_n=block_n), F64_TOL)
+
+
+def test_comparison_is_sensitive():
+    """A wrong lambda or swapped key maps in the oracle must be caught by the same tolerance."""
+    inputs, key_mask = make_case(b=1, hq=2, hk=1, t=17, lam_value=0.8)
+    errs = max_errors(run_both(inputs, key_mask, ref_lam_shift=1e-3))
+    assert errs["out"] > 1e3 * F64_TOL and errs["lam"] < F64_TOL * 1e2  # dlam does not depend on lam
+    errs = max_errors(run_both(inputs, key_mask, swap_ref_keys=True))
+    assert min(errs[k] for k in ("out", "q1", "q2", "k1", "k2")) > 1e-3
+
+
+def test_no_grad_and_partial_grads():
+    """Forward under no_grad, and a backward where only some inputs require gradients."""
+    (q1, q2, k1, k2, v, lam), key_mask = make_case(b=1, hq=2, hk=1, t=17, lam_value=0.3)
+    scale = q1.shape[-1] ** -0.5
+    with torch.no_grad():
+        out = td.triton_diff_attention(q1, q2, k1, k2, v, lam, scale, block_m=16, block_n=16)
+        ref = reference(q1, q2, k1, k2, v, lam, scale)
+    assert not out.requires_grad and (out - ref).abs().max().item() < F64_TOL
+    vd = v.detach().requires_grad_(True)
+    out = td.triton_diff_attention(q1.detach(), q2.detach(), k1.detach(), k2.detach(), vd, lam.detach(), scale,
+                                   block_m=16, block_n=16)
+    (gv,) = torch.autograd.grad(out.sum(), [vd])
+    vr = v.detach().requires_grad_(True)
+    (gr,) = torch.autograd.grad(reference(q1.detach(), q2.detach(), k1.detach(), k2.detach(), vr,
+                                          lam.detach(), scale).sum(), [vr])
+    assert (gv - gr).abs().max().item() < F64_TOL
+
+
+# ------------------------------------------------------------------------------------------------ float32 / bf16
+
+
+@pytest.mark.parametrize("kind", ["v1", "v2_padding"])
+def test_float32_matches_oracle(kind):
+    if kind == "v1":
+        inputs, key_mask = make_case(b=1, hq=4, hk=2, t=37, lam_value=0.8, dtype=torch.float32)
+    else:
+        inputs, key_mask = make_case(b=2, hq=2, hk=1, t=29, dv_mult=1, shared_k=True, lam="row", pads=[0, 9],
+                                     dtype=torch.float32)
+    assert_close(run_both(inputs, key_mask), F32_TOL)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tensor-core path needs CUDA")
+@pytest.mark.parametrize("kind", ["v1", "v2"])
+def test_bfloat16_cuda(kind):
+    """bf16 operands, float32 accumulation. Tolerance: 3e-2 * max(1, max|ref|) per tensor, against the float64
+    oracle evaluated on the same bf16-rounded inputs (bf16 has an 8-bit mantissa, ~4e-3 relative per rounding;
+    the kernel rounds P and dS to bf16 before each dot). A fp32 0-dim lambda, as DIFF V1 passes it."""
+    if kind == "v1":
+        inputs, key_mask = make_case(b=2, hq=4, hk=2, t=300, d=64, dtype=torch.bfloat16)
+        q1, q2, k1, k2, v, _ = inputs
+        lam = torch.tensor(0.8, dtype=torch.float32, device=DEVICE, requires_grad=True)
+        inputs = (q1, q2, k1, k2, v, lam)
+    else:
+        inputs, key_mask = make_case(b=2, hq=4, hk=1, t=300, d=128, dv_mult=1, shared_k=True, lam="row",
+                                     pads=[0, 40], dtype=torch.bfloat16)
+    res = run_both(inputs, key_mask, block_m=64, block_n=64)
+    for name, (a, e) in res.items():
+        tol = 3e-2 * max(1.0, e.abs().max().item())
+        err = (a.double() - e).abs().max().item()
+        assert err <= tol, f"{name}: max abs error {err} > {tol}"
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+def _valid(**over):
+    (q1, q2, k1, k2, v, lam), _ = make_case(b=1, hq=2, hk=1, t=5)
+    args = dict(q1=q1, q2=q2, k1=k1, k2=k2, v=v, lam=lam, scale=0.25, key_mask=None)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,exc,match", [
+    (dict(v=torch.zeros(1, 1, 5, 24, dtype=torch.float64)), ValueError, "dv=24"),
+    (dict(k1=torch.zeros(1, 3, 5, 16, dtype=torch.float64), k2=torch.zeros(1, 3, 5, 16, dtype=torch.float64),
+          v=torch.zeros(1, 3, 5, 32, dtype=torch.float64)), ValueError, "Hq % Hk"),
+    (dict(lam=torch.zeros(1, 2, 5, dtype=torch.float64)), ValueError, "lam shape"),
+    (dict(q2=torch.zeros(1, 2, 4, 16, dtype=torch.float64)), ValueError, "q2 shape"),
+    (dict(q1=torch.zeros(1, 2, 5, 24, dtype=torch.float64), q2=torch.zeros(1, 2, 5, 24, dtype=torch.float64)),
+     ValueError, "head dim d=24"),
+    (dict(key_mask=torch.ones(1, 5, dtype=torch.int64)), TypeError, "key_mask.dtype"),
+    (dict(key_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError, "key_mask shape"),
+    (dict(v=torch.zeros(1, 1, 5, 32, dtype=torch.float32)), TypeError, "v.dtype"),
+    (dict(lam=0.5), TypeError, "lam must be a torch.Tensor"),
+    (dict(scale=-1.0), ValueError, "scale"),
+])
+def test_validation_errors(over, exc, match):
+    args = _valid(**{k: (x.to(DEVICE) if isinstance(x, torch.Tensor) else x) for k, x in over.items()})
+    with pytest.raises(exc, match=match):
+        td.triton_diff_attention(**args)
+
+
+def test_block_size_validation_and_available():
+    args = _valid()
+    with pytest.raises(ValueError, match="block_m=24"):
+        td.triton_diff_attention(**args, block_m=24)
+    assert td.triton_available()
+    for d in td.ALLOWED_HEAD_DIMS:
+        for dv in (d, 2 * d):
+            cfg = td.default_config(d, dv)
+            assert set(cfg) == {"fwd", "bwd_dkdv", "bwd_dq"}
+            assert all(bm >= 16 and bn >= 16 and nw in (4, 8) for bm, bn, nw in cfg.values())
+
+
+def test_default_block_sizes():
+    """No block override: each kernel runs with its default_config tiles (here wider than T for some)."""
+    inputs, key_mask = make_case(b=1, hq=2, hk=1, t=70, d=32, lam="row", pads=[3])
+    assert_close(run_both(inputs, key_mask, block_m=None, block_n=None), F64_TOL)
