@@ -101,7 +101,7 @@ def test_bad_shape_names_the_flag_and_the_shapes(capsys, what):
 
 # ---------------------------------------------------------------------------------------------- --backends
 def test_backend_choices_and_default_cases():
-    assert diff_backends() == tuple(b for b in model_config.BACKENDS if b != "eager")
+    assert diff_backends() == tuple(b for b in model_config.BACKENDS if b not in ("eager", "auto")) == ("sdpa", "blocked", "triton")
     for what in ("attention", "train"):
         flag = next(a for a in _subparser(what)._actions if a.dest == "backends")
         assert tuple(flag.choices) == diff_backends() and "eager" not in flag.choices
@@ -112,7 +112,7 @@ def test_backend_choices_and_default_cases():
         "baseline sdpa", "V1 blocked", "V1 sdpa", "V2 blocked", "V2 sdpa"]
     assert [c[0] for c in bench_attention.cases(parse("attention", "--eager"))] == [
         "baseline sdpa", "V1 blocked", "V1 sdpa", "V1 eager", "V2 blocked", "V2 sdpa"]
-    with pytest.raises(ValueError, match="--backends eager is not allowed; choose one or more of sdpa"):
+    with pytest.raises(ValueError, match="--backends eager is not allowed; choose one or more of sdpa, blocked, triton"):
         bench_cases(["eager"])
     assert bench_train.cases(parse("train", "--backends", "blocked", "blocked")) == [
         ("baseline sdpa", "baseline", "sdpa"), ("V1 blocked", "diff_v1", "blocked"),

@@ -305,3 +305,78 @@ def test_default_block_sizes():
     """No block override: each kernel runs with its default_config tiles (here wider than T for some)."""
     inputs, key_mask = make_case(b=1, hq=2, hk=1, t=70, d=32, lam="row", pads=[3])
     assert_close(run_both(inputs, key_mask, block_m=None, block_n=None), F64_TOL)
+
+
+# ------------------------------------------------------------------------------------------------ inside the model
+MODEL_CASES = [  # (attention, options): every DIFF form the backend serves
+    ("diff_v1", {}), ("diff_v1", {"v1_layout": "per_head"}), ("diff_v2", {}), ("diff_v2", {"v2_lambda": "raw"}),
+    ("diff_v2", {"v2_lambda": "none"}),
+]
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("attention, opts", MODEL_CASES)
+def test_triton_backend_in_the_model_matches_eager(attention, opts, padded):
+    """The `triton` backend inside the whole LM (float64, GQA 2, head_dim 16, odd length, left padding) against the
+    eager backend: logits and every parameter's gradient."""
+    from difftransformer.model import DiffTransformerLM, ModelConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
+                      attention=attention, backend="triton", **opts)
+    model = DiffTransformerLM(cfg).double().to(DEVICE)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    ids = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    pad = torch.ones(2, 21, dtype=torch.bool, device=DEVICE)
+    if padded:
+        pad[0, :6] = False
+
+    def run(backend):
+        model.set_backend(backend)
+        model.zero_grad()
+        logits = model(ids, attention_mask=pad if padded else None).logits
+        logits[pad].square().mean().backward()
+        return logits[pad].detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    got, g_got = run("triton")
+    want, g_want = run("eager")
+    assert (got - want).abs().max() <= 1e-10
+    for name in g_want:
+        assert (g_got[name] - g_want[name]).abs().max() <= 1e-10, name
+
+
+def test_auto_backend_and_the_fallback_line(capsys):
+    """`auto` is sdpa on CPU (no line); `triton` where it cannot run (no CUDA, no interpreter) says so once and falls
+    back to sdpa; under a KV cache the triton backend decodes with the cached path, equal to the full forward."""
+    from difftransformer.model import DiffTransformerLM, ModelConfig
+    from difftransformer.model.attention import base
+
+    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=32,
+                      attention="diff_v1")
+    assert cfg.backend == "auto"
+    model = DiffTransformerLM(cfg).double()
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(2))
+    attn = model.layers[0].attn
+    x = torch.zeros(1, 12, 64, dtype=torch.float64)
+    assert not attn.use_triton(x, False, 16)  # auto on CPU
+    model.set_backend("triton")
+    assert attn.use_triton(x, False, 16) == (os.environ.get("TRITON_INTERPRET") == "1")
+    assert not attn.use_triton(x, False, 24)  # a head size the kernel is not built for
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        base._SAID.clear()
+        assert not attn.use_triton(x, False, 16) and not attn.use_triton(x, False, 16)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "uses the sdpa path" in err[0]
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+    full = model(ids).logits
+    model.setup_caches(1, 16, dtype=torch.float64)
+    with torch.no_grad():
+        pre = model(ids[:, :8], input_pos=torch.arange(8)).logits
+        steps = [model(ids[:, t:t + 1], input_pos=torch.tensor([t])).logits for t in range(8, 12)]
+    assert (torch.cat([pre, *steps], 1) - full).abs().max() <= 1e-10

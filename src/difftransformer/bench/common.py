@@ -28,9 +28,10 @@ BASELINE_CASE: tuple[str, str, str] = ("baseline sdpa", "baseline", "sdpa")  # e
 
 
 def diff_backends() -> tuple[str, ...]:
-    """The backends a DIFF variant can be timed with: ``model.config.BACKENDS`` except "eager" (read at each call,
-    so a backend added there is offered by every bench's ``--backends`` and timed as "V1 <b>" and "V2 <b>")."""
-    return tuple(b for b in model_config.BACKENDS if b != "eager")
+    """The backends a DIFF variant can be timed with: ``model.config.BACKENDS`` except "eager" and "auto" (a
+    selector, not a path), read at each call, so a backend added there is offered by every bench's ``--backends``
+    and timed as "V1 <b>" and "V2 <b>"."""
+    return tuple(b for b in model_config.BACKENDS if b not in ("eager", "auto"))
 
 
 def bench_cases(backends: Sequence[str]) -> list[tuple[str, str, str]]:

@@ -22,7 +22,7 @@ from typing import Any, Literal, Union, get_args
 from ..fileio import atomic_write, parse_json
 
 AttentionKind = Literal["baseline", "diff_v1", "diff_v2"]
-Backend = Literal["eager", "sdpa", "blocked"]
+Backend = Literal["auto", "eager", "sdpa", "blocked", "triton"]
 V2Lambda = Literal["sigmoid", "none", "raw"]
 V2Pairing = Literal["interleaved", "halves"]
 V1Layout = Literal["paper", "per_head"]
@@ -64,7 +64,7 @@ class ModelConfig:
     n_kv_heads: int | None = None  # the baseline's KV heads H_kv (GQA); default H
     head_dim: int | None = None  # d; default d_model // n_heads
     attention: AttentionKind = "diff_v1"
-    backend: Backend = "sdpa"
+    backend: Backend = "auto"  # DIFF on CUDA with Triton: its fused kernel, else sdpa (model/attention/base.py)
     ffn_hidden: int | None = None  # SwiGLU width; default ~8/3 d_model rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     rope_theta: float = 10000.0

@@ -6,7 +6,12 @@ Every variant is called as ``attn(x, rope, mask, input_pos=None, return_maps=Fal
 builds it once per forward from the causal rule, the cache positions and an optional padding mask.
 
 Backends: ``eager`` materialises the softmax maps (the test oracle and the analysis tool); ``sdpa`` runs
-``torch.nn.functional.scaled_dot_product_attention`` and never builds an N x N tensor; ``blocked`` runs
+``torch.nn.functional.scaled_dot_product_attention`` and never builds an N x N tensor; ``triton`` runs DIFF's
+fused Triton kernel (``triton_diff.py``: both maps in one FlashAttention-2-style pass, forward and backward) for
+self-attention without a KV cache, with or without a padding mask, head_dim 16/32/64/128, on CUDA (or in Triton's
+CPU interpreter under ``TRITON_INTERPRET=1``, for tests); elsewhere (the baseline, the KV cache, other head sizes)
+it is ``sdpa``. ``auto`` (the default) is ``triton`` for DIFF on CUDA when Triton imports and ``sdpa`` otherwise;
+where Triton was wanted and cannot run, one line says so, once per process. ``blocked`` runs
 DIFF's row-blocked kernel (``blocked.py``) that forms A1 - lambda*A2 block by block before multiplying by V
 (falls back to ``sdpa`` when a padding mask or a KV cache is in play, for the baseline, and off the CPU:
 the kernel is a CPU path; on CUDA the fused SDPA kernels are 4-7x faster than it, measured on an H100).
@@ -14,6 +19,9 @@ the kernel is a CPU path; on CUDA the fused SDPA kernels are 4-7x faster than it
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -92,6 +100,22 @@ class Attention(nn.Module):
     def use_eager(self, return_maps: bool) -> bool:
         return self.backend == "eager" or return_maps or self.logits_hook is not None
 
+    def use_triton(self, x: torch.Tensor, return_maps: bool, head_dim: int) -> bool:
+        """Whether this DIFF call runs the fused Triton kernel (see the module docstring for when it does)."""
+        if self.backend not in ("triton", "auto") or self.use_eager(return_maps) or self.kv_cache is not None:
+            return False
+        if head_dim not in TRITON_HEAD_DIMS:
+            return False
+        on_cuda = x.device.type == "cuda"
+        if self.backend == "auto" and not on_cuda:
+            return False  # CPU: sdpa (the Triton interpreter is a test tool, not a fast path)
+        usable = triton_importable() and (on_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+        if not usable:
+            _say_once(f"difftransformer: backend {self.backend!r}: Triton "
+                      f"{'cannot run on ' + x.device.type if triton_importable() else 'is not installed'}; "
+                      "DIFF attention uses the sdpa path (pip install triton, on a CUDA machine, for the fused kernel)")
+        return usable
+
     def use_decode(self, T: int, return_maps: bool) -> bool:
         """The KV-cache decode step (one new token per row): ``grouped_attention``, no copies of the cache."""
         return self.kv_cache is not None and T == 1 and not self.use_eager(return_maps)
@@ -102,6 +126,29 @@ class Attention(nn.Module):
         if input_pos is None:
             raise ValueError("input_pos is required when a KV cache is set up")
         return self.kv_cache.update(input_pos, k, v)
+
+
+# head_dim values the Triton kernel is built for (triton_diff.py checks them too).
+TRITON_HEAD_DIMS = (16, 32, 64, 128)
+_SAID: set[str] = set()
+
+
+def triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _say_once(line: str) -> None:
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr)
+
+
+def key_padding(mask: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:
+    """The (B, T) real-key mask behind a self-attention mask built by the model (causal & real keys, a row that sees
+    nothing sees itself): its last row, which sees every real key. None stays None (plain causal)."""
+    if mask is None:
+        return None
+    return mask[:, 0, -1, :].expand(batch, -1)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:

@@ -36,7 +36,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..norm import RMSNorm
 from ..rope import apply_rope
-from .base import Attention, AttentionMaps, eager_dtype, grouped_probs, repeat_kv, sdpa, softmax_maps
+from .base import Attention, AttentionMaps, eager_dtype, grouped_probs, key_padding, repeat_kv, sdpa, softmax_maps
 
 
 class DiffV1Attention(Attention):
@@ -140,6 +140,10 @@ class DiffV1Attention(Attention):
                 maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2, lam=lam.detach())
         elif self.use_decode(T, return_maps):
             out = self._decode_diff(q, k, v, lam, mask)
+        elif self.use_triton(x, return_maps, d):
+            from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
+
+            out = triton_diff_attention(q1, q2, k1, k2, v, lam, self.scale, key_padding(mask, B))  # (B, h, T, 2d)
         elif self.backend == "blocked" and mask is None and self.kv_cache is None and x.device.type == "cpu":
             from .blocked import blocked_diff_attention  # imported here: only this path needs it
 

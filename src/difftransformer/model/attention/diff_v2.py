@@ -21,7 +21,8 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..rope import apply_rope
-from .base import Attention, AttentionMaps, eager_dtype, grouped_attention, repeat_kv, sdpa, softmax_maps
+from .base import (Attention, AttentionMaps, eager_dtype, grouped_attention, key_padding, repeat_kv, sdpa,
+                   softmax_maps)
 
 
 class DiffV2Attention(Attention):
@@ -87,6 +88,12 @@ class DiffV2Attention(Attention):
                                      lam=None if lam is None else lam.detach())
         elif self.use_decode(T, return_maps):  # KV-cache decode: the baseline's cache, read once
             out = self.combine(*self.split_pairs(grouped_attention(q, k, v, mask, self.scale)), lam)  # (B, H, 1, d)
+        elif self.pairing == "interleaved" and self.use_triton(x, return_maps, d):
+            from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
+
+            lam_t = torch.ones((), dtype=torch.float32, device=x.device) if lam is None else lam
+            out = triton_diff_attention(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
+                                        key_padding(mask, B))  # (B, H, T, d); the pair shares its KV head
         elif (self.backend == "blocked" and mask is None and self.kv_cache is None
               and self.pairing == "interleaved" and x.device.type == "cpu"):
             q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, H, T, d): pair i reads KV head i // (H / Hkv)

@@ -64,7 +64,7 @@ from torch.autograd.function import once_differentiable
 
 __all__ = ["triton_diff_attention", "triton_available", "default_config", "ALLOWED_HEAD_DIMS", "DEFAULT_NUM_STAGES"]
 
-ALLOWED_HEAD_DIMS = (16, 32, 64, 128)
+from .base import TRITON_HEAD_DIMS as ALLOWED_HEAD_DIMS  # noqa: E402  (one list, shared with the backend)
 _ALLOWED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DEFAULT_NUM_STAGES = 2
 # Initial running max: finite, so a tile in which a row sees no key gives exp(-inf - m) = 0, not NaN.
