@@ -195,6 +195,8 @@ CASES: list[tuple[list[str], str]] = [
     (["demo", "--out", "{ws}/o", "--seeds", "0"], "--seeds"),
     (["demo", "--out", "{ws}/o", "--retrieval-seeds", "0"], "--retrieval-seeds"),
     (["demo", "--out", "{ws}/o", "--steps", "-3"], "--steps"),
+    (["demo", "--out", "{ws}/o", "--init-from", "{ws}/nothing"], "not a directory"),
+    (["demo", "--out", "{ws}/o", "--init-from", "{ws}/plain", "--retrieval-seeds", "2"], "--retrieval-seeds"),
 ]
 
 

@@ -215,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
     config = args.config or ("pretrained" if args.init_from else "demo")
     if args.init_from and args.retrieval_seeds is not None:
         raise ValueError("--retrieval-seeds does not apply with --init-from (the retrieval benchmark is skipped)")
+    if args.init_from and args.init_from != "smollm2" and not Path(args.init_from).is_dir():
+        pretrained_source(args.init_from, out)  # one error line, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     source = pretrained_source(args.init_from, out) if args.init_from else None
