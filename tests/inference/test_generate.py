@@ -229,3 +229,29 @@ def test_v1_lambda_is_computed_once_per_generation():
         full = model(ids[:, :11]).logits[:, 10:11]
     assert (after - before).abs().max() > 1e-6
     torch.testing.assert_close(after, full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_compiled_decode_step_is_one_graph_for_every_position(attention):
+    """The compiled step traces the whole model once (fullgraph: no graph break) and serves every position without a
+    recompile: a host read of the position (int(input_pos)) would specialise the graph on it and recompile per
+    token until dynamo's limit, then run eager. A counting backend sees the frames; the logits equal eager's."""
+    from torch._dynamo.testing import CompileCounter
+
+    from difftransformer.inference.generate import decode_step
+
+    torch._dynamo.reset()
+    model = model_for(attention)
+    counter = CompileCounter()
+    step = torch.compile(decode_step, backend=counter, fullgraph=True, dynamic=False)
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 14), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    with torch.no_grad():
+        model.setup_caches(2, 16, dtype=torch.float64)
+        model(ids[:, :8], input_pos=torch.arange(8), attention_mask=mask)
+        got = [step(model, ids[:, t:t + 1], torch.tensor([t]), mask) for t in range(8, 14)]
+        model.clear_caches()
+        full = model(ids).logits[:, 8:14]
+    torch._dynamo.reset()
+    assert counter.frame_count == 1, f"{counter.frame_count} compiled frames for 6 positions"
+    torch.testing.assert_close(torch.stack(got, dim=1), full, rtol=1e-10, atol=1e-10)

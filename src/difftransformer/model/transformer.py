@@ -180,10 +180,11 @@ class DiffTransformerLM(nn.Module):
             raise ValueError("input_pos is required when a KV cache is set up (call clear_caches() to drop it)")
         if input_pos is None:
             last = T
-        elif input_pos.device.type == "cpu" or self.layers[0].attn.kv_cache is None:
+        elif self.layers[0].attn.kv_cache is None or (input_pos.device.type == "cpu"
+                                                       and not torch.compiler.is_compiling()):
             last = int(input_pos[-1]) + 1
-        else:  # decoding on an accelerator: no host sync per token (CUDA graphs, compile); the cache bounds it
-            last = 0
+        else:  # decoding on an accelerator or under compile: no host sync (and no recompile) per token; the
+            last = 0  # cache bounds the positions
         if last > limit:
             raise ValueError(f"sequence length {last} exceeds ModelConfig.max_seq_len={limit}")
         pos = input_pos if input_pos is not None else torch.arange(T, device=idx.device)
