@@ -152,6 +152,8 @@ class _Problem:
 class _BlockedDiffAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q1, q2, k1, k2, v, lam, scale: float, block_size: int):
+        if k2 is None:  # DIFF V2's shared keys come in once: torch.compile refuses one tensor in two slots
+            k2 = k1
         pb = _Problem(q1, q2, k1, k2, v, lam, scale, block_size)
         rows = min(block_size, pb.t) * pb.r
         ws = _Workspace((2,), pb.g, rows, pb.t, pb.acc, q1.device)
@@ -161,7 +163,7 @@ class _BlockedDiffAttention(torch.autograd.Function):
             dmap = p[0].addcmul_(p[1], pb.neg_lam_block(i0, i1))  # D = P1 - lam * P2, in place over P1
             ob = torch.bmm(dmap.to(pb.dtype), pb.v[:, :i1])  # (G, rows, dv): the single AV product
             out[:, i0:i1].copy_(ob.view(pb.g, i1 - i0, pb.r, pb.dv))
-        ctx.save_for_backward(q1, q2, k1, k2, v, lam)
+        ctx.save_for_backward(q1, q2, k1, None if k1 is k2 else k2, v, lam)
         ctx.scale, ctx.block_size, ctx.shared_k = scale, block_size, k1 is k2
         return _ungroup_rows(out, pb.b, pb.hk)  # (B, Hq, T, dv)
 
@@ -170,7 +172,7 @@ class _BlockedDiffAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q1, q2, k1, k2, v, lam = ctx.saved_tensors
         if ctx.shared_k:
-            k2 = k1  # saved_tensors unpacks into distinct objects; keep the identity the layout relies on
+            k2 = k1  # saved once; keep the identity the layout relies on
         need_q1, need_q2, need_k1, need_k2, need_v, need_lam = ctx.needs_input_grad[:6]
         need_q, need_k = need_q1 or need_q2, need_k1 or need_k2
         pb = _Problem(q1, q2, k1, k2, v, lam, ctx.scale, ctx.block_size)
@@ -230,7 +232,7 @@ class _BlockedDiffAttention(torch.autograd.Function):
             grads[1] = _ungroup_rows(dq[1], b, hk).to(q2.dtype) if need_q2 else None
         if need_k:
             grads[2] = dk[0].view(b, hk, t, d).to(k1.dtype)
-            # With k1 is k2 autograd adds the two slots' gradients; the sum is already in slot 0.
+            # Shared keys came in one slot; the sum of both maps' contributions is in dk[0].
             grads[3] = None if pb.shared_k else dk[1].view(b, hk, t, d).to(k2.dtype)
         if need_v:
             grads[4] = dvg.view(b, hk, t, dv).to(v.dtype)
@@ -297,4 +299,4 @@ def blocked_diff_attention(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor,
     _check_inputs(q1, q2, k1, k2, v, lam, block_size)
     if scale is None:
         scale = 1.0 / math.sqrt(q1.shape[-1])
-    return _BlockedDiffAttention.apply(q1, q2, k1, k2, v, lam, float(scale), block_size)
+    return _BlockedDiffAttention.apply(q1, q2, k1, None if k2 is k1 else k2, v, lam, float(scale), block_size)
