@@ -348,6 +348,41 @@ def test_triton_backend_in_the_model_matches_eager(attention, opts, padded):
         assert (g_got[name] - g_want[name]).abs().max() <= 1e-10, name
 
 
+@pytest.mark.parametrize("attention, opts", MODEL_CASES)
+def test_triton_prefill_under_a_kv_cache(attention, opts, monkeypatch):
+    """A KV cache's prefill from position 0 runs the fused kernel (counted) on the prompt's own keys, with left
+    padding; the prefill's logits and the decode steps after it equal the eager backend's full forward (float64)."""
+    from difftransformer.model import DiffTransformerLM, ModelConfig
+    from difftransformer.model.attention import triton_diff
+
+    calls = []
+    kernel = triton_diff.triton_diff_attention
+    monkeypatch.setattr(triton_diff, "triton_diff_attention", lambda *a, **k: calls.append(a[0].shape) or kernel(*a, **k))
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
+                      attention=attention, backend="triton", **opts)
+    model = DiffTransformerLM(cfg).double().to(DEVICE).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    ids = torch.randint(0, 64, (2, 15), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    pad = torch.ones(2, 20, dtype=torch.bool, device=DEVICE)  # over the whole cache
+    pad[0, :4] = False
+    with torch.no_grad():
+        model.setup_caches(2, 20, dtype=torch.float64)
+        pre = model(ids[:, :11], input_pos=torch.arange(11, device=DEVICE), attention_mask=pad).logits
+        steps = [model(ids[:, t:t + 1], input_pos=torch.tensor([t], device=DEVICE), attention_mask=pad).logits
+                 for t in range(11, 15)]
+        model.clear_caches()
+        assert calls == [(2, 4 if attention == "diff_v2" or opts else 2, 11, 16)] * 2  # the prefill, per layer
+        model.set_backend("eager")
+        full = model(ids, attention_mask=pad[:, :15]).logits
+    got = torch.cat([pre, *steps], dim=1)
+    real = pad[:, :15]
+    assert (got - full)[real].abs().max() <= 1e-10
+
+
 def test_auto_backend_and_the_fallback_line(capsys):
     """`auto` is sdpa on CPU (no line); `triton` where it cannot run (no CUDA, no interpreter) says so once and falls
     back to sdpa; under a KV cache the triton backend decodes with the cached path, equal to the full forward."""

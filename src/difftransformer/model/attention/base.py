@@ -8,9 +8,9 @@ builds it once per forward from the causal rule, the cache positions and an opti
 Backends: ``eager`` materialises the softmax maps (the test oracle and the analysis tool); ``sdpa`` runs
 ``torch.nn.functional.scaled_dot_product_attention`` and never builds an N x N tensor; ``triton`` runs DIFF's
 fused Triton kernel (``triton_diff.py``: both maps in one FlashAttention-2-style pass, forward and backward) for
-self-attention without a KV cache, with or without a padding mask, head_dim 16/32/64/128, on CUDA (or in Triton's
-CPU interpreter under ``TRITON_INTERPRET=1``, for tests); elsewhere (the baseline, the KV cache, other head sizes)
-it is ``sdpa``. ``auto`` (the default) is ``triton`` for DIFF on CUDA when Triton imports and ``sdpa`` otherwise;
+self-attention, with or without a padding mask, and for a KV cache's prefill from position 0 (the prompt sees only
+itself), head_dim 16/32/64/128, on CUDA (or in Triton's CPU interpreter under ``TRITON_INTERPRET=1``, for tests);
+elsewhere (the baseline, decode steps and later chunks of a KV cache, other head sizes) it is ``sdpa``. ``auto`` (the default) is ``triton`` for DIFF on CUDA when Triton imports and ``sdpa`` otherwise;
 where Triton was wanted and cannot run, one line says so, once per process. ``blocked`` runs
 DIFF's row-blocked kernel (``blocked.py``) that forms A1 - lambda*A2 block by block before multiplying by V
 (falls back to ``sdpa`` when a padding mask or a KV cache is in play, for the baseline, and off the CPU:
@@ -100,9 +100,13 @@ class Attention(nn.Module):
     def use_eager(self, return_maps: bool) -> bool:
         return self.backend == "eager" or return_maps or self.logits_hook is not None
 
-    def use_triton(self, x: torch.Tensor, return_maps: bool, head_dim: int) -> bool:
-        """Whether this DIFF call runs the fused Triton kernel (see the module docstring for when it does)."""
-        if self.backend not in ("triton", "auto") or self.use_eager(return_maps) or self.kv_cache is not None:
+    def use_triton(self, x: torch.Tensor, return_maps: bool, head_dim: int,
+                   input_pos: Optional[torch.Tensor] = None) -> bool:
+        """Whether this DIFF call runs the fused Triton kernel (see the module docstring for when it does). Under a
+        KV cache only a prefill from position 0 does: then the new keys and values are all the prompt sees."""
+        if self.backend not in ("triton", "auto") or self.use_eager(return_maps):
+            return False
+        if self.kv_cache is not None and not prefill_from_start(x.shape[1], input_pos):
             return False
         if head_dim not in TRITON_HEAD_DIMS:
             return False
@@ -143,12 +147,21 @@ def _say_once(line: str) -> None:
         print(line, file=sys.stderr)
 
 
-def key_padding(mask: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:
+def prefill_from_start(T: int, input_pos: Optional[torch.Tensor]) -> bool:
+    """Whether a cached forward writes positions 0..T-1 (T > 1): a prompt's prefill, which attends only to itself.
+    One host read of two positions per call, so never under torch.compile (decode steps are T = 1 anyway)."""
+    if T < 2 or input_pos is None or input_pos.shape != (T,) or torch.compiler.is_compiling():
+        return False
+    return input_pos[[0, -1]].tolist() == [0, T - 1]
+
+
+def key_padding(mask: Optional[torch.Tensor], batch: int, T: int) -> Optional[torch.Tensor]:
     """The (B, T) real-key mask behind a self-attention mask built by the model (causal & real keys, a row that sees
-    nothing sees itself): its last row, which sees every real key. None stays None (plain causal)."""
+    nothing sees itself): the first T keys of its last row, which sees every real key of the T queries (under a KV
+    cache the mask spans the whole cache; a prefill from 0 reads its first T). None stays None (plain causal)."""
     if mask is None:
         return None
-    return mask[:, 0, -1, :].expand(batch, -1)
+    return mask[:, 0, -1, :T].expand(batch, -1)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:

@@ -74,6 +74,7 @@ class DiffV2Attention(Attention):
         q = apply_rope(self.wq(x).view(B, T, 2 * H, d), *rope).transpose(1, 2)  # (B, 2H, T, d)
         k = apply_rope(self.wk(x).view(B, T, Hkv, d), *rope).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
+        k_new, v_new = k, v
         k, v = self.update_cache(input_pos, k, v)
         lam = self.lambda_values(x)
 
@@ -88,12 +89,13 @@ class DiffV2Attention(Attention):
                                      lam=None if lam is None else lam.detach())
         elif self.use_decode(T, return_maps):  # KV-cache decode: the baseline's cache, read once
             out = self.combine(*self.split_pairs(grouped_attention(q, k, v, mask, self.scale)), lam)  # (B, H, 1, d)
-        elif self.pairing == "interleaved" and self.use_triton(x, return_maps, d):
+        elif self.pairing == "interleaved" and self.use_triton(x, return_maps, d, input_pos):
             from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
 
             lam_t = torch.ones((), dtype=torch.float32, device=x.device) if lam is None else lam
-            out = triton_diff_attention(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
-                                        key_padding(mask, B))  # (B, H, T, d); the pair shares its KV head
+            # Without a cache k is k_new; a prefill from position 0 sees only its own (new) keys and values.
+            out = triton_diff_attention(q[:, 0::2], q[:, 1::2], k_new, k_new, v_new, lam_t, self.scale,
+                                        key_padding(mask, B, T))  # (B, H, T, d); the pair shares its KV head
         elif (self.backend == "blocked" and mask is None and self.kv_cache is None
               and self.pairing == "interleaved" and x.device.type == "cpu"):
             q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, H, T, d): pair i reads KV head i // (H / Hkv)
