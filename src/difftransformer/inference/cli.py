@@ -52,7 +52,8 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--decode", choices=DECODE_MODES, default="eager",
-                   help="how the per-token step runs: eager, compile (torch.compile) or cuda-graph (default eager)")
+                   help="how the per-token step runs: eager, compile (torch.compile: a one-off compilation of tens of "
+                        "seconds, then the fastest step on CPU, see BENCHMARKS.md) or cuda-graph (default eager)")
     p.set_defaults(func=run)
 
 
