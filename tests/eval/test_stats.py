@@ -265,6 +265,10 @@ def test_compare_context_gains():
     v = lc.compare_context_gains(base, diff, 64)
     assert v["within"].verdict == S.HELD and v["within"].estimate == pytest.approx(-0.3, abs=0.02)
     assert v["beyond"].verdict == S.NOT_HELD and "seed spread is unknown" in v["beyond"].reason
+    # A larger gain from a worse start (early 5.6, mid 4.2 against the baseline's 5.0, 4.0): not lower NLL in context.
+    worse = lc.compare_context_gains(base, [curves(5.6, 4.2, 4.9, noise=0.05, seed=2)], 64)["within"]
+    assert worse.estimate == pytest.approx(-0.4, abs=0.02) and worse.ci[1] < 0
+    assert worse.verdict == S.INCONCLUSIVE and "worse start" in worse.reason
     seeds = lc.compare_context_gains([curves(5, 4, 4.2, seed=s, noise=0.05) for s in range(3)],
                                      [curves(5, 4, 4.2, seed=9 + s, noise=0.05) for s in range(3)], 64)
     assert seeds["within"].verdict == S.INCONCLUSIVE and seeds["within"].method == "paired t, df=2"

@@ -16,19 +16,22 @@ The KJV repeats some passages (Kings/Chronicles, the Gospels): a remainder text 
 
 (b) ``context_gains``: per document, mean NLL over positions [L/2, L) minus mean over [0, L/8) ("within"), and mean
 over [L, 2L) minus the same early mean ("beyond"), L the training length; negative = the model gains from context.
-``compare_context_gains`` turns them into ``stats.Verdict`` s (DIFF - baseline, lower is better).
+``compare_context_gains`` turns them into ``stats.Verdict`` s (DIFF - baseline, lower is better). A larger gain
+reads "held" only where DIFF's own mean NLL over that window is not above the baseline's: a model that starts worse
+(a fresh conversion whose negative branch hurts most at short contexts, say) has more to gain, and that is not the
+claim's "lower NLL deep into context".
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
 
 from ..data import corpus
-from .stats import LEVEL, Verdict, compare_seeds, t_crit
+from .stats import HELD, INCONCLUSIVE, LEVEL, Verdict, compare_seeds, t_crit
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,14 @@ def compare_context_gains(base: Sequence, diff: Sequence, train_len: int, min_ef
             if b.size != d.size:
                 raise ValueError(f"base and diff must be read on the same documents, got {b.size} and {d.size}")
             se = float((d - b).std(ddof=1) / math.sqrt(b.size)) if b.size > 1 else None
-        out[key] = compare_seeds([float(g[k].mean()) for g in gb], [float(g[k].mean()) for g in gd], False,
-                                 min_effect, len(gb) == len(gd), se, level)
+        v = compare_seeds([float(g[k].mean()) for g in gb], [float(g[k].mean()) for g in gd], False,
+                          min_effect, len(gb) == len(gd), se, level)
+        lo, hi = (train_len // 2, train_len) if key == "within" else (train_len, 2 * train_len)
+        level_b, level_d = (float(np.mean([np.asarray(x, dtype=float)[:, lo:hi].mean() for x in xs]))
+                            for xs in (base, diff))
+        if v.verdict == HELD and level_d > level_b:
+            v = replace(v, verdict=INCONCLUSIVE,
+                        reason=f"{v.reason}; but DIFF's own NLL over [{lo}, {hi}) is higher than the baseline's "
+                               f"(+{level_d - level_b:.3g} nats): the larger gain is a worse start, not lower NLL")
+        out[key] = v
     return out
