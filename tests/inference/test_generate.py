@@ -255,3 +255,29 @@ def test_compiled_decode_step_is_one_graph_for_every_position(attention):
     torch._dynamo.reset()
     assert counter.frame_count == 1, f"{counter.frame_count} compiled frames for 6 positions"
     torch.testing.assert_close(torch.stack(got, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_prefill_from_position_zero_attends_over_the_prompt_only(attention):
+    """A cached prefill from position 0 attends over its own T keys, not the cache's length: no mask at all without
+    padding (the is_causal kernels), a (T, T) one with it; a later chunk and the decode step see the whole cache.
+    Each result equals the full forward."""
+    model = model_for(attention)
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    ones = torch.ones(2, 20, dtype=torch.bool)
+    padded = ones.clone()
+    padded[1, :3] = False
+    model.setup_caches(2, 20, dtype=torch.float64)
+    assert model.build_mask(2, 8, torch.arange(8), ones, ids.device) is None
+    assert model.build_mask(2, 8, torch.arange(8), None, ids.device) is None
+    assert model.build_mask(2, 8, torch.arange(8), padded, ids.device).shape == (2, 1, 8, 8)
+    assert model.build_mask(2, 4, torch.arange(8, 12), ones, ids.device).shape == (2, 1, 4, 20)
+    assert model.build_mask(2, 1, torch.tensor([8]), ones, ids.device).shape == (2, 1, 1, 20)
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(batch, 20\)"):
+        model.build_mask(2, 8, torch.arange(8), ones[:, :8], ids.device)
+    model.clear_caches()
+    for mask in (ones, padded):
+        got = cached_logits(model, ids, mask[:, :12], n_prefill=8)
+        full = model(ids, attention_mask=mask[:, :12]).logits
+        real = mask[:, :12]
+        torch.testing.assert_close(got[real], full[real], rtol=1e-10, atol=1e-10)

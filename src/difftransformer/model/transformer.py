@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention, AttentionMaps, build_attention
+from .attention.base import prefill_from_start
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .norm import RMSNorm
@@ -138,11 +139,22 @@ class DiffTransformerLM(nn.Module):
 
         Key j is visible to the query at position p when j <= p and (with a padding mask) key j is real. A query
         that sees no key at all (a left-pad position) may see itself, so its row stays finite; it is ignored.
+
+        A prefill from position 0 under a KV cache (``prefill_from_start``) attends only over its own T keys (the
+        layers read the new keys, not the cache): the mask is then (.., T, T), or None when no key is padding.
         """
         cache = self.layers[0].attn.kv_cache
         if cache is None and attention_mask is None:
             return None
         tk = cache.max_seq_len if cache is not None else T
+        if cache is not None and prefill_from_start(T, input_pos):
+            if attention_mask is not None and attention_mask.shape != (B, tk):
+                raise ValueError(f"attention_mask must have shape (batch, {tk}) = ({B}, {tk}), "
+                                 f"got {tuple(attention_mask.shape)}")
+            attention_mask = None if attention_mask is None else attention_mask[:, :T]
+            if attention_mask is None or bool(attention_mask.all()):
+                return None  # plain causal over the prompt: the fast is_causal kernels
+            tk = T
         qpos = input_pos if input_pos is not None else torch.arange(T, device=device)
         kpos = torch.arange(tk, device=device)
         allowed = (kpos[None, :] <= qpos[:, None])[None, None]  # (1, 1, T, Tk)

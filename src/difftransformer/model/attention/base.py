@@ -9,11 +9,11 @@ Backends: ``eager`` materialises the softmax maps (the test oracle and the analy
 ``torch.nn.functional.scaled_dot_product_attention`` and never builds an N x N tensor; ``triton`` runs DIFF's
 fused Triton kernel (``triton_diff.py``: both maps in one FlashAttention-2-style pass, forward and backward) for
 self-attention, with or without a padding mask, and for a KV cache's prefill from position 0 (the prompt sees only
-itself), head_dim 16/32/64/128, on CUDA (or in Triton's CPU interpreter under ``TRITON_INTERPRET=1``, for tests);
+itself: every backend attends over its own keys then, not the cache's length), head_dim 16/32/64/128, on CUDA (or in Triton's CPU interpreter under ``TRITON_INTERPRET=1``, for tests);
 elsewhere (the baseline, decode steps and later chunks of a KV cache, other head sizes) it is ``sdpa``. ``auto`` (the default) is ``triton`` for DIFF on CUDA when Triton imports and ``sdpa`` otherwise;
 where Triton was wanted and cannot run, one line says so, once per process. ``blocked`` runs
 DIFF's row-blocked kernel (``blocked.py``) that forms A1 - lambda*A2 block by block before multiplying by V
-(falls back to ``sdpa`` when a padding mask or a KV cache is in play, for the baseline, and off the CPU:
+(falls back to ``sdpa`` when a padding mask or a KV cache's decode is in play, for the baseline, and off the CPU:
 the kernel is a CPU path; on CUDA the fused SDPA kernels are 4-7x faster than it, measured on an H100).
 """
 
@@ -129,7 +129,10 @@ class Attention(nn.Module):
             return k, v
         if input_pos is None:
             raise ValueError("input_pos is required when a KV cache is set up")
-        return self.kv_cache.update(input_pos, k, v)
+        k_all, v_all = self.kv_cache.update(input_pos, k, v)
+        if prefill_from_start(k.shape[2], input_pos):
+            return k, v  # a prompt from position 0 sees only itself: its own T keys, not the cache's length
+        return k_all, v_all
 
 
 # head_dim values the Triton kernel is built for (triton_diff.py checks them too).

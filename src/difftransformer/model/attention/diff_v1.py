@@ -123,7 +123,6 @@ class DiffV1Attention(Attention):
         q = apply_rope(self.wq(x).view(B, T, 2 * h, d), *rope).transpose(1, 2)  # (B, 2h, T, d)
         k = apply_rope(self.wk(x).view(B, T, 2 * hkv, d), *rope).transpose(1, 2)  # (B, 2hkv, T, d)
         v = self.wv(x).view(B, T, hkv, self.value_dim).transpose(1, 2)  # (B, hkv, T, 2d) (per_head: d)
-        k_new, v_new = k, v
         k, v = self.update_cache(input_pos, k, v)
         # Eq. (1) pairing: half-heads (2i, 2i+1) -> (Q1, Q2) of head i, (K1, K2) of group g. Split, then repeat.
         q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, h, T, d) each
@@ -144,10 +143,9 @@ class DiffV1Attention(Attention):
         elif self.use_triton(x, return_maps, d, input_pos):
             from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
 
-            # Without a cache k is k_new; a prefill from position 0 sees only its own (new) keys and values.
-            out = triton_diff_attention(q1, q2, k_new[:, 0::2], k_new[:, 1::2], v_new, lam, self.scale,
+            out = triton_diff_attention(q1, q2, k1, k2, v, lam, self.scale,
                                         key_padding(mask, B, T))  # (B, h, T, 2d)
-        elif self.backend == "blocked" and mask is None and self.kv_cache is None and x.device.type == "cpu":
+        elif self.backend == "blocked" and mask is None and x.device.type == "cpu":  # no mask: no cache or a prefill
             from .blocked import blocked_diff_attention  # imported here: only this path needs it
 
             out = blocked_diff_attention(q1, q2, k1, k2, v, lam.to(x.dtype), scale=self.scale)  # (B, h, T, 2d)

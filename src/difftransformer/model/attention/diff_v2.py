@@ -74,7 +74,6 @@ class DiffV2Attention(Attention):
         q = apply_rope(self.wq(x).view(B, T, 2 * H, d), *rope).transpose(1, 2)  # (B, 2H, T, d)
         k = apply_rope(self.wk(x).view(B, T, Hkv, d), *rope).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
-        k_new, v_new = k, v
         k, v = self.update_cache(input_pos, k, v)
         lam = self.lambda_values(x)
 
@@ -93,10 +92,9 @@ class DiffV2Attention(Attention):
             from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
 
             lam_t = torch.ones((), dtype=torch.float32, device=x.device) if lam is None else lam
-            # Without a cache k is k_new; a prefill from position 0 sees only its own (new) keys and values.
-            out = triton_diff_attention(q[:, 0::2], q[:, 1::2], k_new, k_new, v_new, lam_t, self.scale,
+            out = triton_diff_attention(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
                                         key_padding(mask, B, T))  # (B, H, T, d); the pair shares its KV head
-        elif (self.backend == "blocked" and mask is None and self.kv_cache is None
+        elif (self.backend == "blocked" and mask is None  # no mask: no cache, or a prefill from 0
               and self.pairing == "interleaved" and x.device.type == "cpu"):
             q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, H, T, d): pair i reads KV head i // (H / Hkv)
             lam_b = torch.ones((), dtype=x.dtype, device=x.device) if lam is None else lam
