@@ -164,6 +164,7 @@ CASES: list[tuple[list[str], str]] = [
     *[(["bench", "decode", "--no-hf", flag, value], flag) for flag, value in [
         ("--batch", "0"), ("--contexts", "0"), ("--head-dim", "0"), ("--new-tokens", "0"), ("--layers", "0"),
         ("--rounds", "0"), ("--kv-heads", "0"), ("--vocab-size", "0")]],
+    (["bench", "decode", "--no-hf", "--backend", "triton"], "--backend triton needs --device cuda"),
     # --- eval, report, retrieval, demo ----------------------------------------------------------------------
     *[(["eval", "needles", "--run", "{ws}/run", flag, value], why) for flag, value, why in [
         ("--lengths", "inf", "--lengths expects finite"), ("--lengths", "nan", "--lengths expects finite"),

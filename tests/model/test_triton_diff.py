@@ -225,6 +225,17 @@ def test_no_grad_and_partial_grads():
     assert (gv - gr).abs().max().item() < F64_TOL
 
 
+def test_scale_tensor_is_reused_per_scale():
+    """The scale tensor is made once per (scale, dtype, device); calls with two scales in turn each get their own."""
+    (q1, q2, k1, k2, v, lam), _ = make_case(b=1, hq=2, hk=1, t=17, lam_value=0.3)
+    with torch.no_grad():
+        for scale in (0.125, 0.5, 0.125):
+            out = td.triton_diff_attention(q1, q2, k1, k2, v, lam, scale, block_m=16, block_n=16)
+            assert (out - reference(q1, q2, k1, k2, v, lam, scale)).abs().max().item() < F64_TOL
+    assert td._scale_tensor(0.5, torch.float64, q1.device) is td._scale_tensor(0.5, torch.float64, q1.device)
+    assert td._scale_tensor(0.5, torch.float64, q1.device).item() == 0.5
+
+
 # ------------------------------------------------------------------------------------------------ float32 / bf16
 
 
@@ -351,13 +362,16 @@ def test_triton_backend_in_the_model_matches_eager(attention, opts, padded):
 @pytest.mark.parametrize("attention, opts", MODEL_CASES)
 def test_triton_prefill_under_a_kv_cache(attention, opts, monkeypatch):
     """A KV cache's prefill from position 0 runs the fused kernel (counted) on the prompt's own keys, with left
-    padding; the prefill's logits and the decode steps after it equal the eager backend's full forward (float64)."""
+    padding, and every decode step the split-KV decode kernel (counted); the prefill's logits and the decode steps
+    after it equal the eager backend's full forward (float64)."""
     from difftransformer.model import DiffTransformerLM, ModelConfig
     from difftransformer.model.attention import triton_diff
 
-    calls = []
-    kernel = triton_diff.triton_diff_attention
+    calls, decodes = [], []
+    kernel, decode_kernel = triton_diff.triton_diff_attention, triton_diff.triton_diff_decode
     monkeypatch.setattr(triton_diff, "triton_diff_attention", lambda *a, **k: calls.append(a[0].shape) or kernel(*a, **k))
+    monkeypatch.setattr(triton_diff, "triton_diff_decode",
+                        lambda *a, **k: decodes.append(a[0].shape) or decode_kernel(*a, **k))
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
                       attention=attention, backend="triton", **opts)
@@ -375,7 +389,9 @@ def test_triton_prefill_under_a_kv_cache(attention, opts, monkeypatch):
         steps = [model(ids[:, t:t + 1], input_pos=torch.tensor([t], device=DEVICE), attention_mask=pad).logits
                  for t in range(11, 15)]
         model.clear_caches()
-        assert calls == [(2, 4 if attention == "diff_v2" or opts else 2, 11, 16)] * 2  # the prefill, per layer
+        heads = 4 if attention == "diff_v2" or opts else 2
+        assert calls == [(2, heads, 11, 16)] * 2  # the prefill, per layer
+        assert decodes == [(2, heads, 1, 16)] * 2 * 4  # every decode step of every layer: the split-KV kernel
         model.set_backend("eager")
         full = model(ids, attention_mask=pad[:, :15]).logits
     got = torch.cat([pre, *steps], dim=1)
@@ -383,9 +399,112 @@ def test_triton_prefill_under_a_kv_cache(attention, opts, monkeypatch):
     assert (got - full)[real].abs().max() <= 1e-10
 
 
+# ------------------------------------------------------------------------------------------------ decoding
+
+
+def make_decode_case(*, b=2, hq=4, hk=2, n=45, d=16, dv_mult=2, shared_k=False, lam="scalar", lam_value=0.8,
+                     lens=None, pads=None, dtype=torch.float64, seed=0):
+    """A decode step: one query per head, a cache of n positions of which row i sees [pads[i], lens[i])."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+
+    q1, q2 = rnd(b, hq, 1, d), rnd(b, hq, 1, d)
+    k1 = rnd(b, hk, n, d)
+    k2 = k1 if shared_k else rnd(b, hk, n, d)
+    v = rnd(b, hk, n, dv_mult * d)
+    if lam == "scalar":
+        lam_t = torch.tensor(lam_value, dtype=dtype, device=DEVICE)
+    else:
+        lam_t = (torch.rand(b, hq, 1, 1, generator=g, dtype=torch.float64) * 3.5 - 1.5).to(DEVICE, dtype)
+    lens = lens or [n] * b
+    pads = pads or [0] * b
+    key_mask = torch.zeros(b, n, dtype=torch.bool)
+    for i, (p, length) in enumerate(zip(pads, lens)):
+        key_mask[i, p:length] = True
+    return (q1, q2, k1, k2, v, lam_t), key_mask.to(DEVICE)
+
+
+def decode_reference(q1, q2, k1, k2, v, lam, scale, key_mask):
+    r = q1.shape[1] // k1.shape[1]
+    k1, k2, v = (x.double().repeat_interleave(r, dim=1) for x in (k1, k2, v))
+    vis = key_mask[:, None, None, :]
+
+    def probs(q, k):
+        return (q.double() @ k.transpose(-1, -2) * scale).masked_fill(~vis, float("-inf")).softmax(-1)
+
+    return (probs(q1, k1) - lam.double() * probs(q2, k2)) @ v
+
+
+DECODE_CASES = {
+    # DIFF V1: two key maps, dv = 2d, scalar lambda; cache of 45 with rows at different lengths
+    "v1_gqa2": dict(lens=[45, 19]),
+    # V1, GQA 4, negative lambda, left padding
+    "v1_gqa4_pad_neg": dict(hq=4, hk=1, lam_value=-0.6, lens=[30, 45], pads=[7, 0]),
+    # V2: shared keys, dv = d, per-row lambda of both signs, GQA 1
+    "v2_gqa1": dict(hq=2, hk=2, dv_mult=1, shared_k=True, lam="row", lens=[1, 33]),
+    # V2 with GQA 2 (its pairs in one group) and d = 64
+    "v2_gqa2_d64": dict(hq=4, hk=2, d=64, dv_mult=1, shared_k=True, lam="row", n=20, lens=[20, 17], pads=[0, 3]),
+}
+
+
+@pytest.mark.parametrize("splits", [1, 3, None])
+@pytest.mark.parametrize("name", list(DECODE_CASES))
+def test_decode_kernel_matches_oracle(name, splits):
+    """The split-KV decode kernel against the float64 oracle: one chunk, several chunks (the merge), the default;
+    16-key tiles so a chunk spans several tiles and the last one is partial."""
+    inputs, key_mask = make_decode_case(**DECODE_CASES[name])
+    q1, q2, k1, k2, v, lam = inputs
+    scale = q1.shape[-1] ** -0.5
+    with torch.no_grad():
+        out = td.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask, block_n=16, num_splits=splits)
+    want = decode_reference(q1, q2, k1, k2, v, lam, scale, key_mask)
+    assert out.shape == want.shape and out.dtype == q1.dtype
+    assert (out - want).abs().max().item() < F64_TOL
+    # the comparison can fail: a shifted lambda, or keys past a row's length made visible, are caught
+    assert (out - decode_reference(q1, q2, k1, k2, v, lam + 1e-3, scale, key_mask)).abs().max().item() > 1e3 * F64_TOL
+    if not key_mask.all():
+        wider = key_mask | True
+        assert (out - decode_reference(q1, q2, k1, k2, v, lam, scale, wider)).abs().max().item() > 1e-3
+
+
+def test_decode_kernel_skips_positions_past_the_last_visible():
+    """Cached positions after a row's last visible one are never read: NaN there changes nothing."""
+    (q1, q2, k1, k2, v, lam), key_mask = make_decode_case(lens=[20, 31])
+    scale = q1.shape[-1] ** -0.5
+    want = decode_reference(q1, q2, k1, k2, v, lam, scale, key_mask)
+    for x in (k1, k2, v):
+        x[0, :, 20:] = float("nan")
+        x[1, :, 31:] = float("nan")
+    with torch.no_grad():
+        out = td.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask, block_n=16, num_splits=2)
+    assert (out - want).abs().max().item() < F64_TOL
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(q1=torch.zeros(2, 4, 2, 16, dtype=torch.float64)), ValueError, "one new token"),
+    (dict(key_mask=torch.ones(2, 44, dtype=torch.bool)), ValueError, "key_mask must be a"),
+    (dict(lam=torch.zeros(2, 4, dtype=torch.float64)), ValueError, "lam shape"),
+    (dict(num_splits=0), ValueError, "num_splits=0"),
+    (dict(block_n=24), ValueError, "block_n=24"),
+])
+def test_decode_validation(kw, exc, match):
+    inputs, key_mask = make_decode_case()
+    args = dict(zip(("q1", "q2", "k1", "k2", "v", "lam"), inputs), key_mask=key_mask)
+    opts = {k: kw.pop(k) for k in ("num_splits", "block_n") if k in kw}
+    args.update(kw)
+    with torch.no_grad(), pytest.raises(exc, match=match):
+        td.triton_diff_decode(args["q1"], args["q2"], args["k1"], args["k2"], args["v"], args["lam"], 0.25,
+                              args["key_mask"], **opts)
+    with pytest.raises(ValueError, match="inference-only"):
+        td.triton_diff_decode(*[x.detach().requires_grad_(True) for x in inputs], 0.25, key_mask)
+
+
 def test_auto_backend_and_the_fallback_line(capsys):
     """`auto` is sdpa on CPU (no line); `triton` where it cannot run (no CUDA, no interpreter) says so once and falls
-    back to sdpa; under a KV cache the triton backend decodes with the cached path, equal to the full forward."""
+    back to sdpa; under a KV cache the triton backend's decode steps equal the full forward; auto never decodes with
+    the (untimed) split-KV kernel."""
     from difftransformer.model import DiffTransformerLM, ModelConfig
     from difftransformer.model.attention import base
 
@@ -397,6 +516,9 @@ def test_auto_backend_and_the_fallback_line(capsys):
     attn = model.layers[0].attn
     x = torch.zeros(1, 12, 64, dtype=torch.float64)
     assert not attn.use_triton(x, False, 16)  # auto on CPU
+    one = torch.ones(1, 1, 1, 12, dtype=torch.bool)
+    with torch.no_grad():
+        assert not attn.use_triton_decode(x, one, 16)  # auto: the PyTorch decode step, on every device
     model.set_backend("triton")
     assert attn.use_triton(x, False, 16) == (os.environ.get("TRITON_INTERPRET") == "1")
     assert not attn.use_triton(x, False, 24)  # a head size the kernel is not built for

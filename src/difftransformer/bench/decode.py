@@ -52,7 +52,8 @@ def resolve_dtype(args: argparse.Namespace) -> torch.dtype:
 
 def model_config(args: argparse.Namespace, attention: str, max_seq_len: int) -> ModelConfig:
     """The matched config of one variant: the baseline's heads are d_model / head_dim."""
-    return bench_config(attention, "sdpa", d_model=args.d_model, head_dim=args.head_dim, n_layers=args.layers,
+    backend = "sdpa" if attention == "baseline" else args.backend
+    return bench_config(attention, backend, d_model=args.d_model, head_dim=args.head_dim, n_layers=args.layers,
                         vocab_size=args.vocab_size, max_seq_len=max_seq_len, n_kv_heads=args.kv_heads)
 
 
@@ -80,6 +81,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     if args.decode_mode not in DECODE_MODES:
         raise ValueError(f"--decode-mode must be one of {', '.join(DECODE_MODES)}, got {args.decode_mode!r}")
+    if getattr(args, "backend", "sdpa") == "triton" and args.device != "cuda":
+        raise ValueError("--backend triton needs --device cuda (the Triton kernels run on a GPU)")
     if args.decode_mode == "cuda-graph" and args.device != "cuda":
         raise ValueError("--decode-mode cuda-graph needs --device cuda")
     max_len = max(args.contexts) + args.new_tokens
@@ -255,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         params = {label: DiffTransformerLM(cfg).num_parameters() for label, cfg in cfgs.items()}
     base = cfgs["baseline"]
     print(f"# decode tokens/s (greedy, static KV cache, {args.decode_mode} step): {args.new_tokens} new tokens per "
-          f"row after a prefilled context; d_model {args.d_model}, {args.layers} layers, {base.n_heads} baseline "
+          f"row after a prefilled context; DIFF backend {args.backend}; d_model {args.d_model}, {args.layers} layers, {base.n_heads} baseline "
           f"heads of {args.head_dim} (kv {base.n_kv_heads}), vocab {args.vocab_size}; {args.device} "
           f"{str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads", flush=True)
     print("# parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items())
@@ -297,6 +300,10 @@ def register(sub) -> None:
                    help=f"vocabulary size (default {SHAPE['vocab_size']}, the data default)")
     p.add_argument("--rounds", type=int, default=3,
                    help="timed rounds, each decoding once with every model; medians reported (default 3)")
+    p.add_argument("--backend", choices=["sdpa", "triton"], default="sdpa",
+                   help="DIFF V1/V2's attention backend (default sdpa: the PyTorch decode step that reads the cache "
+                        "once for both maps; triton: the fused prefill and the split-KV Triton decode kernel, CUDA "
+                        "only); the baseline is always sdpa")
     p.add_argument("--decode-mode", choices=DECODE_MODES, default="eager",
                    help="how our per-token step runs, as `generate --decode`: eager, compile (torch.compile) or "
                         "cuda-graph (CUDA only); HF always runs its default generate (default eager)")

@@ -10,7 +10,8 @@ Backends: ``eager`` materialises the softmax maps (the test oracle and the analy
 fused Triton kernel (``triton_diff.py``: both maps in one FlashAttention-2-style pass, forward and backward) for
 self-attention, with or without a padding mask, and for a KV cache's prefill from position 0 (the prompt sees only
 itself: every backend attends over its own keys then, not the cache's length), head_dim 16/32/64/128, on CUDA (or in Triton's CPU interpreter under ``TRITON_INTERPRET=1``, for tests);
-elsewhere (the baseline, decode steps and later chunks of a KV cache, other head sizes) it is ``sdpa``. ``auto`` (the default) is ``triton`` for DIFF on CUDA when Triton imports and ``sdpa`` otherwise;
+asked for by name (not through ``auto``) it also runs DIFF's KV-cache decode steps through a split-KV decode kernel;
+elsewhere (the baseline, later chunks of a KV cache, other head sizes) it is ``sdpa``. ``auto`` (the default) is ``triton`` for DIFF on CUDA when Triton imports and ``sdpa`` otherwise;
 where Triton was wanted and cannot run, one line says so, once per process. ``blocked`` runs
 DIFF's row-blocked kernel (``blocked.py``) that forms A1 - lambda*A2 block by block before multiplying by V
 (falls back to ``sdpa`` when a padding mask or a KV cache's decode is in play, for the baseline, and off the CPU:
@@ -119,6 +120,14 @@ class Attention(nn.Module):
                       f"{'cannot run on ' + x.device.type if triton_importable() else 'is not installed'}; "
                       "DIFF attention uses the sdpa path (pip install triton, on a CUDA machine, for the fused kernel)")
         return usable
+
+    def use_triton_decode(self, x: torch.Tensor, mask: Optional[torch.Tensor], head_dim: int) -> bool:
+        """Whether a DIFF decode step (``use_decode``) runs the split-KV Triton kernel: only with the explicit
+        ``triton`` backend (``auto`` keeps the cached PyTorch step until the kernel is timed on a GPU), without
+        autograd, on CUDA or in the interpreter, for the head sizes the kernel is built for."""
+        if self.backend != "triton" or mask is None or torch.is_grad_enabled() or head_dim not in TRITON_HEAD_DIMS:
+            return False
+        return triton_importable() and (x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
     def use_decode(self, T: int, return_maps: bool) -> bool:
         """The KV-cache decode step (one new token per row): ``grouped_attention``, no copies of the cache."""

@@ -86,6 +86,13 @@ class DiffV2Attention(Attention):
             if return_maps:
                 maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2,
                                      lam=None if lam is None else lam.detach())
+        elif (self.use_decode(T, return_maps) and self.pairing == "interleaved"
+              and self.use_triton_decode(x, mask, d)):
+            from .triton_diff import triton_diff_decode  # imported here: only this path needs triton
+
+            lam_t = torch.ones((), dtype=x.dtype, device=x.device) if lam is None else lam.to(x.dtype)
+            out = triton_diff_decode(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
+                                     mask[:, 0, -1, :].expand(B, -1))  # (B, H, 1, d); each key read once
         elif self.use_decode(T, return_maps):  # KV-cache decode: the baseline's cache, read once
             out = self.combine(*self.split_pairs(grouped_attention(q, k, v, mask, self.scale)), lam)  # (B, H, 1, d)
         elif self.pairing == "interleaved" and self.use_triton(x, return_maps, d, input_pos):
