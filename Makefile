@@ -52,6 +52,7 @@ gpu-bench:
 	@$(GPU_CHECK)
 	mkdir -p runs/gpu
 	$(GPU_RUN) 'PYTHONPATH=src $(GPU_PY) -m difftransformer bench attention --device cuda --dtype bfloat16 --backends sdpa triton --seq-lens 2048 4096 8192 16384 | tee runs/gpu/attention.txt'
+	$(GPU_RUN) 'PYTHONPATH=src $(GPU_PY) -m difftransformer bench train --device cuda --precision bfloat16 --batch 8 --backends sdpa triton | tee runs/gpu/train.txt'
 	$(GPU_RUN) 'PYTHONPATH=src $(GPU_PY) -m difftransformer bench attention --shape paper-3b --device cuda --dtype bfloat16 --backends sdpa triton --seq-lens 2048 4096 8192 16384 | tee runs/gpu/attention-3b.txt'
 	$(GPU_RUN) 'PYTHONPATH=src $(GPU_PY) -m difftransformer bench train --shape paper-3b --layers 4 --seq-len 4096 --device cuda --precision bfloat16 --backends sdpa triton --hf-difflama | tee runs/gpu/train-3b.txt'
 	$(GPU_RUN) 'PYTHONPATH=src $(GPU_PY) -m difftransformer bench decode --device cuda --decode-mode cuda-graph --backend sdpa --batch 1 8 32 --contexts 2048 8192 32768 --new-tokens 128 | tee runs/gpu/decode-sdpa.txt'
