@@ -30,6 +30,7 @@ NEEDS_FRESH_PROCESS = (not torch.cuda.is_available()
                        and type(triton.language.standard.sigmoid).__name__ != "InterpretedFunction")
 
 td = importlib.import_module("difftransformer.model.attention.triton_diff")
+tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
 
 
 @pytest.fixture(autouse=True)
@@ -365,12 +366,12 @@ def test_triton_prefill_under_a_kv_cache(attention, opts, monkeypatch):
     padding, and every decode step the split-KV decode kernel (counted); the prefill's logits and the decode steps
     after it equal the eager backend's full forward (float64)."""
     from difftransformer.model import DiffTransformerLM, ModelConfig
-    from difftransformer.model.attention import triton_diff
+    from difftransformer.model.attention import triton_decode, triton_diff
 
     calls, decodes = [], []
-    kernel, decode_kernel = triton_diff.triton_diff_attention, triton_diff.triton_diff_decode
+    kernel, decode_kernel = triton_diff.triton_diff_attention, triton_decode.triton_diff_decode
     monkeypatch.setattr(triton_diff, "triton_diff_attention", lambda *a, **k: calls.append(a[0].shape) or kernel(*a, **k))
-    monkeypatch.setattr(triton_diff, "triton_diff_decode",
+    monkeypatch.setattr(triton_decode, "triton_diff_decode",
                         lambda *a, **k: decodes.append(a[0].shape) or decode_kernel(*a, **k))
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
@@ -458,7 +459,7 @@ def test_decode_kernel_matches_oracle(name, splits):
     q1, q2, k1, k2, v, lam = inputs
     scale = q1.shape[-1] ** -0.5
     with torch.no_grad():
-        out = td.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask, block_n=16, num_splits=splits)
+        out = tdd.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask, block_n=16, num_splits=splits)
     want = decode_reference(q1, q2, k1, k2, v, lam, scale, key_mask)
     assert out.shape == want.shape and out.dtype == q1.dtype
     assert (out - want).abs().max().item() < F64_TOL
@@ -478,7 +479,7 @@ def test_decode_kernel_skips_positions_past_the_last_visible():
         x[0, :, 20:] = float("nan")
         x[1, :, 31:] = float("nan")
     with torch.no_grad():
-        out = td.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask, block_n=16, num_splits=2)
+        out = tdd.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask, block_n=16, num_splits=2)
     assert (out - want).abs().max().item() < F64_TOL
 
 
@@ -495,10 +496,10 @@ def test_decode_validation(kw, exc, match):
     opts = {k: kw.pop(k) for k in ("num_splits", "block_n") if k in kw}
     args.update(kw)
     with torch.no_grad(), pytest.raises(exc, match=match):
-        td.triton_diff_decode(args["q1"], args["q2"], args["k1"], args["k2"], args["v"], args["lam"], 0.25,
+        tdd.triton_diff_decode(args["q1"], args["q2"], args["k1"], args["k2"], args["v"], args["lam"], 0.25,
                               args["key_mask"], **opts)
     with pytest.raises(ValueError, match="inference-only"):
-        td.triton_diff_decode(*[x.detach().requires_grad_(True) for x in inputs], 0.25, key_mask)
+        tdd.triton_diff_decode(*[x.detach().requires_grad_(True) for x in inputs], 0.25, key_mask)
 
 
 def test_auto_backend_and_the_fallback_line(capsys):

@@ -139,7 +139,7 @@ class DiffV1Attention(Attention):
                 logits = torch.stack((logits1, logits2), dim=2).flatten(1, 2)  # (B, 2h, T, Tk), projection order
                 maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2, lam=lam.detach())
         elif self.use_decode(T, return_maps) and self.use_triton_decode(x, mask, d):
-            from .triton_diff import triton_diff_decode  # imported here: only this path needs triton
+            from .triton_decode import triton_diff_decode  # imported here: only this path needs triton
 
             out = triton_diff_decode(q1, q2, k1, k2, v, lam, self.scale,
                                      mask[:, 0, -1, :].expand(B, -1))  # (B, h, 1, 2d), split over the cache

@@ -88,7 +88,7 @@ class DiffV2Attention(Attention):
                                      lam=None if lam is None else lam.detach())
         elif (self.use_decode(T, return_maps) and self.pairing == "interleaved"
               and self.use_triton_decode(x, mask, d)):
-            from .triton_diff import triton_diff_decode  # imported here: only this path needs triton
+            from .triton_decode import triton_diff_decode  # imported here: only this path needs triton
 
             lam_t = torch.ones((), dtype=x.dtype, device=x.device) if lam is None else lam.to(x.dtype)
             out = triton_diff_decode(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
