@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .triton_diff import (ALLOWED_HEAD_DIMS, _ALLOWED_DTYPES, _NEG_INIT, _acc_dtype, _check_pow2_block, _is_shared_k,
-                          _scale_tensor, _strides, _unit_last)
+                          _online_softmax_step, _scale_tensor, _strides, _unit_last)
 
 __all__ = ["triton_diff_decode", "DECODE_BLOCK_N", "DECODE_TARGET_PROGRAMS"]
 
@@ -74,22 +74,8 @@ def _diff_decode_split_kernel(
         v = tl.load(v_base + offs_n[:, None] * sv_t + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
         vis = col_ok & (tl.load(KM + b * skm_b + offs_n, mask=col_ok, other=0) != 0)
 
-        s1 = tl.dot(q1, tl.trans(k1), out_dtype=ACC, input_precision=PRECISION) * scale
-        s1 = tl.where(vis[None, :], s1, float("-inf"))
-        m1_new = tl.maximum(m1, tl.max(s1, 1))
-        alpha1 = tl.exp(m1 - m1_new)
-        p1 = tl.exp(s1 - m1_new[:, None])
-        l1 = l1 * alpha1 + tl.sum(p1, 1)
-        acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(v.dtype), v, out_dtype=ACC, input_precision=PRECISION)
-        m1 = m1_new
-        s2 = tl.dot(q2, tl.trans(k2), out_dtype=ACC, input_precision=PRECISION) * scale
-        s2 = tl.where(vis[None, :], s2, float("-inf"))
-        m2_new = tl.maximum(m2, tl.max(s2, 1))
-        alpha2 = tl.exp(m2 - m2_new)
-        p2 = tl.exp(s2 - m2_new[:, None])
-        l2 = l2 * alpha2 + tl.sum(p2, 1)
-        acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(v.dtype), v, out_dtype=ACC, input_precision=PRECISION)
-        m2 = m2_new
+        m1, l1, acc1 = _online_softmax_step(q1, k1, v, vis[None, :], m1, l1, acc1, scale, ACC, PRECISION)
+        m2, l2, acc2 = _online_softmax_step(q2, k2, v, vis[None, :], m2, l2, acc2, scale, ACC, PRECISION)
 
     # partials of row (b, h) at [(b * HQ + h) * n_split + split]; an empty chunk leaves (-1e30, 0, 0)
     row = (b * HK * R + h) * n_split + split

@@ -153,6 +153,20 @@ def _load_row_stats(LSE1, LSE2, DELTA1, DELTA2, row_off, row_ok):
 
 
 @triton.jit
+def _online_softmax_step(q, k, v, vis, m, l, acc, scale, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """One key tile of an online softmax: the running max m, normaliser l and unnormalised accumulator acc of
+    softmax(q k^T * scale) v, updated with the keys k and values v that vis (bool, broadcast to rows x keys) shows."""
+    s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION) * scale
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=ACC, input_precision=PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
 def _diff_fwd_kernel(
     Q1, Q2, K1, K2, V, LAM, SCALE, KM, FIRST, OUT, O2, LSE1, LSE2,
     sq1_b, sq1_h, sq1_t, sq2_b, sq2_h, sq2_t,
@@ -201,24 +215,9 @@ def _diff_fwd_kernel(
                                       b, SHARED_K, HAS_MASK)
         vis = _visible(offs_m[:, None], offs_n[None, :], T, km[None, :], first, HAS_MASK)
 
-        # map 1
-        s1 = tl.dot(q1, tl.trans(k1), out_dtype=ACC, input_precision=PRECISION) * scale
-        s1 = tl.where(vis, s1, float("-inf"))
-        m1_new = tl.maximum(m1, tl.max(s1, 1))
-        alpha1 = tl.exp(m1 - m1_new)
-        p1 = tl.exp(s1 - m1_new[:, None])
-        l1 = l1 * alpha1 + tl.sum(p1, 1)
-        acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(v.dtype), v, out_dtype=ACC, input_precision=PRECISION)
-        m1 = m1_new
-        # map 2 (same V tile)
-        s2 = tl.dot(q2, tl.trans(k2), out_dtype=ACC, input_precision=PRECISION) * scale
-        s2 = tl.where(vis, s2, float("-inf"))
-        m2_new = tl.maximum(m2, tl.max(s2, 1))
-        alpha2 = tl.exp(m2 - m2_new)
-        p2 = tl.exp(s2 - m2_new[:, None])
-        l2 = l2 * alpha2 + tl.sum(p2, 1)
-        acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(v.dtype), v, out_dtype=ACC, input_precision=PRECISION)
-        m2 = m2_new
+        # both maps against the same K (when shared) and V tiles
+        m1, l1, acc1 = _online_softmax_step(q1, k1, v, vis, m1, l1, acc1, scale, ACC, PRECISION)
+        m2, l2, acc2 = _online_softmax_step(q2, k2, v, vis, m2, l2, acc2, scale, ACC, PRECISION)
 
     # Rows past T see nothing (l = 0); they are never stored, the guard only keeps them finite.
     l1 = tl.where(l1 > 0, l1, 1.0)
