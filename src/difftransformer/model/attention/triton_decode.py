@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .triton_diff import (ALLOWED_HEAD_DIMS, _ALLOWED_DTYPES, _NEG_INIT, _acc_dtype, _check_pow2_block, _is_shared_k,
-                          _online_softmax_step, _scale_tensor, _strides, _unit_last)
+                          _load_kv_tile, _online_softmax_step, _scale_tensor, _strides, _unit_last)
 
 __all__ = ["triton_diff_decode", "DECODE_BLOCK_N", "DECODE_TARGET_PROGRAMS"]
 
@@ -65,14 +65,8 @@ def _diff_decode_split_kernel(
     end = tl.minimum(start + CHUNK, tl.load(KVLEN + b))
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < end
-        k1 = tl.load(k1_base + offs_n[:, None] * sk1_t + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        if SHARED_K:
-            k2 = k1
-        else:
-            k2 = tl.load(k2_base + offs_n[:, None] * sk2_t + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * sv_t + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
-        vis = col_ok & (tl.load(KM + b * skm_b + offs_n, mask=col_ok, other=0) != 0)
+        k1, k2, v, vis = _load_kv_tile(k1_base, k2_base, v_base, sk1_t, sk2_t, sv_t, offs_n, offs_d, offs_dv, end, KM,
+                                       skm_b, b, SHARED_K, True)
 
         m1, l1, acc1 = _online_softmax_step(q1, k1, v, vis[None, :], m1, l1, acc1, scale, ACC, PRECISION)
         m2, l2, acc2 = _online_softmax_step(q2, k2, v, vis[None, :], m2, l2, acc2, scale, ACC, PRECISION)

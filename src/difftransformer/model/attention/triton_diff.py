@@ -124,10 +124,11 @@ def _load_lam(LAM, row_off, offs_m, row_ok, ACC: tl.constexpr, BLOCK_M: tl.const
 
 
 @triton.jit
-def _load_kv_tile(k1_base, k2_base, v_base, sk1_t, sk2_t, sv_t, offs_n, offs_d, offs_dv, T, KM, b,
+def _load_kv_tile(k1_base, k2_base, v_base, sk1_t, sk2_t, sv_t, offs_n, offs_d, offs_dv, T, KM, skm_b, b,
                   SHARED_K: tl.constexpr, HAS_MASK: tl.constexpr):
     """The keys offs_n of both maps (k2 is k1 when shared), their values, and which of them are real keys
-    (bool (BLOCK_N,)); positions past T load as zeros and are not real."""
+    (bool (BLOCK_N,)): row b of the key mask KM (row stride skm_b) where HAS_MASK; positions past T load as zeros
+    and are not real."""
     col_ok = offs_n < T
     k1 = tl.load(k1_base + offs_n[:, None] * sk1_t + offs_d[None, :], mask=col_ok[:, None], other=0.0)
     if SHARED_K:
@@ -136,7 +137,7 @@ def _load_kv_tile(k1_base, k2_base, v_base, sk1_t, sk2_t, sv_t, offs_n, offs_d, 
         k2 = tl.load(k2_base + offs_n[:, None] * sk2_t + offs_d[None, :], mask=col_ok[:, None], other=0.0)
     v = tl.load(v_base + offs_n[:, None] * sv_t + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
     if HAS_MASK:
-        km = tl.load(KM + b * T + offs_n, mask=col_ok, other=0) != 0
+        km = tl.load(KM + b * skm_b + offs_n, mask=col_ok, other=0) != 0
     else:
         km = col_ok
     return k1, k2, v, km
@@ -212,7 +213,7 @@ def _diff_fwd_kernel(
     for start_n in range(0, end_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k1, k2, v, km = _load_kv_tile(k1_base, k2_base, v_base, sk1_t, sk2_t, sv_t, offs_n, offs_d, offs_dv, T, KM,
-                                      b, SHARED_K, HAS_MASK)
+                                      T, b, SHARED_K, HAS_MASK)
         vis = _visible(offs_m[:, None], offs_n[None, :], T, km[None, :], first, HAS_MASK)
 
         # both maps against the same K (when shared) and V tiles
@@ -283,7 +284,7 @@ def _diff_bwd_dkdv_kernel(
     col_ok = offs_n < T
 
     k1, k2, v, km = _load_kv_tile(K1 + b * sk1_b + hk * sk1_h, K2 + b * sk2_b + hk * sk2_h, V + b * sv_b + hk * sv_h,
-                                  sk1_t, sk2_t, sv_t, offs_n, offs_d, offs_dv, T, KM, b, SHARED_K, HAS_MASK)
+                                  sk1_t, sk2_t, sv_t, offs_n, offs_d, offs_dv, T, KM, T, b, SHARED_K, HAS_MASK)
     scale = tl.load(SCALE).to(ACC)
     if HAS_MASK:
         first = tl.load(FIRST + b)
@@ -380,7 +381,7 @@ def _diff_bwd_dq_kernel(
     for start_n in range(0, end_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k1, k2, v, km = _load_kv_tile(k1_base, k2_base, v_base, sk1_t, sk2_t, sv_t, offs_n, offs_d, offs_dv, T, KM,
-                                      b, SHARED_K, HAS_MASK)
+                                      T, b, SHARED_K, HAS_MASK)
         vis = _visible(offs_m[:, None], offs_n[None, :], T, km[None, :], first, HAS_MASK)
 
         s1 = tl.dot(q1, tl.trans(k1), out_dtype=ACC, input_precision=PRECISION) * scale
