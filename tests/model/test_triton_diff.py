@@ -497,7 +497,7 @@ def test_decode_validation(kw, exc, match):
     args.update(kw)
     with torch.no_grad(), pytest.raises(exc, match=match):
         tdd.triton_diff_decode(args["q1"], args["q2"], args["k1"], args["k2"], args["v"], args["lam"], 0.25,
-                              args["key_mask"], **opts)
+                               args["key_mask"], **opts)
     with pytest.raises(ValueError, match="inference-only"):
         tdd.triton_diff_decode(*[x.detach().requires_grad_(True) for x in inputs], 0.25, key_mask)
 
