@@ -5,60 +5,102 @@ from __future__ import annotations
 import json
 
 from difftransformer.eval.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
-from difftransformer.eval.report.retrieval import baseline_floor, retrieval_verdicts
+from difftransformer.eval.report.retrieval import failures, retrieval_verdicts, section, sensitivity_table
 
-N = 512  # queries per condition
+N = 1024  # queries per condition
+PRIMARY, EXTRA = "p32c32", "p16c128"
+CLAIM = {"acc": "retrieves better among distractors (primary)", "att": "more attention on the answer",
+         "ext": "retrieves better beyond the trained length", "quant": "more robust to quantised attention logits"}
 
 
-def _run(seed: int, train_acc: float, acc: float, answer: float, q4: float) -> dict:
-    cond = lambda a: {"accuracy": a, "n_queries": N,  # noqa: E731
-                      "attention": [{"answer_share": 0.01, "noise_share": 0.99},  # a uniform layer
-                                    {"answer_share": answer, "noise_share": 1 - answer}]}
-    return {"seed": seed, "conditions": {"p1f1": cond(train_acc), "p2f4": cond(acc)},
-            "quantized": {"p2f4": [{"bits": None, "accuracy": acc}, {"bits": 4, "accuracy": acc - q4}]}}
+def _run(seed: int, acc: float, answer: float, q4: float, ext: float, failed: bool = False, lr: float = 2e-3) -> dict:
+    return {"seed": seed, "lr": lr, "failed": failed, "training_distribution": {"accuracy": 0.5 if failed else 0.99,
+                                                                               "n_queries": N},
+            "conditions": {PRIMARY: {"accuracy": acc, "n_queries": N, "seq_len": 48, "attention_endpoint": answer,
+                                     "best_head_share_per_layer": [0.05, 2 * answer - 0.05],
+                                     "attention": [{"answer_share": 0.03}, {"answer_share": answer}]},
+                           EXTRA: {"accuracy": ext, "n_queries": N, "seq_len": 144}},
+            "quantized": {PRIMARY: [{"bits": None, "accuracy": acc}, {"bits": 4, "accuracy": acc - q4}]}}
 
 
 def _results(base: list[float], diff: list[float], quick: bool = False, base_answer: float = 0.15,
-             diff_answer: float = 0.40, base_q4: float = 0.01, diff_q4: float = 0.01) -> dict:
-    runs = {"baseline": [_run(s, 0.99, a, base_answer + 0.01 * s, base_q4) for s, a in enumerate(base)],
-            "diff_v1": [_run(s, 0.99, a, diff_answer + 0.01 * s, diff_q4) for s, a in enumerate(diff)]}
-    return {"quick": quick, "chance": 1 / 16, "config": {"primary": "p2f4", "n_pairs": 8, "filler": 32, "steps": 600},
-            "conditions": [{"name": "p1f1"}, {"name": "p2f4"}],
-            "variants": {v: {"params": 1000, "chosen_lr": 3e-3, "lr_grid": [{"lr": 3e-3, "val_loss": 0.1}],
-                             "runs": rs} for v, rs in runs.items()}}
+             diff_answer: float = 0.40, base_q4: float = 0.01, diff_q4: float = 0.01, base_ext=None, diff_ext=None,
+             matched_diff=None, diff_failed=()) -> dict:
+    base_ext, diff_ext = base_ext or base, diff_ext or diff
+
+    def runs(accs, ans, q4, ext, failed=()):
+        return [_run(s, a, ans + 0.01 * s, q4, e, s in failed) for s, (a, e) in enumerate(zip(accs, ext))]
+
+    b = runs(base, base_answer, base_q4, base_ext)
+    d = runs(diff, diff_answer, diff_q4, diff_ext, diff_failed)
+    md = runs(matched_diff, diff_answer, diff_q4, diff_ext) if matched_diff else d
+    cfg = {"primary": PRIMARY, "extrapolation": EXTRA, "steps": 600, "floor": 0.9, "train_pairs": [8, 16],
+           "train_context": [16, 64], "queries": 8, "tuning_seeds": [100, 101], "seeds": len(base),
+           "matched_lr": "baseline"}
+    grid = [{"lr": 2e-3, "val_accuracy": 0.8, "val_loss": 0.5, "min_training_distribution": 0.99, "seeds": [100]}]
+    return {"quick": quick, "chance": 1 / 16, "config": cfg, "matched_lr": 2e-3,
+            "conditions": [{"name": PRIMARY, "pairs": 32, "context": 32}, {"name": EXTRA, "pairs": 16, "context": 128}],
+            "variants": {"baseline": {"params": 1000, "tuned_lr": 2e-3, "widened": [], "at_edge": False, "lr_grid": grid,
+                                      "runs": b, "matched_runs": b, "tuning_runs": []},
+                         "diff_v1": {"params": 1000, "tuned_lr": 4e-3, "widened": [], "at_edge": False, "lr_grid": grid,
+                                     "runs": d, "matched_runs": md, "tuning_runs": []}}}
 
 
-def _verdicts(results: dict) -> dict[str, str]:
-    return {r["claim"]: r["verdict"] for r in retrieval_verdicts(results)}
+def _verdicts(results: dict, policy: str = "runs") -> dict[str, str]:
+    names = {v: k for k, v in CLAIM.items()}
+    return {names[r["claim"]]: r["verdict"] for r in retrieval_verdicts(results, policy)}
+
+
+B8 = [0.58, 0.62, 0.60, 0.61, 0.59, 0.63, 0.57, 0.60]
+D8 = [0.80, 0.83, 0.79, 0.81, 0.78, 0.84, 0.80, 0.82]
 
 
 def test_clear_win_holds_and_clear_loss_does_not():
-    win = _verdicts(_results([0.58, 0.62, 0.60], [0.80, 0.83, 0.79]))
-    assert win["retrieves better among distractors"] == HELD
-    assert win["more attention on the answer (retrieval)"] == HELD
-    assert win["less attention noise (retrieval)"] == HELD
-    assert win["more robust to quantised attention logits"] == INCONCLUSIVE  # equal 4-bit drops
-    loss = _verdicts(_results([0.80, 0.83, 0.79], [0.58, 0.62, 0.60], base_answer=0.4, diff_answer=0.15))
-    assert loss["retrieves better among distractors"] == NOT_HELD
-    assert loss["less attention noise (retrieval)"] == NOT_HELD
-    fragile = _verdicts(_results([0.6, 0.6, 0.6], [0.6, 0.6, 0.6], base_q4=0.01, diff_q4=0.20))
-    assert fragile["more robust to quantised attention logits"] == NOT_HELD
+    win = _verdicts(_results(B8, D8))
+    assert win["acc"] == win["att"] == win["ext"] == HELD
+    assert win["quant"] == INCONCLUSIVE  # equal 4-bit drops
+    loss = _verdicts(_results(D8, B8, base_answer=0.4, diff_answer=0.15))
+    assert loss["acc"] == loss["att"] == NOT_HELD
+    fragile = _verdicts(_results([0.6] * 8, [0.6] * 8, base_q4=0.01, diff_q4=0.20))
+    assert fragile["quant"] == NOT_HELD
+
+
+def test_one_attention_verdict_no_noise_twin():
+    rows = retrieval_verdicts(_results(B8, D8))
+    assert len(rows) == 4 and not any("noise" in r["claim"] for r in rows)
+
+
+def test_extrapolation_is_judged_apart_from_the_primary():
+    v = _verdicts(_results(B8, B8, base_ext=[0.3] * 4 + [0.31] * 4, diff_ext=[0.5] * 4 + [0.52] * 4))
+    assert v["acc"] == INCONCLUSIVE and v["ext"] == HELD
 
 
 def test_noise_chance_and_smoke_are_not_coloured():
-    noisy = _verdicts(_results([0.58, 0.80, 0.62], [0.72, 0.60, 0.70]))  # DIFF ahead on average, seeds disagree
-    assert noisy["retrieves better among distractors"] == INCONCLUSIVE
+    noisy = _verdicts(_results([0.58, 0.80, 0.62, 0.7], [0.72, 0.60, 0.70, 0.69]))  # seeds disagree
+    assert noisy["acc"] == INCONCLUSIVE
     at_chance = _verdicts(_results([0.06, 0.07, 0.05], [0.07, 0.06, 0.06]))
     assert set(at_chance.values()) == {INCONCLUSIVE}  # nothing is judged on queries no model answers
-    assert set(_verdicts(_results([0.58, 0.62, 0.60], [0.80, 0.83, 0.79], quick=True)).values()) == {SMOKE}
+    assert set(_verdicts(_results(B8, D8, quick=True)).values()) == {SMOKE}
 
 
-def test_baseline_floor():
-    ok, accs = baseline_floor(_results([0.5], [0.5]))
-    assert ok and accs == [0.99]
-    r = _results([0.5, 0.5], [0.5, 0.5])
-    r["variants"]["baseline"]["runs"][1]["conditions"]["p1f1"]["accuracy"] = 0.7
-    assert baseline_floor(r) == (False, [0.99, 0.7])
+def test_sensitivity_rows_can_disagree_and_say_so():
+    r = _results(B8, D8, matched_diff=B8)  # DIFF ahead only at its own lr
+    assert _verdicts(r)["acc"] == HELD and _verdicts(r, "matched_runs")["acc"] == INCONCLUSIVE
+    head, rows = sensitivity_table(r)
+    acc_row = next(x for x in rows if x[0] == CLAIM["acc"])
+    assert acc_row[-1] == "NO" and acc_row[2].startswith(HELD)
+    agree = sensitivity_table(_results(B8, D8))[1]
+    assert all(x[-1] == "yes" for x in agree)
+
+
+def test_failures_counted_and_dropped_in_the_sensitivity_row():
+    r = _results(B8, D8[:6] + [0.1, 0.1], diff_failed=(6, 7))
+    f = failures(r)
+    assert f["diff_v1"]["tuned"] == [6, 7] and f["baseline"]["tuned"] == []
+    kept = retrieval_verdicts(r, "no_failures")
+    assert all(x["stats"]["n_seeds"] == [6, 6] or x["stats"]["n_seeds"] == (6, 6) for x in kept)
+    page = section(r, __import__("pathlib").Path("/nonexistent"), lambda h, rows, **k: str(rows), lambda *a: "")
+    assert "DIFF V1 2 of 8 (tuned lr)" in page
 
 
 def test_report_leads_with_a_real_benchmark(runs, tmp_path):
@@ -67,17 +109,17 @@ def test_report_leads_with_a_real_benchmark(runs, tmp_path):
     from difftransformer.retrieval.config import Condition, RetrievalConfig
 
     cfg = RetrievalConfig(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=1, lr_grid=(1e-3,),
-                          eval_contexts=2, val_contexts=2, n_pairs=2, filler=4,
-                          conditions=(Condition("p1f1"), Condition("p2f4", 2, 4)), primary="p2f4",
-                          quant_bits=(8, 4), quant_conditions=("p2f4",))
+                          tuning_seeds=(100,), eval_contexts=2, val_contexts=2, train_pairs=(2, 3),
+                          train_context=(4, 6), queries=2, conditions=(Condition("p3c6", 3, 6), Condition("p3c9", 3, 9)),
+                          primary="p3c6", extrapolation="p3c9", quant_bits=(4,))
     run_benchmark(cfg, tmp_path / "bench", workers=1, progress=False)
     page = write_report([runs[v] for v in ("baseline", "diff_v1", "diff_v2")], tmp_path / "report", quick=True,
                         progress=False, retrieval_dir=tmp_path / "bench").read_text()
     assert page.index("Retrieval among distractors") < page.index("<h2>Models</h2>")
     rows = json.loads((tmp_path / "report" / "results.json").read_text())["retrieval_verdicts"]
-    assert {(r["claim"], r["variant"]) for r in rows} >= {("retrieves better among distractors", "diff_v2")}
+    assert {(r["claim"], r["variant"]) for r in rows} >= {(CLAIM["acc"], "diff_v2")}
     assert {r["verdict"] for r in rows} == {SMOKE}  # 3 training steps
-    # the multiplicity note counts every verdict on the page, the benchmark's included
+    # the multiplicity note counts every verdict on the page, the benchmark's included (the sensitivity rows not)
     lm_rows = json.loads((tmp_path / "report" / "results.json").read_text())["verdicts"]
     assert f"makes {len(rows) + len(lm_rows)} verdicts" in page
     assert f"({len(rows)} of them in the retrieval benchmark above, {len(lm_rows)} here.)" in page

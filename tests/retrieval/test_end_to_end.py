@@ -3,45 +3,83 @@ import json
 import pytest
 
 from difftransformer.cli import main
-from difftransformer.retrieval.benchmark import run_benchmark, seed_values
+from difftransformer.retrieval.benchmark import choose_lr, lr_scores, next_lr, run_benchmark, seed_values
 from difftransformer.retrieval.cli import format_table
 from difftransformer.retrieval.config import Condition, RetrievalConfig
 
 
-def tiny():
-    return RetrievalConfig(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=1,
-                           lr_grid=(1e-3, 2e-3), eval_contexts=2, val_contexts=2, n_pairs=2, filler=4,
-                           conditions=(Condition("p1f1"), Condition("p2f2", 2, 2), Condition("near", 1, 1, "near")),
-                           primary="p2f2", quant_bits=(8, 4), quant_conditions=("p1f1",))
+def tiny(**kw):
+    d = dict(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=2, tuning_seeds=(100,),
+             lr_grid=(1e-3, 2e-3, 4e-3), lr_widen=1, eval_contexts=4, val_contexts=4, train_pairs=(2, 3),
+             train_context=(4, 8), queries=2,
+             conditions=(Condition("p2c6", 2, 6), Condition("p3c8", 3, 8), Condition("p3c12", 3, 12)),
+             primary="p3c8", extrapolation="p3c12", quant_bits=(8, 4))
+    d.update(kw)
+    return RetrievalConfig(**d)
 
 
 def test_tiny_benchmark_structure(tmp_path):
     r = run_benchmark(tiny(), tmp_path, workers=1, progress=False)
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["primary_endpoint"]["condition"] == "p2f2"
+    assert saved == json.loads(json.dumps(r))
+    assert saved["primary_endpoint"]["condition"] == "p3c8"
     for name in ("accuracy_heatmap", "accuracy_vs_difficulty", "attention_shares", "quantization", "attention_row"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     assert set(saved["variants"]) == {"baseline", "diff_v1", "diff_v2"}
+    matched = saved["variants"]["baseline"]["tuned_lr"]
+    assert saved["matched_lr"] == matched
     for v, d in saved["variants"].items():
-        assert d["chosen_lr"] in (1e-3, 2e-3) and len(d["lr_grid"]) == 2
-        assert d["params"] > 0 and len(d["runs"]) == 1
+        grid = [g["lr"] for g in d["lr_grid"]]
+        assert d["tuned_lr"] in grid and set(grid) >= {1e-3, 2e-3, 4e-3} and len(grid) <= 4
+        assert {r["seed"] for r in d["tuning_runs"]} == {100}  # tuned on the tuning seed only
+        assert [r["seed"] for r in d["runs"]] == [r["seed"] for r in d["matched_runs"]] == [0, 1]
+        assert all(r["lr"] == d["tuned_lr"] for r in d["runs"]) and all(r["lr"] == matched for r in d["matched_runs"])
         run = d["runs"][0]
-        assert set(run["conditions"]) == {"p1f1", "p2f2", "near"}
-        assert [q["bits"] for q in run["quantized"]["p1f1"]] == [None, 8, 4]
+        assert set(run["conditions"]) == {"p2c6", "p3c8", "p3c12"}
+        assert [q["bits"] for q in run["quantized"]["p3c8"]] == [None, 8, 4]
         assert set(run["outliers"]) == {"attention_logits", "hidden_states"}
-        assert len(run["conditions"]["p2f2"]["attention"]) == 1
-        assert 0 <= seed_values(saved, v, "p2f2")[0] <= 1
-        assert "state" not in run
-        ex = run["example_row"]  # Fig. 1 row: the other 3 facts of a 4-pair p2f2 context are its distractors
-        assert len(ex["distractor_fact_pos"]) == 3 and ex["answer_pos"] not in ex["distractor_fact_pos"]
-        assert isinstance(ex["correct"], bool) and len(ex["rows"][0]) == ex["query_pos"] + 1
-    assert r["variants"]["baseline"]["params"] == saved["variants"]["baseline"]["params"]
+        prim = run["conditions"]["p3c8"]
+        assert len(prim["attention"]) == len(prim["best_head_share_per_layer"]) == 1
+        assert isinstance(run["failed"], bool) and 0 <= run["training_distribution"]["accuracy"] <= 1
+        assert 0 <= seed_values(saved, v, "p3c8")[0] <= 1
+        ex = run["example_row"]  # Fig. 1 row: the other 2 facts of a 3-pair context are its distractors
+        assert len(ex["distractor_fact_pos"]) == 2 and ex["answer_pos"] not in ex["distractor_fact_pos"]
+    # a job asked twice (the baseline's tuned lr is the matched lr) ran once: tuning + tuned + matched-not-tuned
+    extra = sum(len(d["widened"]) for d in saved["variants"].values())
+    n_diff_other = sum(d["tuned_lr"] != matched for v, d in saved["variants"].items())
+    assert saved["timings"]["jobs"] == 3 * 3 + extra + 3 * 2 + 2 * n_diff_other
     table = format_table(saved)
-    assert "p2f2*" in table and "diff_v2" in table and "QUICK" not in table
+    assert "p3c8*" in table and "p3c12+" in table and "matched lr" in table and "QUICK" not in table
     assert "QUICK SMOKE RUN" in format_table({**saved, "quick": True})
 
 
-@pytest.mark.parametrize("argv", [["--lr-grid", "x"], ["--distractors", "far"], ["--seeds", "0"], ["--workers", "0"]])
+def test_lr_choice_rule_and_widening():
+    runs = [{"lr": lr, "seed": s, "val_accuracy": acc, "val_loss": loss, "val_training_distribution": 1.0}
+            for lr, acc, loss in ((1e-3, 0.5, 0.9), (2e-3, 0.7, 0.8), (4e-3, 0.7, 0.6)) for s in (100, 101)]
+    scores = lr_scores(runs)
+    assert [s["lr"] for s in scores] == [1e-3, 2e-3, 4e-3] and scores[1]["seeds"] == [100, 101]
+    assert choose_lr(scores) == 4e-3  # accuracy tie: the lower answer loss
+    assert next_lr([1e-3, 2e-3, 4e-3], 4e-3) == pytest.approx(8e-3)
+    assert next_lr([1e-3, 2e-3, 4e-3], 1e-3) == pytest.approx(5e-4)
+    assert next_lr([1e-3, 2e-3, 4e-3], 2e-3) is None
+
+
+def test_reproducible_across_process_layouts(tmp_path):
+    """One job in this process (with this process's thread count) and in a 2-worker spawn pool: bitwise equal."""
+    import torch
+    cfg = tiny(variants=("baseline", "diff_v1"), lr_grid=(2e-3,), lr_widen=0, seeds=1, steps=6)
+    threads = torch.get_num_threads()
+    a = run_benchmark(cfg, None, workers=1, progress=False)
+    assert torch.get_num_threads() == threads  # the job's one thread is restored
+    b = run_benchmark(cfg, None, workers=2, progress=False)
+    strip = lambda r: {v: [{k: x for k, x in run.items() if not k.endswith("_s")} for run in d["runs"]]  # noqa: E731
+                       for v, d in r["variants"].items()}
+    assert strip(a) == strip(b)
+
+
+@pytest.mark.parametrize("argv", [["--lr-grid", "x"], ["--distractors", "far"], ["--seeds", "0"], ["--workers", "0"],
+                                  ["--train-pairs", "4"], ["--tuning-seeds", "0,1"], ["--primary", "p16c128"],
+                                  ["--sweep-width", "64"]])
 def test_cli_bad_input_one_line(tmp_path, capsys, argv):
     rc = main(["retrieval", "--out", str(tmp_path / "o"), "--no-progress", *argv])
     err = capsys.readouterr().err.strip().splitlines()

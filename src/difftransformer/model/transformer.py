@@ -170,8 +170,11 @@ class DiffTransformerLM(nn.Module):
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 attention_mask: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None,
                 return_maps: bool = False, return_hidden: bool = False,
-                logits_to_keep: Optional[int] = None) -> LMOutput:
+                logits_to_keep: Optional[int] = None, logits_at: Optional[torch.Tensor] = None) -> LMOutput:
         """idx (B, T) token ids; targets (B, T) next-token ids (-100 = ignore) for the loss.
+
+        logits_at: (B, K) positions; the output layer only there (logits (B, K, vocab)), for tasks scored at a few
+        known positions (the retrieval benchmark's answers: the full head and its softmax were a third of a step).
 
         logits_to_keep: compute the output layer for the last k positions only (logits (B, k, vocab)); a prompt's
         prefill needs one, and the full (B, T, vocab) tensor is the largest of the forward at long prompts.
@@ -186,6 +189,12 @@ class DiffTransformerLM(nn.Module):
                 raise ValueError(f"logits_to_keep must be a positive integer or None, got {logits_to_keep!r}")
             if targets is not None:
                 raise ValueError("logits_to_keep cannot be combined with targets (the loss needs every position)")
+        if logits_at is not None:
+            if logits_to_keep is not None or targets is not None:
+                raise ValueError("logits_at cannot be combined with logits_to_keep or targets")
+            if logits_at.dim() != 2 or logits_at.shape[0] != idx.shape[0] or logits_at.dtype != torch.long:
+                raise ValueError(f"logits_at must be a (batch, K) int64 tensor of positions, got "
+                                 f"{tuple(logits_at.shape)} {logits_at.dtype}")
         B, T = idx.shape
         limit = self.cfg.max_seq_len
         if input_pos is None and self.layers[0].attn.kv_cache is not None:
@@ -221,6 +230,8 @@ class DiffTransformerLM(nn.Module):
                 hidden.append(x)
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # the output layer (B, T, vocab) only where it is read
+        elif logits_at is not None:
+            x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))  # (B, K, d_model)
         logits = self.output(self.norm(x))  # (B, T or logits_to_keep, vocab)
         loss = lm_loss(logits, targets) if targets is not None else None
         return LMOutput(logits=logits, loss=loss, maps=maps, hidden_states=hidden)

@@ -7,11 +7,13 @@ Writes DIR/results.json and DIR/*.png and prints, per variant: parameters, chose
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Optional
 
 from .config import VARIANTS, RetrievalConfig, quick_config
 
-HELP = "token-level key-value retrieval benchmark: baseline vs DIFF V1/V2, seeds, lr grid, attention noise, plots"
+HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md): baseline vs DIFF V1/V2, tuned and "
+        "matched learning rates, 8 paired seeds, attention share, quantisation, plots; --sweep-width: accuracy vs "
+        "parameters")
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
@@ -24,75 +26,118 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
     return vals
 
 
+def _ints(text: str, flag: str, n: Optional[int] = None) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not vals or (n is not None and len(vals) != n):
+        raise ValueError(f"{flag} must list {n or 'at least one'} integer(s), got {text!r}")
+    return vals
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory for results.json and the plots")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run (about a minute): 200 steps, one lr, 2 seeds, 16 contexts per condition; "
-                        "its numbers are not a measurement")
-    p.add_argument("--seeds", type=int, help="seeds per variant (default 3; quick 2)")
-    p.add_argument("--steps", type=int, help="training steps per model")
-    p.add_argument("--batch", type=int, help="contexts per training step")
-    p.add_argument("--lr-grid", help="comma-separated learning rates tried on the lr-search seed")
-    p.add_argument("--pairs", type=int, help="key-value facts per training context")
-    p.add_argument("--filler", type=int, help="filler tokens per training context")
+                   help="smoke run (about a minute): 150 steps, one lr, one tuning seed, 2 test seeds, 16 contexts "
+                        "per condition; its numbers are not a measurement and the report gives no verdicts")
+    p.add_argument("--seeds", type=int, help="test seeds per variant, 0..N-1, paired across variants (default 8)")
+    p.add_argument("--tuning-seeds", help="comma-separated seeds the lr grid runs on; never test seeds "
+                                          "(default 100)")
+    p.add_argument("--steps", type=int, help="training steps per model (default 600)")
+    p.add_argument("--batch", type=int, help="contexts per training step (default 32)")
+    p.add_argument("--lr-grid", help="comma-separated learning rates tried on the tuning seeds (default 1e-3,2e-3,4e-3)")
+    p.add_argument("--lr-widen", type=int, help="times a grid grows past an edge that was chosen (default 1)")
+    p.add_argument("--train-pairs", help="LO,HI facts per training context, drawn per example (default 8,24)")
+    p.add_argument("--train-context", help="LO,HI training context length (facts + filler), drawn per batch "
+                                           "(default 24,48)")
+    p.add_argument("--queries", type=int, help="keys asked per context, training and test (default 8)")
+    p.add_argument("--n-keys", type=int, help="key vocabulary size (default 64)")
     p.add_argument("--distractors", help="training distractor kind: random | near")
     p.add_argument("--d-model", type=int, help="model width (all variants; parameters matched by the library)")
     p.add_argument("--n-layers", type=int, help="transformer layers")
     p.add_argument("--variants", help=f"comma-separated subset of {', '.join(VARIANTS)}")
-    p.add_argument("--eval-contexts", type=int, help="test contexts per condition (every key asked once in each)")
-    p.add_argument("--primary", help="primary endpoint condition name (default p2f4); fix it before running")
-    p.add_argument("--workers", type=int, default=2, help="worker processes, one torch thread each (default 2)")
+    p.add_argument("--eval-contexts", type=int, help="test contexts per condition (default 128)")
+    p.add_argument("--primary", help="primary endpoint condition, inside the trained lengths (default p48c48); "
+                                     "PROTOCOL.md fixes it: changing it is a deviation to report")
+    p.add_argument("--extrapolation", help="length-extrapolation endpoint condition, longer than any trained "
+                                           "(default p48c96)")
+    p.add_argument("--sweep-width", metavar="W1,W2,...",
+                   help="instead of the benchmark: the scaling sweep (paper Fig. 3) at these widths, every variant x "
+                        "test seed at the matched --sweep-lr; accuracy at the primary condition against parameters, "
+                        "and the parameter ratio DIFF/baseline at the baseline's default-width accuracy, bootstrapped")
+    p.add_argument("--sweep-lr", type=float, help="the one learning rate of the sweep (default 2e-3)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes, one torch thread each (default 2); "
+                                                         "the numbers do not depend on it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def config_from_args(args) -> RetrievalConfig:
     cfg = quick_config() if args.quick else RetrievalConfig()
     ch: dict[str, Any] = {}
-    for flag, key in (("seeds", "seeds"), ("steps", "steps"), ("batch", "batch"), ("pairs", "n_pairs"),
-                      ("filler", "filler"), ("distractors", "distractors"), ("d_model", "d_model"),
-                      ("n_layers", "n_layers"), ("eval_contexts", "eval_contexts"), ("primary", "primary")):
+    for flag, key in (("seeds", "seeds"), ("steps", "steps"), ("batch", "batch"), ("lr_widen", "lr_widen"),
+                      ("queries", "queries"), ("n_keys", "n_keys"), ("distractors", "distractors"),
+                      ("d_model", "d_model"), ("n_layers", "n_layers"), ("eval_contexts", "eval_contexts"),
+                      ("primary", "primary"), ("extrapolation", "extrapolation")):
         if getattr(args, flag) is not None:
             ch[key] = getattr(args, flag)
+    if args.eval_contexts is not None:
+        ch["val_contexts"] = args.eval_contexts
     if args.lr_grid is not None:
         ch["lr_grid"] = _floats(args.lr_grid, "--lr-grid")
+    if args.tuning_seeds is not None:
+        ch["tuning_seeds"] = _ints(args.tuning_seeds, "--tuning-seeds")
+    if args.train_pairs is not None:
+        ch["train_pairs"] = _ints(args.train_pairs, "--train-pairs", 2)
+    if args.train_context is not None:
+        ch["train_context"] = _ints(args.train_context, "--train-context", 2)
     if args.variants is not None:
         ch["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    if args.sweep_lr is not None:
+        ch["sweep_lr"] = args.sweep_lr
     return cfg.replace(**ch) if ch else cfg
 
 
 def format_table(results: dict[str, Any]) -> str:
-    from .benchmark import layer_mean, mean_spread, retrieval_layer_value, seed_values
+    from .benchmark import mean_spread, seed_values
     conds = [c["name"] for c in results["conditions"]]
     prim = results["primary_endpoint"]["condition"]
+    extra = results["config"].get("extrapolation")
     lines = []
     if results.get("quick"):
         lines.append("QUICK SMOKE RUN: too few steps and contexts to measure anything; run without --quick.")
-    lines.append(f"key-value retrieval, accuracy mean +- seed sd (chance {results['chance']:.3f}); "
-                 f"primary endpoint: {prim} (marked *)")
-    lines.append(f"{'variant':<9} {'params':>8} {'lr':>7} {'seeds':>5}  " +
-                 " ".join(f"{(c + '*' if c == prim else c):>12}" for c in conds))
+    lines.append(f"key-value retrieval, accuracy mean +- seed sd (chance {results['chance']:.3f}); primary endpoint "
+                 f"{prim} (*), length extrapolation {extra} (+); 'fail' = runs below the floor on the training "
+                 "distribution")
+    for policy, key in (("tuned lr (primary analysis)", "runs"), (f"matched lr {results['matched_lr']:g} "
+                                                                   "(sensitivity)", "matched_runs")):
+        lines.append(f"-- {policy}")
+        lines.append(f"{'variant':<9} {'params':>8} {'lr':>7} {'seeds':>5} {'fail':>4} {'train dist':>11} " +
+                     " ".join(f"{(c + ('*' if c == prim else '+' if c == extra else '')):>12}" for c in conds))
+        for v, d in results["variants"].items():
+            runs = d[key]
+            cells = [f"{m:.3f}+-{sd:.3f}".rjust(12)
+                     for m, sd in (mean_spread(seed_values(results, v, c, policy=key)) for c in conds)]
+            td = mean_spread([r["training_distribution"]["accuracy"] for r in runs])
+            lines.append(f"{v:<9} {d['params']:>8,} {runs[0]['lr']:>7.2g} {len(runs):>5} "
+                         f"{sum(r['failed'] for r in runs):>4} {td[0]:>6.3f}+-{td[1]:.2f} " + " ".join(cells))
+    lines.append(f"attention endpoint at {prim}: per query the best head's answer share per layer, layer mean "
+                 "(scale-free), seed mean +- sd:")
     for v, d in results["variants"].items():
-        cells = []
-        for c in conds:
-            m, s = mean_spread(seed_values(results, v, c))
-            cells.append(f"{m:.3f}+-{s:.3f}".rjust(12))
-        lines.append(f"{v:<9} {d['params']:>8,} {d['chosen_lr']:>7.2g} {len(d['runs']):>5}  " + " ".join(cells))
-    lines.append(f"attention of the answering query at {prim} (head mean; scale-free shares, signed raw beside); "
-                 "'retrieval layer' = each run's layer with the highest answer share, 'layer mean' over all layers:")
-    keys = ("answer_share", "noise_share", "answer_raw", "rest_raw")
-    lines.append(f"{'variant':<9} {'':<16}" + "".join(f"{k:>16}" for k in keys))
+        tm = mean_spread([r["conditions"][prim]["attention_endpoint"] for r in d["runs"]])
+        mm = mean_spread([r["conditions"][prim]["attention_endpoint"] for r in d["matched_runs"]])
+        lines.append(f"  {v:<9} tuned {tm[0]:.3f}+-{tm[1]:.3f}   matched {mm[0]:.3f}+-{mm[1]:.3f}")
+    seeds = ",".join(str(s) for s in results["config"]["tuning_seeds"])
+    lines.append(f"lr grid (tuning seeds {seeds}; validation split at {prim}: mean accuracy / answer loss; "
+                 "chosen on the accuracy):")
     for v, d in results["variants"].items():
-        for label, fn in (("retrieval layer", retrieval_layer_value), ("layer mean", layer_mean)):
-            row = [mean_spread([fn(r, prim, k) for r in d["runs"]]) for k in keys]
-            lines.append(f"{v:<9} {label:<16}" + "".join(f"{m:.3f}+-{s:.3f}".rjust(16) for m, s in row))
-    lines.append(f"lr grid (seed {results['config']['lr_search_seed']}; validation split, training condition: "
-                 "answer loss / accuracy; chosen on the loss):")
-    for v, d in results["variants"].items():
-        lines.append(f"  {v:<9} " + ", ".join(f"{g['lr']:g}: {g['val_loss']:.4f} / {g['val_accuracy']:.3f}"
-                                              for g in d["lr_grid"]) + f"  -> {d['chosen_lr']:g}")
+        note = (f"  (widened: {', '.join(f'{x:g}' for x in d['widened'])})" if d["widened"] else "") + \
+            ("  STILL AT AN EDGE" if d["at_edge"] else "")
+        lines.append(f"  {v:<9} " + ", ".join(f"{g['lr']:g}: {g['val_accuracy']:.3f} / {g['val_loss']:.4f}"
+                                              for g in d["lr_grid"]) + f"  -> {d['tuned_lr']:g}{note}")
     t = results["timings"]
-    lines.append(f"wall {t['wall_s']:.0f} s on {t['workers']} workers; load average before {t['loadavg_before']}, "
-                 f"after {t['loadavg_after']}")
+    lines.append(f"wall {t['wall_s']:.0f} s, {t['jobs']} jobs on {t['workers']} workers; load average before "
+                 f"{t['loadavg_before']}, after {t['loadavg_after']}")
     return "\n".join(lines)
 
 
@@ -100,6 +145,13 @@ def run_cli(args) -> int:
     if isinstance(args.workers, bool) or args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     cfg = config_from_args(args)
+    if args.sweep_width is not None:
+        from .sweep import format_sweep, run_sweep
+        widths = _ints(args.sweep_width, "--sweep-width")
+        res = run_sweep(cfg, widths, args.out, workers=args.workers, progress=not args.no_progress)
+        print(format_sweep(res))
+        print(f"wrote {args.out}/sweep.json and sweep.png")
+        return 0
     from .benchmark import run_benchmark
     results = run_benchmark(cfg, args.out, workers=args.workers, progress=not args.no_progress, quick=args.quick)
     print(format_table(results))

@@ -1,13 +1,18 @@
 """Typed configuration of the token-level key-value retrieval benchmark (paper Fig. 1, Table 2, Fig. 5, Table 3).
 
-Each context holds ``n_pairs`` *fact* tokens -- ONE token each, encoding a key and a value -- scattered among
-``filler`` random filler tokens. Then every key is asked once (``queries`` of them) by a query token, answered by
-its value token. The loss is on the answer tokens only: the filler and the facts are unpredictable by design, and a
-loss on them would only add noise to the gradient of the lookup we want to measure.
+The design (training distribution, endpoints, tuning, seeds, floors, statistics) is pre-registered in
+``PROTOCOL.md`` beside this file; the defaults here are that protocol's values.
 
-Harder test conditions are made by the same generator's knobs: more pairs (more distractor facts), more filler
-(more attention noise), both, and a context longer than any seen in training. The primary endpoint is fixed here,
-before any run: accuracy at ``primary`` (default 2x pairs and 4x filler).
+Each context holds ``pairs`` *fact* tokens -- ONE token each, encoding a key and a value -- among filler tokens,
+``context`` tokens in all (facts + filler). Then ``queries`` of its keys are asked, each by a query token answered
+by its value token. The loss is on the answer tokens only: the filler and the facts are unpredictable by design,
+and a loss on them would only add noise to the gradient of the lookup we want to measure.
+
+Training draws the shape: per batch a context length in ``train_context`` (inclusive range), per example a number
+of facts in ``train_pairs`` (at most the context length); the rest of the context is filler. Test conditions are
+fixed shapes (pairs, context). The primary endpoint is a condition INSIDE the trained lengths and fact counts (the
+hardest corner: the most facts at high density); conditions longer than any trained context are the secondary
+length-extrapolation endpoint.
 
 Vocabulary layout (token ids, contiguous ranges, see ``Layout``)::
 
@@ -18,10 +23,8 @@ Vocabulary layout (token ids, contiguous ranges, see ``Layout``)::
     [1+K+V+F, ... + K*V)     fact tokens: fact(k, v) = base + k*V + v
 
 "near" distractors: keys are grouped (``key_group`` consecutive keys per group) and in a "near" context every fact's
-key comes from ONE group, so each asked key sits among its own group's near-duplicates. With one learned embedding
-per token the nearness is only structural (no shared sub-token); say so beside any "near" result.
-
-The defaults were chosen by measurement (README, "The retrieval benchmark": what was tried and what it gave).
+key comes from ONE group. With one learned embedding per token the nearness is only structural (no shared
+sub-token); an earlier version measured it no harder than random keys, so no default condition uses it.
 """
 
 from __future__ import annotations
@@ -32,15 +35,16 @@ from typing import Any
 
 DISTRACTOR_KINDS = ("random", "near")
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
+LR_POLICIES = ("tuned", "matched")
 
 
 @dataclass(frozen=True)
 class Condition:
-    """A test condition as multipliers of the training condition (pairs x, filler x), plus a name."""
+    """A test condition: ``pairs`` facts in a context of ``context`` tokens (facts + filler), a distractor kind."""
 
     name: str
-    pairs_mult: int = 1
-    filler_mult: int = 1
+    pairs: int
+    context: int
     distractors: str = "random"
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,13 +52,10 @@ class Condition:
 
 
 def default_conditions() -> tuple[Condition, ...]:
-    # The grid of Fig. 5 style (pairs x filler) plus "near" distractors; the 4x/8x corner is longer than trained.
-    out = []
-    for p in (1, 2, 4):
-        for f in (1, 2, 4, 8):
-            out.append(Condition(f"p{p}f{f}", p, f))
-    out.append(Condition("near_p1f1", 1, 1, "near"))
-    return tuple(out)
+    """The (facts x context) grid of Fig. 5 style: contexts of 48 tokens lie inside the trained lengths (24-48),
+    96 and 192 beyond them (length extrapolation); 8 and 24 facts lie inside the trained counts (8-24), 48 beyond
+    them (every one of the 48 context tokens a fact: the most distractors at the highest density)."""
+    return tuple(Condition(f"p{p}c{c}", p, c) for c in (48, 96, 192) for p in (8, 24, 48))
 
 
 @dataclass
@@ -94,14 +95,14 @@ def _pos_int(name: str, v: Any) -> None:
 @dataclass
 class RetrievalConfig:
     # --- task ---
-    n_pairs: int = 8  # facts per training context
-    filler: int = 32  # filler tokens per training context
+    train_pairs: tuple[int, int] = (8, 24)  # facts per training context, drawn per example (inclusive range)
+    train_context: tuple[int, int] = (24, 48)  # training context length (facts + filler), drawn per batch
     distractors: str = "random"  # training distractor kind: "random" | "near"
-    queries: int = 0  # queries per context; 0 = every key once
-    n_keys: int = 32  # key vocabulary (>= the most pairs of any condition)
-    n_values: int = 16  # value vocabulary: chance is 1 / n_values
+    queries: int = 8  # keys asked per context (training and test)
+    n_keys: int = 64  # key vocabulary (>= the most pairs of any condition)
+    n_values: int = 8  # value vocabulary: chance is 1 / n_values
     n_filler: int = 64  # filler vocabulary
-    key_group: int = 16  # keys per near-duplicate group
+    key_group: int = 32  # keys per near-duplicate group
     # --- model (ModelConfig fields; the library parameter-matches the variants) ---
     d_model: int = 64
     n_layers: int = 2
@@ -109,53 +110,84 @@ class RetrievalConfig:
     # --- training ---
     steps: int = 600
     batch: int = 32
-    lr_grid: tuple[float, ...] = (1.5e-3, 3e-3)
     warmup: int = 50
     weight_decay: float = 0.0
-    seeds: int = 3  # seeds 0 .. seeds-1 per variant
-    lr_search_seed: int = 0  # the lr grid runs on this seed only; the others reuse the chosen lr
+    # --- learning rates (PROTOCOL.md, "Tuning") ---
+    lr_grid: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
+    lr_widen: int = 1  # times the grid may grow by one value past an edge that was chosen
+    tuning_seeds: tuple[int, ...] = (100,)  # the grid runs on these only; never test seeds
+    matched_lr: str = "baseline"  # the sensitivity row: every variant at this variant's tuned lr
+    # --- test ---
+    seeds: int = 8  # test seeds 0 .. seeds-1 per variant (paired across variants)
     variants: tuple[str, ...] = VARIANTS
-    # --- evaluation ---
-    eval_contexts: int = 64  # contexts per condition (queries = pairs each)
-    val_contexts: int = 64  # held-out generator seed for the lr choice (training condition)
+    floor: float = 0.9  # accuracy on the training distribution below which a run is a training failure
+    eval_contexts: int = 128  # test contexts per condition (``queries`` asked in each)
+    val_contexts: int = 128  # validation contexts (its own generator seed) for the lr choice
     conditions: tuple[Condition, ...] = field(default_factory=default_conditions)
-    primary: str = "p2f4"  # the primary endpoint, fixed in advance: accuracy at 2x pairs and 4x filler
-    # Fig. 8's widths, plus 3 and 2: at this scale the top |logit| is ~8-12 (measured), so 4 bits barely hurt
-    quant_bits: tuple[int, ...] = (16, 8, 6, 4, 3, 2)
-    quant_conditions: tuple[str, ...] = ("p1f1", "p2f4")
+    primary: str = "p48c48"  # the primary endpoint: accuracy here (inside the trained lengths, twice the facts)
+    extrapolation: str = "p48c96"  # the secondary length-extrapolation endpoint (twice the longest trained)
+    # Fig. 8's widths, plus 3: at this scale the top |logit| is ~8-12 (measured), so 4 bits barely hurt
+    quant_bits: tuple[int, ...] = (8, 6, 4, 3)
+    sweep_lr: float = 2e-3  # the scaling sweep's one learning rate, every variant and width (PROTOCOL.md)
     data_seed: int = 1234  # training stream; validation uses data_seed + 1, test data_seed + 2
 
     def __post_init__(self) -> None:
+        self.train_pairs = tuple(self.train_pairs)  # type: ignore[assignment]
+        self.train_context = tuple(self.train_context)  # type: ignore[assignment]
         self.lr_grid = tuple(float(x) for x in self.lr_grid)
+        self.tuning_seeds = tuple(self.tuning_seeds)
         self.variants = tuple(self.variants)
         self.conditions = tuple(c if isinstance(c, Condition) else Condition(**c) for c in self.conditions)
         self.quant_bits = tuple(self.quant_bits)
-        self.quant_conditions = tuple(self.quant_conditions)
         self.validate()
 
     def validate(self) -> None:
-        for n in ("n_pairs", "filler", "n_keys", "n_values", "n_filler", "key_group", "d_model", "n_layers",
-                  "n_heads", "steps", "batch", "seeds", "eval_contexts", "val_contexts"):
+        for n in ("queries", "n_keys", "n_values", "n_filler", "key_group", "d_model", "n_layers", "n_heads",
+                  "steps", "batch", "seeds", "eval_contexts", "val_contexts"):
             _pos_int(n, getattr(self, n))
-        if isinstance(self.queries, bool) or not isinstance(self.queries, int) or self.queries < 0:
-            raise ValueError(f"RetrievalConfig.queries must be an integer >= 0 (0: every key), got {self.queries!r}")
-        if self.queries > self.n_pairs:
-            raise ValueError(f"RetrievalConfig.queries={self.queries} exceeds n_pairs={self.n_pairs}")
-        for n in ("warmup", "lr_search_seed"):
+        for n in ("train_pairs", "train_context"):
+            r = getattr(self, n)
+            if len(r) != 2:
+                raise ValueError(f"RetrievalConfig.{n} must be a (low, high) pair, got {r!r}")
+            for x in r:
+                _pos_int(n, x)
+            if r[0] > r[1]:
+                raise ValueError(f"RetrievalConfig.{n}={r} must have low <= high")
+        if self.train_pairs[0] < self.queries:
+            raise ValueError(f"RetrievalConfig.train_pairs={self.train_pairs}: every context needs at least "
+                             f"queries={self.queries} facts")
+        if self.train_pairs[1] > self.n_keys:
+            raise ValueError(f"RetrievalConfig.train_pairs={self.train_pairs} exceeds n_keys={self.n_keys}")
+        if self.train_context[0] < self.train_pairs[0]:
+            raise ValueError(f"RetrievalConfig.train_context={self.train_context} must leave room for "
+                             f"train_pairs={self.train_pairs} (low context >= low pairs)")
+        for n in ("warmup", "lr_widen"):
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"RetrievalConfig.{n} must be an integer >= 0, got {v!r}")
-        if self.lr_search_seed >= self.seeds:
-            raise ValueError(f"RetrievalConfig.lr_search_seed={self.lr_search_seed} must be < seeds={self.seeds}")
+        if (not self.tuning_seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                                         for s in self.tuning_seeds) or len(set(self.tuning_seeds)) != len(self.tuning_seeds)):
+            raise ValueError(f"RetrievalConfig.tuning_seeds={self.tuning_seeds} must be distinct integers >= 0")
+        clash = sorted(set(self.tuning_seeds) & set(self.test_seeds))
+        if clash:
+            raise ValueError(f"RetrievalConfig.tuning_seeds share {clash} with the test seeds 0..{self.seeds - 1}; "
+                             "a tuning seed must never be a test seed")
         if self.distractors not in DISTRACTOR_KINDS:
             raise ValueError(f"RetrievalConfig.distractors={self.distractors!r} is not allowed; choose one of "
                              f"{', '.join(DISTRACTOR_KINDS)}")
-        if not self.lr_grid or any(not 0 < x < 1 for x in self.lr_grid):
-            raise ValueError(f"RetrievalConfig.lr_grid={self.lr_grid} must be non-empty, values in (0, 1)")
+        if not self.lr_grid or any(not 0 < x < 1 for x in self.lr_grid) or len(set(self.lr_grid)) != len(self.lr_grid):
+            raise ValueError(f"RetrievalConfig.lr_grid={self.lr_grid} must be distinct values in (0, 1)")
         if (not self.variants or any(v not in VARIANTS for v in self.variants)
                 or len(set(self.variants)) != len(self.variants)):
             raise ValueError(f"RetrievalConfig.variants={self.variants} is not allowed; choose distinct ones of "
                              f"{', '.join(VARIANTS)}")
+        if self.matched_lr not in self.variants:
+            raise ValueError(f"RetrievalConfig.matched_lr={self.matched_lr!r} is not allowed; choose one of the "
+                             f"variants {', '.join(self.variants)}")
+        if not 0 < self.sweep_lr < 1:
+            raise ValueError(f"RetrievalConfig.sweep_lr must be in (0, 1), got {self.sweep_lr}")
+        if not 0 < self.floor <= 1:
+            raise ValueError(f"RetrievalConfig.floor must be in (0, 1], got {self.floor}")
         if self.weight_decay < 0:
             raise ValueError(f"RetrievalConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if self.n_heads % 2:
@@ -167,32 +199,44 @@ class RetrievalConfig:
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"RetrievalConfig.conditions: names must be distinct and non-empty, got {names}")
         for c in self.conditions:
-            _pos_int("conditions.pairs_mult", c.pairs_mult)
-            _pos_int("conditions.filler_mult", c.filler_mult)
+            _pos_int(f"conditions[{c.name}].pairs", c.pairs)
+            _pos_int(f"conditions[{c.name}].context", c.context)
             if c.distractors not in DISTRACTOR_KINDS:
                 raise ValueError(f"RetrievalConfig.conditions[{c.name}].distractors={c.distractors!r} is not "
                                  f"allowed; choose one of {', '.join(DISTRACTOR_KINDS)}")
-            if self.n_pairs * c.pairs_mult > self.n_keys:
-                raise ValueError(f"RetrievalConfig.n_keys={self.n_keys} is fewer than the "
-                                 f"{self.n_pairs * c.pairs_mult} pairs of condition {c.name}")
-            if c.distractors == "near" and self.n_pairs * c.pairs_mult > self.key_group:
-                raise ValueError(f"RetrievalConfig.key_group={self.key_group} is smaller than the "
-                                 f"{self.n_pairs * c.pairs_mult} pairs of 'near' condition {c.name}")
-        if self.distractors == "near" and self.n_pairs > self.key_group:
-            raise ValueError(f"RetrievalConfig.key_group={self.key_group} < n_pairs={self.n_pairs} "
+            if c.pairs > c.context:
+                raise ValueError(f"RetrievalConfig.conditions[{c.name}]: pairs={c.pairs} exceed context={c.context}")
+            if c.pairs < self.queries:
+                raise ValueError(f"RetrievalConfig.conditions[{c.name}]: pairs={c.pairs} is fewer than "
+                                 f"queries={self.queries}")
+            if c.pairs > self.n_keys:
+                raise ValueError(f"RetrievalConfig.n_keys={self.n_keys} is fewer than the {c.pairs} pairs of "
+                                 f"condition {c.name}")
+            if c.distractors == "near" and c.pairs > self.key_group:
+                raise ValueError(f"RetrievalConfig.key_group={self.key_group} is smaller than the {c.pairs} pairs "
+                                 f"of 'near' condition {c.name}")
+        if self.distractors == "near" and self.train_pairs[1] > self.key_group:
+            raise ValueError(f"RetrievalConfig.key_group={self.key_group} < train_pairs={self.train_pairs} "
                              "for 'near' training")
         if self.n_keys % self.key_group:
             raise ValueError(f"RetrievalConfig.key_group={self.key_group} must divide n_keys={self.n_keys}")
-        if self.primary not in names:
-            raise ValueError(f"RetrievalConfig.primary={self.primary!r} is not allowed; "
-                             f"choose one of {', '.join(names)}")
-        for q in self.quant_conditions:
-            if q not in names:
-                raise ValueError(f"RetrievalConfig.quant_conditions: {q!r} is not allowed; "
+        for n in ("primary", "extrapolation"):
+            if getattr(self, n) not in names:
+                raise ValueError(f"RetrievalConfig.{n}={getattr(self, n)!r} is not allowed; "
                                  f"choose one of {', '.join(names)}")
+        if self.condition(self.primary).context > self.train_context[1]:
+            raise ValueError(f"RetrievalConfig.primary={self.primary!r} is longer than any trained context "
+                             f"({self.train_context[1]}): the primary endpoint must lie inside the trained lengths")
+        if self.condition(self.extrapolation).context <= self.train_context[1]:
+            raise ValueError(f"RetrievalConfig.extrapolation={self.extrapolation!r} must be longer than the "
+                             f"longest trained context ({self.train_context[1]})")
         for b in self.quant_bits:
             if isinstance(b, bool) or not isinstance(b, int) or b < 2:
                 raise ValueError(f"RetrievalConfig.quant_bits: {b!r} must be an integer >= 2")
+
+    @property
+    def test_seeds(self) -> tuple[int, ...]:
+        return tuple(range(self.seeds))
 
     @property
     def layout(self) -> Layout:
@@ -205,13 +249,13 @@ class RetrievalConfig:
         raise ValueError(f"unknown condition {name!r}; choose one of {', '.join(c.name for c in self.conditions)}")
 
     def max_len(self) -> int:
-        """Longest sequence of any condition: BOS + facts + filler + 2 tokens per query."""
-        return max(1 + 3 * self.n_pairs * c.pairs_mult + self.filler * c.filler_mult for c in self.conditions)
+        """Longest model input of training or any condition: BOS + context + 2 tokens per query, less the last."""
+        return max([self.train_context[1]] + [c.context for c in self.conditions]) + 2 * self.queries
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["conditions"] = [c.to_dict() for c in self.conditions]
-        for k in ("lr_grid", "variants", "quant_bits", "quant_conditions"):
+        for k in ("train_pairs", "train_context", "lr_grid", "tuning_seeds", "variants", "quant_bits"):
             d[k] = list(d[k])
         return d
 
@@ -235,6 +279,7 @@ class RetrievalConfig:
 
 
 def quick_config() -> RetrievalConfig:
-    """A smoke run (about a minute on 2 idle cores): 150 steps, one lr, 2 seeds, 16 contexts per condition.
-    It exercises every code path and plot; its numbers are not a measurement (the baseline is near chance)."""
-    return RetrievalConfig(steps=150, lr_grid=(3e-3,), seeds=2, eval_contexts=16, val_contexts=16)
+    """A smoke run (about a minute on 2 idle cores): 150 steps, one lr, one tuning seed, 2 test seeds, 16 contexts
+    per condition. It exercises every code path and plot; its numbers are not a measurement."""
+    return RetrievalConfig(steps=150, lr_grid=(3e-3,), lr_widen=0, tuning_seeds=(100,), seeds=2, eval_contexts=16,
+                           val_contexts=16)

@@ -31,24 +31,28 @@ def _save(fig, path) -> Path:
 
 
 def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
-    """Fig. 5 style: accuracy over (pairs x filler) per variant, random distractors, mean over seeds."""
+    """Fig. 5 style: accuracy over (pairs x context length) per variant, random distractors, mean over seeds
+    (tuned lr); the trained context lengths end at the dashed line."""
     conds = [c for c in results["conditions"] if c["distractors"] == "random"]
-    pm = sorted({c["pairs_mult"] for c in conds})
-    fm = sorted({c["filler_mult"] for c in conds})
+    pm = sorted({c["pairs"] for c in conds})
+    fm = sorted({c["context"] for c in conds})
+    trained = [i for i, c in enumerate(fm) if c <= results["config"]["train_context"][1]]
     vs = list(results["variants"])
     fig, axes = plt.subplots(1, len(vs), figsize=(3.8 * len(vs), 3.4), squeeze=False, layout="constrained")
     for ax, v in zip(axes[0], vs):
         grid = [[float("nan")] * len(fm) for _ in pm]
         for c in conds:
-            grid[pm.index(c["pairs_mult"])][fm.index(c["filler_mult"])] = _acc(results, v, c["name"])[0]
+            grid[pm.index(c["pairs"])][fm.index(c["context"])] = _acc(results, v, c["name"])[0]
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
         for i in range(len(pm)):
             for j in range(len(fm)):
                 ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", color="w", fontsize=8)
-        ax.set_xticks(range(len(fm)), [f"{x}x" for x in fm])
-        ax.set_yticks(range(len(pm)), [f"{x}x" for x in pm])
-        ax.set_xlabel("filler (x training)")
-        ax.set_ylabel("pairs (x training)")
+        if trained and trained[-1] < len(fm) - 1:
+            ax.axvline(trained[-1] + 0.5, color="w", ls="--", lw=1)
+        ax.set_xticks(range(len(fm)), [str(x) for x in fm])
+        ax.set_yticks(range(len(pm)), [str(x) for x in pm])
+        ax.set_xlabel("context length (right of the dashed line: longer than trained)")
+        ax.set_ylabel("facts in the context")
         ax.set_title(f"{LABELS.get(v, v)} ({results['variants'][v]['params']:,} params)", fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy (mean over seeds)")
     fig.savefig(path, dpi=110)
@@ -58,7 +62,7 @@ def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
 
 def plot_accuracy_vs_difficulty(results: dict[str, Any], path) -> Path:
     """Accuracy per condition (ordered by sequence length), mean +- seed sd, chance dashed."""
-    conds = sorted(results["conditions"], key=lambda c: (c["pairs"] * 3 + c["filler"], c["name"]))
+    conds = sorted(results["conditions"], key=lambda c: (c["context"], c["pairs"], c["name"]))
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(conds)), 3.6))
     for k, v in enumerate(results["variants"]):
         ms = [_acc(results, v, c["name"]) for c in conds]
@@ -74,49 +78,54 @@ def plot_accuracy_vs_difficulty(results: dict[str, Any], path) -> Path:
 
 
 def plot_attention_shares(results: dict[str, Any], path, condition: str | None = None) -> Path:
-    """Table 3 style, per layer: scale-free answer share and noise share of the answering query (mean +- seed sd)."""
+    """Table 3 style, per layer: the answering query's scale-free answer share, the best head's (the attention
+    endpoint averages these over layers) and the head mean, mean +- seed sd, tuned lr."""
     cond = condition or results["primary_endpoint"]["condition"]
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
+    n_layers = 1
     for k, v in enumerate(results["variants"]):
         runs = results["variants"][v]["runs"]
         n_layers = len(runs[0]["conditions"][cond]["attention"])
-        for ax, key in zip(axes, ("answer_share", "noise_share")):
-            ms = [_ms(r["conditions"][cond]["attention"][l][key] for r in runs) for l in range(n_layers)]
+        series = ([[r["conditions"][cond]["best_head_share_per_layer"][l] for r in runs] for l in range(n_layers)],
+                  [[r["conditions"][cond]["attention"][l]["answer_share"] for r in runs] for l in range(n_layers)])
+        for ax, per_layer in zip(axes, series):
+            ms = [_ms(x) for x in per_layer]
             ax.errorbar([l + 0.08 * (k - 1) for l in range(n_layers)], [m for m, _ in ms], yerr=[s for _, s in ms],
                         marker="o", capsize=3, label=LABELS.get(v, v), color=COLORS.get(v))
-    for ax, t in zip(axes, ("answer share (signed / sum|row| on context)", "noise share (|rest| / sum|row|)")):
+    for ax, t in zip(axes, ("best head's answer share (the endpoint, per layer)", "head-mean answer share")):
         ax.set_title(t, fontsize=9)
         ax.set_xlabel("layer")
         ax.set_xticks(range(n_layers))
+        ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"attention of the answering query at {cond}", fontsize=9)
+    fig.suptitle(f"attention of the answering query at {cond} (signed share of sum |row| on the context)", fontsize=9)
     return _save(fig, path)
 
 
 def plot_quantization(results: dict[str, Any], path) -> Path:
-    """Fig. 8 style: accuracy vs attention-logit bits (full precision first), per quantised condition."""
-    qc = results["config"]["quant_conditions"]
-    fig, axes = plt.subplots(1, len(qc), figsize=(4 * len(qc), 3.2), squeeze=False)
-    for ax, cond in zip(axes[0], qc):
-        for v in results["variants"]:
-            runs = results["variants"][v]["runs"]
-            rows = runs[0]["quantized"][cond]
-            ms = [_ms(r["quantized"][cond][i]["accuracy"] for r in runs) for i in range(len(rows))]
-            ax.errorbar(range(len(rows)), [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3,
-                        label=LABELS.get(v, v), color=COLORS.get(v))
-        ax.set_xticks(range(len(rows)), ["full" if r["bits"] is None else f"{r['bits']}b" for r in rows])
-        ax.axhline(results["chance"], ls="--", color="k", lw=0.8)
-        ax.set_ylim(0, 1.02)
-        ax.set_title(f"quantised attention logits, {cond}", fontsize=9)
-        ax.set_ylabel("accuracy")
-    axes[0][0].legend(fontsize=8)
+    """Fig. 8 style: accuracy vs attention-logit bits (full precision first) at the primary condition."""
+    cond = results["primary_endpoint"]["condition"]
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    rows: list = []
+    for v in results["variants"]:
+        runs = results["variants"][v]["runs"]
+        rows = runs[0]["quantized"][cond]
+        ms = [_ms(r["quantized"][cond][i]["accuracy"] for r in runs) for i in range(len(rows))]
+        ax.errorbar(range(len(rows)), [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3,
+                    label=LABELS.get(v, v), color=COLORS.get(v))
+    ax.set_xticks(range(len(rows)), ["full" if r["bits"] is None else f"{r['bits']}b" for r in rows])
+    ax.axhline(results["chance"], ls="--", color="k", lw=0.8)
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"quantised attention logits, {cond}", fontsize=9)
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=8)
     return _save(fig, path)
 
 
 def retrieval_layer(results: dict[str, Any], variant: str) -> int:
     """The layer whose mean answer share (first seed, primary condition) is highest: where the lookup happens."""
     att = results["variants"][variant]["runs"][0]["conditions"][results["primary_endpoint"]["condition"]]["attention"]
-    return max(range(len(att)), key=lambda l: att[l]["answer_share"])
+    return max(range(len(att)), key=lambda l: att[l]["answer_share"])  # noqa: E741
 
 
 def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) -> Path:

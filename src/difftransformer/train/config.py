@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -234,9 +235,11 @@ def _check_type(name: str, annotation: str, value: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------- loading
 def resolve_config_path(name_or_path: str) -> Path:
-    """A preset name (``tiny``, ``demo``, ...) or a path to a TOML file."""
+    """A preset name (``tiny``, ``demo``, ...) or a path to a TOML file. A bare name (no path separator, no
+    ``.toml`` suffix) is always a preset, even when a file or folder of that name sits in the working directory
+    (``demo --out demo`` used to make ``--config demo`` fail)."""
     p = Path(name_or_path)
-    if p.suffix == ".toml" or p.exists():
+    if p.suffix == ".toml" or "/" in name_or_path or (os.sep in name_or_path):
         if not p.is_file():
             raise FileNotFoundError(f"--config {name_or_path}: no such file")
         return p

@@ -1,13 +1,19 @@
 """The report's lead section: the token-level retrieval benchmark (``difftransformer retrieval``) and its verdicts.
 
 It reads the benchmark's ``results.json`` dict only (no model), so the report needs nothing of the benchmark's code.
-Three claims of the paper are judged on it, each on an endpoint fixed before any run:
-- "retrieves better among distractors" (Fig. 1, Table 2, Fig. 5): accuracy at the config's ``primary`` condition
-  (default 2x the trained pairs and 4x the filler), paired by seed, gated on a model above chance;
-- "more attention on the answer" and "less attention noise" (Table 3): the answering query's scale-free answer and
-  noise shares at that condition, in each run's retrieval layer (the layer with the highest answer share);
-- "more robust to quantised attention logits" (Fig. 8): the accuracy lost at 4-bit logits (the paper's lowest
-  width) at the primary condition, lower is better.
+The endpoints, the statistics and the treatment of failed runs are those pre-registered in the benchmark's
+``PROTOCOL.md``:
+- primary, "retrieves better among distractors" (Fig. 1, Table 2, Fig. 5): accuracy at the config's ``primary``
+  condition (inside the trained lengths), paired by seed, gated on a model above chance;
+- secondary, "more attention on the answer" (Table 3): the attention endpoint at that condition (per query the best
+  head's scale-free answer share per layer, layer mean); one measure (its complement, a "noise share", is the
+  same number and is not judged apart);
+- secondary, "retrieves better beyond the trained length": accuracy at the ``extrapolation`` condition;
+- secondary, "more robust to quantised attention logits" (Fig. 8): the accuracy lost at 4-bit logits at the primary
+  condition, lower is better.
+Every claim is judged on the tuned-lr runs (the primary analysis, failed runs included); the page adds two
+sensitivity rows per verdict, never counted as verdicts: every variant at the matched lr, and the tuned runs
+without the seeds where either variant failed its floor.
 """
 
 from __future__ import annotations
@@ -22,20 +28,17 @@ from .. import stats
 from .verdicts import NAMES, row
 
 QUANT_BITS = 4
-FIGURES = (("accuracy_heatmap.png", "Accuracy by pairs x filler per variant (Fig. 5 style), seed mean"),
-           ("accuracy_vs_difficulty.png", "Accuracy against difficulty, seed mean and standard deviation"),
-           ("attention_shares.png", "Scale-free attention shares of the answering query"),
+MIN_EFFECT = {"acc": 0.02, "attention": 0.02, "extrapolation": 0.02, "quant": 0.02}  # PROTOCOL.md, "Statistics"
+POLICIES = (("runs", "tuned lr"), ("matched_runs", "matched lr"), ("no_failures", "tuned lr, failed seeds dropped"))
+FIGURES = (("accuracy_heatmap.png", "Accuracy by facts x context length per variant (Fig. 5 style), seed mean"),
+           ("accuracy_vs_difficulty.png", "Accuracy per condition, seed mean and standard deviation"),
+           ("attention_shares.png", "Scale-free answer share of the answering query per layer"),
            ("quantization.png", "Accuracy with attention logits quantised (Fig. 8)"),
            ("attention_row.png", "One query's attention row per variant (Fig. 1)"))
 
 
-def _runs(results: dict[str, Any], variant: str) -> list[dict[str, Any]]:
-    return sorted(results["variants"][variant]["runs"], key=lambda r: r["seed"])
-
-
-def _layer(run: dict[str, Any], condition: str) -> dict[str, float]:
-    """The retrieval layer's shares: the layer whose answering query puts the largest share on the answer."""
-    return max(run["conditions"][condition]["attention"], key=lambda l: l["answer_share"])
+def _runs(results: dict[str, Any], variant: str, policy: str = "runs") -> list[dict[str, Any]]:
+    return sorted(results["variants"][variant][policy], key=lambda r: r["seed"])
 
 
 def _quant_drop(run: dict[str, Any], condition: str, bits: int) -> float:
@@ -44,68 +47,109 @@ def _quant_drop(run: dict[str, Any], condition: str, bits: int) -> float:
     return full - next(r["accuracy"] for r in rows if r["bits"] == bits)
 
 
-def _gate(results: dict[str, Any], b: list[dict], d: list[dict], cond: str) -> Optional[str]:
-    n, chance = b[0]["conditions"][cond]["n_queries"], results["chance"]
-    if any(stats.above_chance([r["conditions"][cond]["accuracy"] for r in rs], n, chance) for rs in (b, d)):
-        return None
-    return f"no model retrieves above chance ({chance:.3g}) at {cond}"
+def _nan_verdict(b, d, reason: str) -> stats.Verdict:
+    return stats.Verdict(stats.INCONCLUSIVE, math.nan, (math.nan, math.nan), (len(b), len(d)), "none", reason)
 
 
 def _judge(results: dict[str, Any], claim: str, b: list[dict], d: list[dict]) -> stats.Verdict:
-    cond = results["config"]["primary"]
+    cfg = results["config"]
+    cond = cfg["extrapolation"] if claim == "extrapolation" else cfg["primary"]
+    if not b or not d:
+        return _nan_verdict(b, d, "no seed left to compare")
     acc = lambda rs: [r["conditions"][cond]["accuracy"] for r in rs]  # noqa: E731
-    if claim == "acc":
-        return stats.compare_accuracy(acc(b), acc(d), b[0]["conditions"][cond]["n_queries"], results["chance"], 0.05)
-    gate = _gate(results, b, d, cond)
-    if gate:
-        return stats.Verdict(stats.INCONCLUSIVE, math.nan, (math.nan, math.nan), (len(b), len(d)), "none", gate)
-    if claim in ("answer_share", "noise_share"):
-        get = lambda rs: [_layer(r, cond)[claim] for r in rs]  # noqa: E731
-        return stats.compare_seeds(get(b), get(d), claim == "answer_share", 0.01)
+    n = b[0]["conditions"][cond]["n_queries"]
+    if claim in ("acc", "extrapolation"):
+        return stats.compare_accuracy(acc(b), acc(d), n, results["chance"], MIN_EFFECT[claim])
+    if not any(stats.above_chance(acc(rs), n, results["chance"]) for rs in (b, d)):
+        return _nan_verdict(b, d, f"no model retrieves above chance ({results['chance']:.3g}) at {cond}")
+    if claim == "attention":
+        get = lambda rs: [r["conditions"][cond]["attention_endpoint"] for r in rs]  # noqa: E731
+        return stats.compare_seeds(get(b), get(d), True, MIN_EFFECT[claim])
     try:
         drops = [[_quant_drop(r, cond, QUANT_BITS) for r in rs] for rs in (b, d)]
     except (KeyError, StopIteration):
-        return stats.Verdict(stats.INCONCLUSIVE, math.nan, (math.nan, math.nan), (len(b), len(d)), "none",
-                             f"{QUANT_BITS}-bit accuracy at {cond} was not measured (see quant_conditions/quant_bits)")
-    return stats.compare_seeds(drops[0], drops[1], False, 0.02)
+        return _nan_verdict(b, d, f"{QUANT_BITS}-bit accuracy at {cond} was not measured (see quant_bits)")
+    return stats.compare_seeds(drops[0], drops[1], False, MIN_EFFECT[claim])
 
 
-CLAIMS = (("retrieves better among distractors", "Fig. 1, Table 2, Fig. 5", "acc",
-           "accuracy at the primary condition {cond}; gate: above chance"),
-          ("more attention on the answer (retrieval)", "Table 3", "answer_share",
-           "answer share of |attention| in the retrieval layer at {cond} (scale-free)"),
-          ("less attention noise (retrieval)", "Table 3", "noise_share",
-           "share of |attention| on the rest of the context, retrieval layer, {cond} (scale-free)"),
+CLAIMS = (("retrieves better among distractors (primary)", "Fig. 1, Table 2, Fig. 5", "acc",
+           "accuracy at {cond}, inside the trained lengths; gate: above chance"),
+          ("more attention on the answer", "Table 3", "attention",
+           "best head's scale-free answer share per layer, layer mean, at {cond}"),
+          ("retrieves better beyond the trained length", "length extrapolation", "extrapolation",
+           "accuracy at {extra}, longer than any trained context; gate: above chance"),
           ("more robust to quantised attention logits", "Fig. 8", "quant",
-           f"accuracy lost at {QUANT_BITS}-bit logits at {{cond}}; min effect 0.02"))
+           f"accuracy lost at {QUANT_BITS}-bit logits at {{cond}}"))
 
 
-def retrieval_verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per claim and DIFF variant, paired by seed; a quick (smoke) benchmark gives no verdicts."""
-    cond = results["config"]["primary"]
+def _paired(results: dict[str, Any], variant: str, policy: str) -> tuple[list[dict], list[dict]]:
+    """Baseline and ``variant`` runs on the seeds both have, seed order; policy "no_failures" drops the seeds where
+    either run failed its floor."""
+    key = "runs" if policy == "no_failures" else policy
+    b, d = _runs(results, "baseline", key), _runs(results, variant, key)
+    seeds = sorted({r["seed"] for r in b} & {r["seed"] for r in d})
+    if policy == "no_failures":
+        bad = {r["seed"] for r in b + d if r.get("failed")}
+        seeds = [s for s in seeds if s not in bad]
+    return [r for r in b if r["seed"] in seeds], [r for r in d if r["seed"] in seeds]
+
+
+def _smoke(results: dict[str, Any]) -> bool:
+    return bool(results.get("quick")) or results["config"]["steps"] < stats.SMOKE_MIN_STEPS
+
+
+def _diff_variants(results: dict[str, Any]) -> list[str]:
+    return [v for v in results["variants"] if v != "baseline"] if "baseline" in results["variants"] else []
+
+
+def retrieval_verdicts(results: dict[str, Any], policy: str = "runs") -> list[dict[str, Any]]:
+    """One row per claim and DIFF variant, paired by seed, under ``policy`` ("runs": the tuned lr, the primary
+    analysis and the only rows counted as verdicts; "matched_runs"; "no_failures"). A quick (smoke) benchmark
+    gives no verdicts."""
+    cfg = results["config"]
     out = []
     for title, paper, key, measure in CLAIMS:
-        for v in ("diff_v1", "diff_v2"):
-            if v not in results["variants"] or "baseline" not in results["variants"]:
-                continue
-            b, d = _runs(results, "baseline"), _runs(results, v)
-            seeds = sorted({r["seed"] for r in b} & {r["seed"] for r in d})
-            b, d = [r for r in b if r["seed"] in seeds], [r for r in d if r["seed"] in seeds]
-            if results.get("quick") or results["config"]["steps"] < stats.SMOKE_MIN_STEPS:
+        for v in _diff_variants(results):
+            b, d = _paired(results, v, policy)
+            if _smoke(results):
                 verdict = stats.Verdict(stats.SMOKE, math.nan, (math.nan, math.nan), (len(b), len(d)), "none",
                                         "a quick or short benchmark trains too few steps for any verdict (a smoke run)")
             else:
                 verdict = _judge(results, key, b, d)
-            out.append(row(title, paper, v, measure.format(cond=cond), verdict))
+            out.append(row(title, paper, v, measure.format(cond=cfg["primary"], extra=cfg["extrapolation"]), verdict))
     return out
 
 
-def baseline_floor(results: dict[str, Any], floor: float = 0.9) -> tuple[bool, list[float]]:
-    """Whether the baseline reached ``floor`` at the training condition in every seed (the benchmark's premise:
-    a task the baseline learns, so that differences at the harder conditions mean something)."""
-    train = results["conditions"][0]["name"]
-    accs = [r["conditions"][train]["accuracy"] for r in _runs(results, "baseline")]
-    return all(a >= floor for a in accs), accs
+def sensitivity_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Every verdict under the three policies side by side, and whether the sensitivity rows agree with it."""
+    by = {p: retrieval_verdicts(results, p) for p, _ in POLICIES}
+    rows = []
+    for i, r in enumerate(by["runs"]):
+        cells = [r["claim"], NAMES.get(r["variant"], r["variant"])]
+        for p, _ in POLICIES:
+            x = by[p][i]
+            st = x["stats"]
+            ci = st["ci"]
+            est = (f"{st['estimate']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] n={st['n_seeds'][0]}"
+                   if all(math.isfinite(c) for c in ci) else "no interval")
+            cells.append(f"{x['verdict']}: {est}")
+        cells.append("yes" if len({by[p][i]["verdict"] for p, _ in POLICIES}) == 1 else "NO")
+        rows.append(cells)
+    return ["claim", "variant"] + [label for _, label in POLICIES] + ["all agree"], rows
+
+
+def failures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per variant: runs below the floor on the training distribution (test split) under each lr policy, and the
+    tuning runs below it on the validation split."""
+    floor = results["config"]["floor"]
+    out = {}
+    for v, x in results["variants"].items():
+        out[v] = {"tuned": [r["seed"] for r in x["runs"] if r["failed"]],
+                  "matched": [r["seed"] for r in x["matched_runs"] if r["failed"]],
+                  "tuning": [(r["seed"], r["lr"]) for r in x.get("tuning_runs", [])
+                             if r["val_training_distribution"] < floor],
+                  "n": len(x["runs"])}
+    return out
 
 
 def _interval(xs: Sequence[float], n: int) -> str:
@@ -114,61 +158,93 @@ def _interval(xs: Sequence[float], n: int) -> str:
 
 
 def models_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    rows = [[NAMES.get(v, v), x["params"], x["chosen_lr"], len(x["runs"])] for v, x in results["variants"].items()]
-    return ["variant", "parameters", "chosen lr", "seeds"], rows
+    fl = failures(results)
+    rows = [[NAMES.get(v, v), x["params"], x["tuned_lr"], results["matched_lr"], len(x["runs"]),
+             f"{len(fl[v]['tuned'])} of {fl[v]['n']}" + (f" (seeds {fl[v]['tuned']})" if fl[v]["tuned"] else ""),
+             f"{len(fl[v]['matched'])} of {fl[v]['n']}" + (f" (seeds {fl[v]['matched']})" if fl[v]["matched"] else "")]
+            for v, x in results["variants"].items()]
+    return ["variant", "parameters", "tuned lr", "matched lr", "test seeds", "failed (tuned lr)",
+            "failed (matched lr)"], rows
 
 
 def accuracy_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """One row per test condition (pairs, filler, context length), one column per variant."""
-    cond_name = results["config"]["primary"]
+    """One row per test condition (pairs, context, model input length), one column per variant (tuned lr)."""
+    cfg = results["config"]
     variants = list(results["variants"])
     rows = []
+    first = _runs(results, variants[0])[0]
+    td = first["training_distribution"]["n_queries"]
+    rows.append(["training distribution (floor)", "{}-{}".format(*cfg["train_pairs"]),
+                 "{}-{}".format(*cfg["train_context"]), ""]
+                + [_interval([r["training_distribution"]["accuracy"] for r in _runs(results, v)], td) for v in variants])
     for c in results["conditions"]:
         name = c["name"]
-        first = _runs(results, variants[0])[0]["conditions"][name]
-        label = name + (" (primary)" if name == cond_name else "") + (" (trained)" if c is results["conditions"][0]
-                                                                      else "")
-        rows.append([label, c.get("pairs"), c.get("filler"), first.get("seq_len")]
-                    + [_interval([r["conditions"][name]["accuracy"] for r in _runs(results, v)], first["n_queries"])
+        fc = first["conditions"][name]
+        label = name + (" (primary)" if name == cfg["primary"] else "") + \
+            (" (extrapolation)" if name == cfg["extrapolation"] else "") + \
+            ("" if c["context"] <= cfg["train_context"][1] else " (longer than trained)")
+        rows.append([label, c["pairs"], c["context"], fc.get("seq_len")]
+                    + [_interval([r["conditions"][name]["accuracy"] for r in _runs(results, v)], fc["n_queries"])
                        for v in variants])
-    return ["condition", "pairs", "filler", "length"] + [NAMES.get(v, v) for v in variants], rows
+    return ["condition", "facts", "context", "input length"] + [NAMES.get(v, v) for v in variants], rows
 
 
 def shares_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     cond = results["config"]["primary"]
-    keys = [k for k in ("answer_share", "noise_share", "answer_signed", "noise_signed")
-            if k in _layer(_runs(results, next(iter(results["variants"])))[0], cond)]
     rows = []
     for v in results["variants"]:
-        layers = [_layer(r, cond) for r in _runs(results, v)]
-        rows.append([NAMES.get(v, v)] + [f"{statistics.fmean(l[k] for l in layers):.3f}" for k in keys])
-    return ["variant (retrieval layer, seed mean)"] + keys, rows
+        for policy, label in POLICIES[:2]:
+            xs = [r["conditions"][cond]["attention_endpoint"] for r in _runs(results, v, policy)]
+            per_layer = [r["conditions"][cond]["best_head_share_per_layer"] for r in _runs(results, v, policy)]
+            layers = "; ".join(f"{statistics.fmean(p[i] for p in per_layer):.3f}" for i in range(len(per_layer[0])))
+            rows.append([NAMES.get(v, v), label, f"{statistics.fmean(xs):.3f}",
+                         f"{statistics.stdev(xs) if len(xs) > 1 else 0:.3f}", layers])
+    return ["variant", "lr", "attention endpoint (seed mean)", "seed sd", "per layer"], rows
 
 
 def lr_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    rows = [[NAMES.get(v, v), g["lr"], f"{g['val_loss']:.4f}", "chosen" if g["lr"] == x["chosen_lr"] else ""]
+    rows = [[NAMES.get(v, v), g["lr"], f"{g['val_accuracy']:.3f}", f"{g['val_loss']:.4f}",
+             f"{g['min_training_distribution']:.3f}",
+             ("chosen" if g["lr"] == x["tuned_lr"] else "") + (" (widened)" if g["lr"] in x["widened"] else "")
+             + (" STILL AT AN EDGE" if g["lr"] == x["tuned_lr"] and x["at_edge"] else "")]
             for v, x in results["variants"].items() for g in x["lr_grid"]]
-    return ["variant", "lr", "validation answer loss", ""], rows
+    return ["variant", "lr", "validation accuracy at the primary condition", "answer loss",
+            "lowest training-distribution accuracy", ""], rows
 
 
 def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
     """The HTML of the lead section; ``table``/``image`` are the page's own helpers."""
     cfg = results["config"]
-    ok, accs = baseline_floor(results)
     cond = cfg["primary"]
-    intro = (f"Each context holds {cfg['n_pairs']} key-value facts (one token each) among {cfg['filler']} filler "
-             f"tokens, then every key is asked once; chance is {results['chance']:.3g}. Trained {cfg['steps']} steps "
-             f"per model, {len(accs)} seed(s) per variant on the same example stream, initialisation paired across "
-             f"variants where shapes match; the learning rate of each variant was chosen from its grid on a "
-             f"validation split. Test conditions pXfY: X times the pairs and Y times the filler of training. Primary "
-             f"endpoint, fixed before any run: accuracy at {cond}. Cells: seed mean [95% interval].")
-    floor = (f"The baseline reached at least 90% at the training condition in every seed "
-             f"({', '.join(f'{a:.3f}' for a in accs)})." if ok else
-             f"The baseline did NOT reach 90% at the training condition in every seed "
-             f"({', '.join(f'{a:.3f}' for a in accs)}): differences at harder conditions are weaker evidence.")
+    fl = failures(results)
+    tuning = ", ".join(str(s) for s in cfg["tuning_seeds"])
+    intro = (f"Pre-registered in the benchmark's PROTOCOL.md. Each training context holds {cfg['train_pairs'][0]}-"
+             f"{cfg['train_pairs'][1]} key-value facts (one token each, drawn per example) in {cfg['train_context'][0]}"
+             f"-{cfg['train_context'][1]} tokens (drawn per batch), the rest filler; {cfg['queries']} keys are asked "
+             f"per context; chance is {results['chance']:.3g}. Trained {cfg['steps']} steps per model. Each variant's "
+             f"learning rate was chosen from its grid on tuning seeds {tuning} (never test seeds) by validation "
+             f"accuracy at the primary condition; the test seeds 0-{cfg['seeds'] - 1} run at it (the primary "
+             f"analysis) and at the matched lr {results['matched_lr']:g} (the {NAMES.get(cfg['matched_lr'])}'s, a "
+             f"sensitivity row). Seed s of every variant sees the same example stream and starts from the same "
+             f"tensors where shapes match. Primary endpoint: accuracy at {cond}, {cfg['train_context'][1]} tokens or "
+             f"fewer (inside the trained lengths); length extrapolation ({cfg['extrapolation']}) is secondary. "
+             f"Cells: seed mean [95% interval].")
+    fails = "; ".join(f"{NAMES.get(v, v)} {len(f['tuned'])} of {f['n']} (tuned lr), {len(f['matched'])} of {f['n']} "
+                      f"(matched lr), {len(f['tuning'])} tuning run(s)" for v, f in fl.items())
+    floor = (f"Training failures (accuracy on held-out contexts of the training distribution below "
+             f"{cfg['floor']:.0%}): {fails}. The primary analysis includes them; a sensitivity row drops their seeds.")
     parts = [f"<p>{html.escape(intro)}</p>", f"<p>{html.escape(floor)}</p>"]
+    if results.get("deviations"):
+        parts.append("<p class='note'>Deviations from the protocol: " + html.escape("; ".join(results["deviations"]))
+                     + "</p>")
     if results.get("quick"):
         parts.append("<p class='note'>A quick benchmark: a smoke run, its numbers mean nothing.</p>")
+    head, rows = sensitivity_table(results)
+    parts.append("<h3>Every verdict under the sensitivity policies (not counted as verdicts)</h3>"
+                 + table(head, rows, left=len(head)))
+    if any(r[-1] == "NO" for r in rows):
+        parts.append("<p class='note'>Where a row says NO, the verdict depends on the learning-rate policy or on "
+                     "the failed runs: read it with that caution.</p>")
     for make in (models_table, accuracy_table, shares_table, lr_table):
         head, rows = make(results)
         parts.append(table(head, rows, left=1))
@@ -177,6 +253,6 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
             parts.append(f"<h3>{html.escape(title)}</h3>" + image(fig_dir / name, title))
     t = results.get("timings", {})
     if t:
-        parts.append(f"<p class='note'>Benchmark wall time {t.get('wall_s', 0) / 60:.1f} min with {t.get('workers')} "
-                     f"worker(s).</p>")
+        parts.append(f"<p class='note'>Benchmark wall time {t.get('wall_s', 0) / 60:.1f} min, {t.get('jobs')} jobs "
+                     f"on {t.get('workers')} worker(s).</p>")
     return "".join(parts)
