@@ -308,9 +308,14 @@ def test_block_size_validation_and_available():
     assert td.triton_available()
     for d in td.ALLOWED_HEAD_DIMS:
         for dv in (d, 2 * d):
-            cfg = td.default_config(d, dv)
-            assert set(cfg) == {"fwd", "bwd_dkdv", "bwd_dq"}
-            assert all(bm >= 16 and bn >= 16 and nw in (4, 8) for bm, bn, nw in cfg.values())
+            for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+                for arch in (80, 86, 90):
+                    cfg = td.default_config(d, dv, dtype, arch)
+                    assert set(cfg) == {"fwd", "bwd_dkdv", "bwd_dq", "decode"}
+                    decode = cfg.pop("decode")
+                    assert decode[0] == 0 and decode[1] >= 16 and decode[2] in (4, 8) and decode[3] in (1, 2, 3)
+                    assert all(bm >= 16 and bn >= 16 and nw in (4, 8) and ns in (1, 2) for bm, bn, nw, ns in
+                               cfg.values())
 
 
 def test_default_block_sizes():

@@ -9,10 +9,16 @@ Backends: ``eager`` materialises the softmax maps (the test oracle and the analy
 ``torch.nn.functional.scaled_dot_product_attention`` and never builds an N x N tensor; ``triton`` runs DIFF's
 fused Triton kernel (``triton_diff.py``: both maps in one FlashAttention-2-style pass, forward and backward) for
 self-attention, with or without a padding mask, and for a KV cache's prefill from position 0 (the prompt sees only
-itself: every backend attends over its own keys then, not the cache's length), head_dim 16/32/64/128, on CUDA (or in Triton's CPU interpreter under ``TRITON_INTERPRET=1``, for tests);
-asked for by name (not through ``auto``) it also runs DIFF's KV-cache decode steps through a split-KV decode kernel;
-elsewhere (the baseline, later chunks of a KV cache, other head sizes) it is ``sdpa``. ``auto`` (the default) is ``triton`` for DIFF on CUDA when Triton imports and ``sdpa`` otherwise;
-where Triton was wanted and cannot run, one line says so, once per process. ``blocked`` runs
+itself: every backend attends over its own keys then, not the cache's length), head_dim 16/32/64/128, on CUDA
+(compute capability 8.0 or newer; or in Triton's CPU interpreter under ``TRITON_INTERPRET=1``, for tests); it also
+runs DIFF's KV-cache decode steps through a split-KV decode kernel; elsewhere (the baseline, later chunks of a KV
+cache, other head sizes) it is ``sdpa``. Where Triton was wanted and cannot run (not installed, not on CUDA), one line
+says so, once per process. When a Triton launch fails (out of shared memory, a compile error, a GPU older than sm_80),
+one warning names the reason and that call, and every later call of the same kind (device, dtype, head sizes and pass:
+``triton_kind``), runs the PyTorch path instead (a backward that fails recomputes its gradients in PyTorch).
+``auto`` (the default) runs ``sdpa``, except for the (GPU, dtype, pass) entries of ``TRITON_AUTO_MEASURED``, where a
+GPU measurement in BENCHMARKS.md showed the Triton kernel faster: none yet, so ``auto`` is ``sdpa`` everywhere.
+``blocked`` runs
 DIFF's row-blocked kernel (``blocked.py``) that forms A1 - lambda*A2 block by block before multiplying by V
 (falls back to ``sdpa`` when a padding mask or a KV cache's decode is in play, for the baseline, and off the CPU:
 the kernel is a CPU path; on CUDA the fused SDPA kernels are 4-7x faster than it, measured on an H100).
@@ -23,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -102,32 +109,64 @@ class Attention(nn.Module):
         return self.backend == "eager" or return_maps or self.logits_hook is not None
 
     def use_triton(self, x: torch.Tensor, return_maps: bool, head_dim: int,
-                   input_pos: Optional[torch.Tensor] = None) -> bool:
+                   input_pos: Optional[torch.Tensor] = None, value_dim: Optional[int] = None) -> bool:
         """Whether this DIFF call runs the fused Triton kernel (see the module docstring for when it does). Under a
         KV cache only a prefill from position 0 does: then the new keys and values are all the prompt sees."""
         if self.backend not in ("triton", "auto") or self.use_eager(return_maps):
             return False
         if self.kv_cache is not None and not prefill_from_start(x.shape[1], input_pos):
             return False
+        if head_dim not in TRITON_HEAD_DIMS or x.shape[0] > TRITON_MAX_BATCH:
+            return False
+        return self._triton_runs(x, triton_pass(x), head_dim, head_dim if value_dim is None else value_dim)
+
+    def use_triton_decode(self, x: torch.Tensor, mask: Optional[torch.Tensor], head_dim: int,
+                          value_dim: Optional[int] = None) -> bool:
+        """Whether a DIFF decode step (``use_decode``) runs the split-KV Triton kernel: with the ``triton`` backend
+        (``auto`` only where ``TRITON_AUTO_MEASURED`` lists the decode pass), without autograd, on CUDA or in the
+        interpreter, for the head sizes the kernel is built for."""
+        if self.backend not in ("triton", "auto") or mask is None or torch.is_grad_enabled():
+            return False
         if head_dim not in TRITON_HEAD_DIMS:
             return False
+        return self._triton_runs(x, "decode", head_dim, head_dim if value_dim is None else value_dim)
+
+    def _triton_runs(self, x: torch.Tensor, pass_: str, head_dim: int, value_dim: int) -> bool:
         on_cuda = x.device.type == "cuda"
-        if self.backend == "auto" and not on_cuda:
-            return False  # CPU: sdpa (the Triton interpreter is a test tool, not a fast path)
+        if self.backend == "auto":
+            # CPU: sdpa (the Triton interpreter is a test tool, not a fast path); CUDA: only where measured faster
+            if not on_cuda or not triton_importable():
+                return False
+            if not auto_runs_triton(cuda_capability(x.device), x.dtype, pass_):
+                return False
         usable = triton_importable() and (on_cuda or os.environ.get("TRITON_INTERPRET") == "1")
         if not usable:
             _say_once(f"difftransformer: backend {self.backend!r}: Triton "
                       f"{'cannot run on ' + x.device.type if triton_importable() else 'is not installed'}; "
                       "DIFF attention uses the sdpa path (pip install triton, on a CUDA machine, for the fused kernel)")
-        return usable
-
-    def use_triton_decode(self, x: torch.Tensor, mask: Optional[torch.Tensor], head_dim: int) -> bool:
-        """Whether a DIFF decode step (``use_decode``) runs the split-KV Triton kernel: only with the explicit
-        ``triton`` backend (``auto`` keeps the cached PyTorch step until the kernel is timed on a GPU), without
-        autograd, on CUDA or in the interpreter, for the head sizes the kernel is built for."""
-        if self.backend != "triton" or mask is None or torch.is_grad_enabled() or head_dim not in TRITON_HEAD_DIMS:
             return False
-        return triton_importable() and (x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+        kind = triton_kind(x.device, x.dtype, head_dim, value_dim, pass_)
+        if triton_kind_failed(kind):
+            return False  # failed before in this process (warned then): the PyTorch path
+        if on_cuda and cuda_capability(x.device) < MIN_TRITON_CAPABILITY:
+            major, minor = cuda_capability(x.device)
+            triton_failed(kind, f"compute capability {major}.{minor} is older than "
+                                f"{MIN_TRITON_CAPABILITY[0]}.{MIN_TRITON_CAPABILITY[1]}, the oldest the kernels are "
+                                "built and compile-tested for")
+            return False
+        return True
+
+    def run_triton(self, x: torch.Tensor, pass_: str, head_dim: int, value_dim: int,
+                   launch: Callable[[], torch.Tensor], fallback: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``launch()`` (a Triton kernel call); if a launch fails (``is_triton_launch_error``), one warning, and this
+        call and every later one of the same ``triton_kind`` run ``fallback()`` (the PyTorch path) instead."""
+        try:
+            return launch()
+        except Exception as exc:
+            if not is_triton_launch_error(exc):
+                raise
+            triton_failed(triton_kind(x.device, x.dtype, head_dim, value_dim, pass_), exc)
+        return fallback()
 
     def use_decode(self, T: int, return_maps: bool) -> bool:
         """The KV-cache decode step (one new token per row): ``grouped_attention``, no copies of the cache."""
@@ -146,11 +185,93 @@ class Attention(nn.Module):
 
 # head_dim values the Triton kernel is built for (triton_diff.py checks them too).
 TRITON_HEAD_DIMS = (16, 32, 64, 128)
+# The kernels put the batch on CUDA grid axis 2, at most 65,535 (triton_diff.py checks it too); more rows: sdpa.
+TRITON_MAX_BATCH = 65_535
+# The oldest GPU the kernels are compiled for and checked against (tests/model/test_triton_aot.py: sm_80, sm_90).
+MIN_TRITON_CAPABILITY = (8, 0)
+# What a Triton call computes: "train" (forward and backward: autograd records the call), "prefill" (forward only,
+# a prompt or an evaluation) or "decode" (one KV-cache step).
+TRITON_PASSES = ("train", "prefill", "decode")
+
+# Where ``auto`` runs the fused Triton kernel for DIFF: (CUDA compute capability, dtype, pass) for which BENCHMARKS.md
+# holds a GPU measurement showing the kernel faster than sdpa (the same run, the same shapes). Everywhere else
+# ``auto`` is sdpa. EMPTY: the kernels have never been timed on a GPU. Add an entry only with the BENCHMARKS.md rows
+# that measured it, e.g. ``((9, 0), torch.bfloat16, "train")`` after `make gpu-bench` on an H100 shows it.
+TRITON_AUTO_MEASURED: frozenset[tuple[tuple[int, int], torch.dtype, str]] = frozenset()
+
 _SAID: set[str] = set()
+# Kinds of Triton call (``triton_kind``) whose launch failed in this process -> the reason (warned once, then sdpa).
+_TRITON_FAILED: dict[tuple, str] = {}
+_CAPABILITY: dict[int, tuple[int, int]] = {}
 
 
 def triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+def triton_pass(x: torch.Tensor) -> str:
+    """The pass of a (non-decode) DIFF call on the attention input ``x``: "train" when autograd records it."""
+    return "train" if torch.is_grad_enabled() and x.requires_grad else "prefill"
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device, read once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cap = _CAPABILITY.get(index)
+    if cap is None:
+        cap = _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
+    return cap
+
+
+def auto_runs_triton(capability: tuple[int, int], dtype: torch.dtype, pass_: str) -> bool:
+    """Whether ``auto`` runs the fused Triton kernel for this (GPU, dtype, pass): only where it was measured faster
+    (``TRITON_AUTO_MEASURED``; empty today, so never)."""
+    if pass_ not in TRITON_PASSES:
+        raise ValueError(f"pass_={pass_!r} is not allowed; use one of {', '.join(TRITON_PASSES)}")
+    return (tuple(capability), dtype, pass_) in TRITON_AUTO_MEASURED
+
+
+def triton_kind(device: torch.device, dtype: torch.dtype, head_dim: int, value_dim: int, pass_: str) -> tuple:
+    """What makes two Triton calls launch the same kernels with the same tiles: the GPU (its compute capability),
+    dtype, head and value widths and the pass. A launch that fails for one call fails for all calls of its kind."""
+    if pass_ not in TRITON_PASSES:
+        raise ValueError(f"pass_={pass_!r} is not allowed; use one of {', '.join(TRITON_PASSES)}")
+    gpu = cuda_capability(device) if device.type == "cuda" else device.type
+    return gpu, dtype, head_dim, value_dim, pass_
+
+
+def describe_kind(kind: tuple) -> str:
+    gpu, dtype, head_dim, value_dim, pass_ = kind
+    where = f"sm_{gpu[0]}{gpu[1]}" if isinstance(gpu, tuple) else gpu
+    return f"{pass_}, {str(dtype).replace('torch.', '')}, head_dim {head_dim}, value_dim {value_dim} on {where}"
+
+
+def is_triton_launch_error(exc: BaseException) -> bool:
+    """A Triton kernel that cannot be compiled or launched here (out of shared memory or registers, a compile or
+    ptxas error, a launch the driver refuses), as opposed to a bug in the arguments (ValueError, TypeError)."""
+    for cls in type(exc).__mro__:
+        if cls.__module__.startswith("triton.") and cls.__name__ in ("TritonError", "CompilationError"):
+            return True
+    return isinstance(exc, RuntimeError) and str(exc).startswith("Triton Error")
+
+
+def triton_kind_failed(kind: tuple) -> bool:
+    """Whether a Triton launch of this kind already failed in this process (then its calls use the PyTorch path)."""
+    return kind in _TRITON_FAILED
+
+
+def triton_failed(kind: tuple, reason) -> None:
+    """Record that Triton calls of this kind cannot run here; the first time, ONE warning line names the reason."""
+    if kind in _TRITON_FAILED:
+        return
+    if isinstance(reason, BaseException):
+        text = str(reason).strip().splitlines()
+        reason = f"{type(reason).__name__}: {text[0][:300] if text else ''}"
+    _TRITON_FAILED[kind] = reason
+    pass_ = kind[-1]
+    fallback = "the PyTorch decode step" if pass_ == "decode" else "sdpa"
+    warnings.warn(f"difftransformer: the fused Triton kernel cannot run for {describe_kind(kind)} ({reason}); "
+                  f"this call and later ones of this kind use {fallback}", RuntimeWarning, stacklevel=3)
 
 
 def _say_once(line: str) -> None:

@@ -36,7 +36,8 @@ from torch import nn
 from ..config import ModelConfig
 from ..norm import RMSNorm
 from ..rope import apply_rope
-from .base import Attention, AttentionMaps, eager_dtype, grouped_probs, key_padding, repeat_kv, sdpa, softmax_maps
+from .base import (Attention, AttentionMaps, eager_dtype, grouped_probs, key_padding, repeat_kv, sdpa, softmax_maps,
+                   triton_pass)
 
 
 class DiffV1Attention(Attention):
@@ -138,18 +139,22 @@ class DiffV1Attention(Attention):
             if return_maps:
                 logits = torch.stack((logits1, logits2), dim=2).flatten(1, 2)  # (B, 2h, T, Tk), projection order
                 maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2, lam=lam.detach())
-        elif self.use_decode(T, return_maps) and self.use_triton_decode(x, mask, d):
+        elif self.use_decode(T, return_maps) and self.use_triton_decode(x, mask, d, self.value_dim):
             from .triton_decode import triton_diff_decode  # imported here: only this path needs triton
 
-            out = triton_diff_decode(q1, q2, k1, k2, v, lam, self.scale,
-                                     mask[:, 0, -1, :].expand(B, -1))  # (B, h, 1, 2d), split over the cache
+            out = self.run_triton(  # (B, h, 1, 2d), split over the cache; the PyTorch step if a launch fails
+                x, "decode", d, self.value_dim,
+                lambda: triton_diff_decode(q1, q2, k1, k2, v, lam, self.scale, mask[:, 0, -1, :].expand(B, -1)),
+                lambda: self._decode_diff(q, k, v, lam, mask))
         elif self.use_decode(T, return_maps):
             out = self._decode_diff(q, k, v, lam, mask)
-        elif self.use_triton(x, return_maps, d, input_pos):
+        elif self.use_triton(x, return_maps, d, input_pos, self.value_dim):
             from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
 
-            out = triton_diff_attention(q1, q2, k1, k2, v, lam, self.scale,
-                                        key_padding(mask, B, T))  # (B, h, T, 2d)
+            out = self.run_triton(  # (B, h, T, 2d); sdpa if a launch fails
+                x, triton_pass(x), d, self.value_dim,
+                lambda: triton_diff_attention(q1, q2, k1, k2, v, lam, self.scale, key_padding(mask, B, T)),
+                lambda: self._sdpa_diff(q1, q2, k1, k2, v, lam, mask, rep))
         elif self.backend == "blocked" and mask is None and x.device.type == "cpu":  # no mask: no cache or a prefill
             from .blocked import blocked_diff_attention  # imported here: only this path needs it
 

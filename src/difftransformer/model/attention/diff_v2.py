@@ -22,7 +22,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..rope import apply_rope
 from .base import (Attention, AttentionMaps, eager_dtype, grouped_attention, key_padding, repeat_kv, sdpa,
-                   softmax_maps)
+                   softmax_maps, triton_pass)
 
 
 class DiffV2Attention(Attention):
@@ -91,16 +91,22 @@ class DiffV2Attention(Attention):
             from .triton_decode import triton_diff_decode  # imported here: only this path needs triton
 
             lam_t = torch.ones((), dtype=x.dtype, device=x.device) if lam is None else lam.to(x.dtype)
-            out = triton_diff_decode(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
-                                     mask[:, 0, -1, :].expand(B, -1))  # (B, H, 1, d); each key read once
+            out = self.run_triton(  # (B, H, 1, d); each key read once; the PyTorch step if a launch fails
+                x, "decode", d, d,
+                lambda: triton_diff_decode(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
+                                           mask[:, 0, -1, :].expand(B, -1)),
+                lambda: self.combine(*self.split_pairs(grouped_attention(q, k, v, mask, self.scale)), lam))
         elif self.use_decode(T, return_maps):  # KV-cache decode: the baseline's cache, read once
             out = self.combine(*self.split_pairs(grouped_attention(q, k, v, mask, self.scale)), lam)  # (B, H, 1, d)
         elif self.pairing == "interleaved" and self.use_triton(x, return_maps, d, input_pos):
             from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
 
             lam_t = torch.ones((), dtype=torch.float32, device=x.device) if lam is None else lam
-            out = triton_diff_attention(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
-                                        key_padding(mask, B, T))  # (B, H, T, d); the pair shares its KV head
+            out = self.run_triton(  # (B, H, T, d); the pair shares its KV head; sdpa if a launch fails
+                x, triton_pass(x), d, d,
+                lambda: triton_diff_attention(q[:, 0::2], q[:, 1::2], k, k, v, lam_t, self.scale,
+                                              key_padding(mask, B, T)),
+                lambda: self._sdpa(q, k, v, lam, mask, rep))
         elif (self.backend == "blocked" and mask is None  # no mask: no cache, or a prefill from 0
               and self.pairing == "interleaved" and x.device.type == "cpu"):
             q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, H, T, d): pair i reads KV head i // (H / Hkv)
@@ -109,7 +115,10 @@ class DiffV2Attention(Attention):
 
             out = blocked_diff_attention(q1, q2, k, k, v, lam_b, scale=self.scale)  # (B, H, T, d)
         else:
-            o = sdpa(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, self.scale)  # (B, 2H, T, d)
-            out = self.combine(*self.split_pairs(o), lam)  # (B, H, T, d)
+            out = self._sdpa(q, k, v, lam, mask, rep)
         out = out.transpose(1, 2).reshape(B, T, H * d)  # (B, T, H*d)
         return self.wo(out), maps
+
+    def _sdpa(self, q, k, v, lam, mask, rep) -> torch.Tensor:
+        o = sdpa(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, self.scale)  # (B, 2H, T, d)
+        return self.combine(*self.split_pairs(o), lam)  # (B, H, T, d)

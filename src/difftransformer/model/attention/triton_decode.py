@@ -21,10 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_diff import (ALLOWED_HEAD_DIMS, _ALLOWED_DTYPES, _NEG_INIT, _acc_dtype, _check_pow2_block, _is_shared_k,
-                          _load_kv_tile, _online_softmax_step, _scale_tensor, _strides, _unit_last)
+from .triton_diff import (ALLOWED_HEAD_DIMS, _ALLOWED_DTYPES, _NEG_INIT, _acc_dtype, _check_pow2_block, _device_arch,
+                          _is_shared_k, _load_kv_tile, _online_softmax_step, _scale_tensor, _strides, _unit_last,
+                          default_config, dot_precision)
 
-__all__ = ["triton_diff_decode", "DECODE_BLOCK_N", "DECODE_TARGET_PROGRAMS"]
+__all__ = ["triton_diff_decode", "DECODE_TARGET_PROGRAMS", "MERGE_BLOCK_S", "MERGE_NUM_WARPS"]
 
 
 @triton.jit
@@ -87,35 +88,55 @@ def _diff_decode_merge_kernel(
     S, so_b, so_h, HQ,
     DV: tl.constexpr, BLOCK_S: tl.constexpr, LAM_PER_ROW: tl.constexpr,
 ):
-    """out[b, h] = sum_s w1_s A1_s / sum_s w1_s L1_s - lam * (the same for map 2), w_s = exp(m_s - max m)."""
+    """out[b, h] = sum_s w1_s A1_s / sum_s w1_s L1_s - lam * (the same for map 2), w_s = exp(m_s - max m).
+
+    Two passes over the S chunks' partials, BLOCK_S at a time (any S, a bounded tile in registers): the maxima,
+    then the weighted sums."""
     ACC: tl.constexpr = M1.dtype.element_ty
     bh = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, DV)
-    ok = offs_s < S
-    base = bh * S + offs_s
-    m1 = tl.load(M1 + base, mask=ok, other=_NEG_INIT)
-    m2 = tl.load(M2 + base, mask=ok, other=_NEG_INIT)
-    w1 = tl.exp(m1 - tl.max(m1, 0))
-    w2 = tl.exp(m2 - tl.max(m2, 0))
-    l1 = tl.sum(w1 * tl.load(L1 + base, mask=ok, other=0.0), 0)
-    l2 = tl.sum(w2 * tl.load(L2 + base, mask=ok, other=0.0), 0)
-    a1 = tl.sum(w1[:, None] * tl.load(A1 + base[:, None] * DV + offs_dv[None, :], mask=ok[:, None], other=0.0), 0)
-    a2 = tl.sum(w2[:, None] * tl.load(A2 + base[:, None] * DV + offs_dv[None, :], mask=ok[:, None], other=0.0), 0)
-    l1 = tl.where(l1 > 0, l1, 1.0)  # a row that sees no key (not made by the model) gives 0, not NaN
-    l2 = tl.where(l2 > 0, l2, 1.0)
+    mx1 = tl.full([BLOCK_S], _NEG_INIT, dtype=ACC)
+    mx2 = tl.full([BLOCK_S], _NEG_INIT, dtype=ACC)
+    for s0 in range(0, S, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        ok = offs_s < S
+        mx1 = tl.maximum(mx1, tl.load(M1 + bh * S + offs_s, mask=ok, other=_NEG_INIT))
+        mx2 = tl.maximum(mx2, tl.load(M2 + bh * S + offs_s, mask=ok, other=_NEG_INIT))
+    top1 = tl.max(mx1, 0)
+    top2 = tl.max(mx2, 0)
+    l1 = tl.zeros([BLOCK_S], dtype=ACC)
+    l2 = tl.zeros([BLOCK_S], dtype=ACC)
+    a1 = tl.zeros([DV], dtype=ACC)
+    a2 = tl.zeros([DV], dtype=ACC)
+    for s0 in range(0, S, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        ok = offs_s < S
+        base = bh * S + offs_s
+        w1 = tl.exp(tl.load(M1 + base, mask=ok, other=_NEG_INIT) - top1)
+        w2 = tl.exp(tl.load(M2 + base, mask=ok, other=_NEG_INIT) - top2)
+        l1 += w1 * tl.load(L1 + base, mask=ok, other=0.0)
+        l2 += w2 * tl.load(L2 + base, mask=ok, other=0.0)
+        a1 += tl.sum(w1[:, None] * tl.load(A1 + base[:, None] * DV + offs_dv[None, :], mask=ok[:, None], other=0.0), 0)
+        a2 += tl.sum(w2[:, None] * tl.load(A2 + base[:, None] * DV + offs_dv[None, :], mask=ok[:, None], other=0.0), 0)
+    l1s = tl.sum(l1, 0)
+    l2s = tl.sum(l2, 0)
+    l1s = tl.where(l1s > 0, l1s, 1.0)  # a row that sees no key (not made by the model) gives 0, not NaN
+    l2s = tl.where(l2s > 0, l2s, 1.0)
     if LAM_PER_ROW:
         lam = tl.load(LAM + bh).to(ACC)
     else:
         lam = tl.load(LAM).to(ACC)
-    out = a1 / l1 - lam * (a2 / l2)
+    out = a1 / l1s - lam * (a2 / l2s)
     b = bh // HQ
     h = bh % HQ
     tl.store(OUT + b * so_b + h * so_h + offs_dv, out.to(OUT.dtype.element_ty))
 
 
-DECODE_BLOCK_N = 64
 DECODE_TARGET_PROGRAMS = 256  # splits are chosen so that B * Hk * splits reaches about this many programs
+# The merge reads BLOCK_S chunks' partials (BLOCK_S x dv floats per map) at a time with 4 warps: at dv = 256, 16
+# values per thread and map, no spills (a single 1-warp pass over up to 256 chunks spilled kilobytes per thread).
+MERGE_BLOCK_S = 16
+MERGE_NUM_WARPS = 4
 
 
 def _decode_splits(n_keys: int, programs: int, block_n: int, num_splits: Optional[int]) -> tuple[int, int]:
@@ -131,7 +152,8 @@ def _decode_splits(n_keys: int, programs: int, block_n: int, num_splits: Optiona
 def triton_diff_decode(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
                        lam: torch.Tensor, scale: float, key_mask: torch.Tensor, *,
                        block_n: Optional[int] = None, num_splits: Optional[int] = None,
-                       num_warps: int = 4, allow_tf32: bool = False) -> torch.Tensor:
+                       num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                       allow_tf32: Optional[bool] = None) -> torch.Tensor:
     """One decode step of differential attention against a KV cache (inference only, no gradients):
     ``(softmax(q1 k1^T s + M) - lam softmax(q2 k2^T s + M)) @ v`` for a single query position.
 
@@ -144,8 +166,11 @@ def triton_diff_decode(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2:
         scale: softmax scale (d ** -0.5).
         key_mask: (B, N) bool, True where the query may attend (the cached positions up to the new one, padding
             excluded). Positions after a row's last True are not read at all.
-        block_n: keys per tile (a power of two >= 16; default 64). num_splits: chunks of the cached length
-            (default: enough for about 256 programs). num_warps: per program (ignored by the interpreter).
+        block_n: keys per tile (a power of two >= 16), num_warps, num_stages: default ``default_config(d, dv,
+            dtype, arch)["decode"]`` for the GPU it runs on (sized to its shared memory; warps and stages are
+            ignored by the interpreter). num_splits: chunks of the cached length (default: enough for about 256
+            programs).
+        allow_tf32: float32 only: None (default) follows ``torch.backends.cuda.matmul.allow_tf32``.
 
     Returns:
         (B, Hq, 1, dv) in the input dtype.
@@ -186,8 +211,15 @@ def triton_diff_decode(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2:
     if q1.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"inputs are on {q1.device}; the triton kernels need CUDA tensors "
                          "(or TRITON_INTERPRET=1 set before importing this module, for CPU tests)")
-    block_n = DECODE_BLOCK_N if block_n is None else block_n
+    _, cfg_n, cfg_warps, cfg_stages = default_config(D, v.shape[-1], q1.dtype, _device_arch(q1.device))["decode"]
+    block_n = cfg_n if block_n is None else block_n
     _check_pow2_block("block_n", block_n)
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps={num_warps!r} is not allowed; use one of 1, 2, 4, 8, 16")
+    if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
+        raise ValueError(f"num_stages={num_stages!r} is not allowed; use an int >= 1")
+    if allow_tf32 is not None and not isinstance(allow_tf32, bool):
+        raise TypeError(f"allow_tf32={allow_tf32!r} is not allowed; use True, False or None")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits={num_splits!r} is not allowed; use a positive int or None")
 
@@ -204,20 +236,20 @@ def triton_diff_decode(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2:
     l1, m2, l2 = torch.empty_like(m1), torch.empty_like(m1), torch.empty_like(m1)
     a1 = torch.empty(B * HQ * splits, DV, dtype=acc, device=dev)
     a2 = torch.empty_like(a1)
-    precision = ("tf32" if allow_tf32 and q1.dtype == torch.float32 else "ieee") \
-        if q1.dtype in (torch.float32, torch.float64) else None
+    precision = dot_precision(q1.dtype, allow_tf32)
     _diff_decode_split_kernel[(B * HK, splits)](
         q1, q2, k1, k2, v, km, kv_len, m1, l1, a1, m2, l2, a2, _scale_tensor(scale, acc, dev),
         q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1),
         *_strides(k1), *_strides(k2), *_strides(v), km.stride(0),
         HK, R, N, chunk,
         D=D, DV=DV, BLOCK_R=max(16, triton.next_power_of_2(R)), BLOCK_N=block_n, SHARED_K=shared_k,
-        PRECISION=precision, num_warps=num_warps,
+        PRECISION=precision, num_warps=cfg_warps if num_warps is None else num_warps,
+        num_stages=cfg_stages if num_stages is None else num_stages,
     )
     out = torch.empty(B, HQ, 1, DV, dtype=q1.dtype, device=dev)
     lam_acc = lam.to(acc).reshape(-1).contiguous()
     _diff_decode_merge_kernel[(B * HQ,)](
         m1, l1, a1, m2, l2, a2, lam_acc, out, splits, out.stride(0), out.stride(1), HQ,
-        DV=DV, BLOCK_S=max(16, triton.next_power_of_2(splits)), LAM_PER_ROW=lam.dim() != 0, num_warps=1,
+        DV=DV, BLOCK_S=MERGE_BLOCK_S, LAM_PER_ROW=lam.dim() != 0, num_warps=MERGE_NUM_WARPS,
     )
     return out

@@ -12,7 +12,7 @@ query row ``t``::
 ``j <= t and key_mask[b, j]``; a query row that would see no key at all (a left-padded prefix) sees only itself
 (``j == t``), so every softmax row is finite. Without ``key_mask`` this is plain causal attention.
 
-Forward (``_diff_fwd_kernel``, one program per (query block, b * Hq + i))
+Forward (``_diff_fwd_kernel``, one program per (query block, query head i, batch row b))
     The program loops over the key blocks up to its causal limit and runs TWO online softmaxes at once
     (running max m, normaliser l and un-normalised accumulator acc for each map); each K tile is loaded once
     (only once for both maps when k1 is k2) and each V tile once for both maps. At the end it writes
@@ -35,21 +35,28 @@ differential map ``D = P1 - lam * P2``::
     LSEs: ``P = exp(S - LSE)``.
 
     * ``_diff_bwd_preprocess_kernel`` computes Delta1 and Delta2 per row (and so dlam).
-    * ``_diff_bwd_dkdv_kernel``: one program per (key block, b * Hk + kv head). It keeps dk1, dk2 (one dk
+    * ``_diff_bwd_dkdv_kernel``: one program per (key block, kv head, b). It keeps dk1, dk2 (one dk
       when k1 is k2: the sum of both maps' contributions) and dv in registers and loops over the Hq / Hk query
       heads of its group and over the query blocks at or after its keys (causal), so no atomics are needed.
-    * ``_diff_bwd_dq_kernel``: one program per (query block, b * Hq + i), looping over its key blocks.
+    * ``_diff_bwd_dq_kernel``: one program per (query block, query head i, b), looping over its key blocks.
+
+    Grids are (blocks, heads, batch): CUDA allows 2^31 - 1 programs on axis 0 and 65,535 on axes 1 and 2, so any
+    B x Hq launches while B <= 65,535 (checked). Row offsets (row index times row stride) are int64, so a tensor of
+    more than 2^31 elements is addressed correctly.
 
 Layout
     q1, q2: (B, Hq, T, d); k1, k2: (B, Hk, T, d); v: (B, Hk, T, dv), any strides with a unit last stride
     (others are copied). Query head ``i`` reads kv head ``i // (Hq / Hk)`` (grouped-query attention).
     The output, the saved LSE / O2 rows and all gradients are contiguous. Inputs in float16 / bfloat16 /
-    float32 accumulate in float32 (matmul operands stay in the input dtype, float32 dots use IEEE precision,
-    not TF32); float64 inputs accumulate in float64 (for exact oracle tests).
+    float32 accumulate in float32 (matmul operands stay in the input dtype); float32 dots follow
+    ``torch.backends.cuda.matmul.allow_tf32`` as PyTorch's own matmuls do (False, PyTorch's default: IEEE fp32 FMA,
+    no tensor cores; True: TF32 tensor cores, ~1e-3 relative error), unless ``allow_tf32`` is passed; float64
+    inputs accumulate in float64 (for exact oracle tests).
 
 This module imports ``triton`` at top level; set ``TRITON_INTERPRET=1`` *before* importing it to run the
-kernels on CPU tensors with Triton's interpreter (tests). Block sizes are untuned defaults (see
-``default_config``); nothing here has been timed on a GPU.
+kernels on CPU tensors with Triton's interpreter (tests). Block sizes and stages (``default_config``) are chosen
+to fit each GPU's shared memory (checked by compiling for sm_80 and sm_90 in ``tests/model/test_triton_aot.py``),
+not for speed: nothing here has been timed on a GPU.
 """
 
 from __future__ import annotations
@@ -62,11 +69,17 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-__all__ = ["triton_diff_attention", "triton_available", "default_config", "ALLOWED_HEAD_DIMS", "DEFAULT_NUM_STAGES"]
+__all__ = ["triton_diff_attention", "triton_available", "default_config", "smem_limit", "dot_precision",
+           "ALLOWED_HEAD_DIMS", "SMEM_LIMITS", "CONSUMER_SMEM_LIMIT"]
 
 from .base import TRITON_HEAD_DIMS as ALLOWED_HEAD_DIMS  # noqa: E402  (one list, shared with the backend)
+from .base import TRITON_MAX_BATCH as MAX_BATCH  # noqa: E402
+from .base import is_triton_launch_error, triton_failed, triton_kind, triton_kind_failed  # noqa: E402
 _ALLOWED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-DEFAULT_NUM_STAGES = 2
+# Shared memory one program (thread block) may use, in bytes, by compute capability (major * 10 + minor): A100
+# (and Orin) 163 KB, H100 227 KB. Any other GPU (sm_86, sm_89 and sm_120 consumer and workstation cards) gets 99 KB.
+SMEM_LIMITS = {80: 166_912, 87: 166_912, 90: 232_448}
+CONSUMER_SMEM_LIMIT = 101_376
 # Initial running max: finite, so a tile in which a row sees no key gives exp(-inf - m) = 0, not NaN.
 _NEG_INIT = tl.constexpr(-1.0e30)
 
@@ -80,21 +93,69 @@ def triton_available() -> bool:
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def default_config(d: int, dv: int) -> dict[str, tuple[int, int, int]]:
-    """Default (block_m, block_n, num_warps) per kernel: keys "fwd", "bwd_dkdv", "bwd_dq".
+def smem_limit(arch: int) -> int:
+    """Shared memory per program (bytes) on a GPU of compute capability ``arch`` (major * 10 + minor)."""
+    return SMEM_LIMITS.get(arch, CONSUMER_SMEM_LIMIT)
 
-    block_m tiles the queries and block_n the keys in every kernel. Chosen WITHOUT timing (no GPU was
-    available): they are the largest tiles among a small grid that compiled for sm_90 (bf16) without register
-    spills (cuobjdump resource usage). The kernels keep two maps' worth of state (two online softmaxes; dk1,
-    dk2 and dv), so tiles are smaller than single-softmax FlashAttention's. Tune on the target GPU.
-    """
-    if d <= 32:
-        return {"fwd": (64, 64, 4), "bwd_dkdv": (64, 16, 4), "bwd_dq": (32, 64, 4)}
-    if d <= 64:
-        return {"fwd": (64, 64, 8), "bwd_dkdv": (64, 32, 8), "bwd_dq": (32, 64, 8)}
-    if dv <= 128:
-        return {"fwd": (32, 32, 8), "bwd_dkdv": (32, 32, 8), "bwd_dq": (32, 32, 8)}
-    return {"fwd": (32, 32, 8), "bwd_dkdv": (64, 16, 8), "bwd_dq": (32, 32, 8)}
+
+def _device_arch(device: torch.device) -> int:
+    """Compute capability (major * 10 + minor) of the device the kernels will run on; 80 off CUDA (the interpreter
+    ignores warps and stages, and tests pass their own tiles)."""
+    if device.type != "cuda":
+        return 80
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+# (block_m, block_n, num_warps, num_stages) per kernel, for a dtype's operand width and (d, dv). block_m tiles the
+# queries and block_n the keys in every kernel ("decode": block_n keys per tile, its rows are the query heads).
+# Chosen WITHOUT timing (no GPU was available): the largest tiles, from a small grid compiled for sm_80 and sm_90
+# with Triton 3.9's ptxas, that need at most 99 KB of shared memory (16-bit dtypes; so they launch on consumer GPUs
+# too) and spill at most a few dozen bytes per thread. float32 with IEEE dots runs on CUDA cores (FMA): its operands
+# are twice as wide and whole rows of them sit in registers, so its tiles are smaller. The kernels keep two maps'
+# worth of state (two online softmaxes; dk1, dk2 and dv), so tiles are smaller than single-softmax FlashAttention's.
+# Tune on the target GPU (BENCHMARKS.md); tests/model/test_triton_aot.py checks that every entry still fits.
+_CONFIGS_16BIT = {  # float16 / bfloat16: tensor cores
+    "d32": {"fwd": (64, 64, 4, 2), "bwd_dkdv": (64, 16, 4, 2), "bwd_dq": (32, 64, 4, 2), "decode": (0, 64, 4, 2)},
+    "d64": {"fwd": (64, 64, 8, 2), "bwd_dkdv": (64, 32, 8, 2), "bwd_dq": (32, 64, 8, 2), "decode": (0, 64, 4, 2)},
+    "d128": {"fwd": (32, 32, 8, 2), "bwd_dkdv": (32, 32, 8, 2), "bwd_dq": (32, 32, 8, 2), "decode": (0, 64, 4, 2)},
+    "d128v256": {"fwd": (32, 32, 8, 2), "bwd_dkdv": (64, 16, 8, 2), "bwd_dq": (32, 32, 8, 2), "decode": (0, 64, 4, 2)},
+}
+_CONFIGS_FP32 = {  # float32 (IEEE: FMA on CUDA cores; TF32: tensor cores, fits the same tiles)
+    "d32": {"fwd": (32, 16, 8, 2), "bwd_dkdv": (32, 16, 8, 2), "bwd_dq": (32, 32, 8, 2), "decode": (0, 32, 8, 2)},
+    "d64": {"fwd": (32, 16, 8, 2), "bwd_dkdv": (32, 16, 8, 2), "bwd_dq": (32, 32, 8, 2), "decode": (0, 32, 8, 2)},
+    "d128": {"fwd": (16, 32, 8, 2), "bwd_dkdv": (32, 16, 8, 2), "bwd_dq": (16, 32, 8, 2), "decode": (0, 16, 8, 2)},
+    "d128v256": {"fwd": (16, 32, 8, 2), "bwd_dkdv": (32, 16, 8, 2), "bwd_dq": (16, 32, 8, 2),
+                 "decode": (0, 16, 8, 2)},
+}
+# float64 (tests; no GPU target of ours): the smallest tiles, one stage.
+_CONFIG_FP64 = {"fwd": (16, 16, 4, 1), "bwd_dkdv": (16, 16, 4, 1), "bwd_dq": (16, 16, 4, 1), "decode": (0, 16, 4, 1)}
+# GPUs with at least 163 KB per program (sm_80, sm_87, sm_90): the 16-bit decode keeps Triton's default of three
+# stages, which fits there (at most 141 KB at d 128, dv 256) and not in 99 KB.
+_BIG_SMEM_DECODE_STAGES_16BIT = 3
+_BIG_SMEM = 163 * 1024
+
+
+def default_config(d: int, dv: int, dtype: torch.dtype = torch.bfloat16,
+                   arch: int = 90) -> dict[str, tuple[int, int, int, int]]:
+    """Default (block_m, block_n, num_warps, num_stages) per kernel: keys "fwd", "bwd_dkdv", "bwd_dq", "decode"
+    (decode's block_m is unused: 0), for head width ``d``, value width ``dv`` (d or 2d), the inputs' ``dtype`` and
+    a GPU of compute capability ``arch`` (major * 10 + minor; its shared memory is ``smem_limit(arch)``)."""
+    if d not in ALLOWED_HEAD_DIMS:
+        raise ValueError(f"d={d!r} is not allowed; use one of {ALLOWED_HEAD_DIMS}")
+    if dv not in (d, 2 * d):
+        raise ValueError(f"dv={dv!r} is not allowed; use d={d} (DIFF V2, V1 per_head) or 2d={2 * d} (DIFF V1)")
+    if dtype not in _ALLOWED_DTYPES:
+        raise TypeError(f"dtype={dtype} is not allowed; use one of float16, bfloat16, float32, float64")
+    if dtype == torch.float64:
+        return dict(_CONFIG_FP64)
+    key = "d32" if d <= 32 else "d64" if d <= 64 else ("d128" if dv <= 128 else "d128v256")
+    table = _CONFIGS_FP32 if dtype == torch.float32 else _CONFIGS_16BIT
+    cfg = dict(table[key])
+    if dtype != torch.float32 and smem_limit(arch) >= _BIG_SMEM:
+        bm, bn, nw, _ = cfg["decode"]
+        cfg["decode"] = (bm, bn, nw, _BIG_SMEM_DECODE_STAGES_16BIT)
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -130,12 +191,13 @@ def _load_kv_tile(k1_base, k2_base, v_base, sk1_t, sk2_t, sv_t, offs_n, offs_d, 
     (bool (BLOCK_N,)): row b of the key mask KM (row stride skm_b) where HAS_MASK; positions past T load as zeros
     and are not real."""
     col_ok = offs_n < T
-    k1 = tl.load(k1_base + offs_n[:, None] * sk1_t + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    k1 = tl.load(k1_base + offs_n[:, None].to(tl.int64) * sk1_t + offs_d[None, :], mask=col_ok[:, None], other=0.0)
     if SHARED_K:
         k2 = k1
     else:
-        k2 = tl.load(k2_base + offs_n[:, None] * sk2_t + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * sv_t + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
+        k2 = tl.load(k2_base + offs_n[:, None].to(tl.int64) * sk2_t + offs_d[None, :], mask=col_ok[:, None],
+                     other=0.0)
+    v = tl.load(v_base + offs_n[:, None].to(tl.int64) * sv_t + offs_dv[None, :], mask=col_ok[:, None], other=0.0)
     if HAS_MASK:
         km = tl.load(KM + b * skm_b + offs_n, mask=col_ok, other=0) != 0
     else:
@@ -178,9 +240,9 @@ def _diff_fwd_kernel(
 ):
     ACC: tl.constexpr = LSE1.dtype.element_ty
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // HQ
-    h = bh % HQ
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * HQ + h
     hk = h // GROUP
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -188,9 +250,9 @@ def _diff_fwd_kernel(
     offs_dv = tl.arange(0, DV)
     row_ok = offs_m < T
 
-    q1 = tl.load(Q1 + b * sq1_b + h * sq1_h + offs_m[:, None] * sq1_t + offs_d[None, :],
+    q1 = tl.load(Q1 + b * sq1_b + h * sq1_h + offs_m[:, None].to(tl.int64) * sq1_t + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0)
-    q2 = tl.load(Q2 + b * sq2_b + h * sq2_h + offs_m[:, None] * sq2_t + offs_d[None, :],
+    q2 = tl.load(Q2 + b * sq2_b + h * sq2_h + offs_m[:, None].to(tl.int64) * sq2_t + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0)
     k1_base = K1 + b * sk1_b + hk * sk1_h
     k2_base = K2 + b * sk2_b + hk * sk2_h
@@ -243,16 +305,16 @@ def _diff_bwd_preprocess_kernel(
     """Delta1 = rowsum(dO * (out + lam * O2)), Delta2 = rowsum(dO * O2) (dlam = -Delta2)."""
     ACC: tl.constexpr = DELTA1.dtype.element_ty
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // HQ
-    h = bh % HQ
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * HQ + h
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, DV)
     row_ok = offs_m < T
     row_off = bh * T + offs_m
     out = tl.load(OUT + row_off[:, None] * DV + offs_dv[None, :], mask=row_ok[:, None], other=0.0).to(ACC)
     o2 = tl.load(O2 + row_off[:, None] * DV + offs_dv[None, :], mask=row_ok[:, None], other=0.0).to(ACC)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_dv[None, :],
+    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None].to(tl.int64) * sdo_t + offs_dv[None, :],
                  mask=row_ok[:, None], other=0.0).to(ACC)
     lam = _load_lam(LAM, bh * T, offs_m, row_ok, ACC, BLOCK_M, LAM_PER_ROW)
     o1 = out + lam[:, None] * o2
@@ -273,10 +335,10 @@ def _diff_bwd_dkdv_kernel(
     queries) so that no tile needs a transpose before its dot with q / dO."""
     ACC: tl.constexpr = LSE1.dtype.element_ty
     pid_n = tl.program_id(0)
-    bhk = tl.program_id(1).to(tl.int64)
+    hk = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
     HK = HQ // GROUP
-    b = bhk // HK
-    hk = bhk % HK
+    bhk = b * HK + hk
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -305,9 +367,10 @@ def _diff_bwd_dkdv_kernel(
             offs_m = start_m + tl.arange(0, BLOCK_M)
             row_ok = offs_m < T
             row_off = bh * T + offs_m
-            q1 = tl.load(q1_base + offs_m[:, None] * sq1_t + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-            q2 = tl.load(q2_base + offs_m[:, None] * sq2_t + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-            do = tl.load(do_base + offs_m[:, None] * sdo_t + offs_dv[None, :], mask=row_ok[:, None], other=0.0)
+            rows = offs_m[:, None].to(tl.int64)
+            q1 = tl.load(q1_base + rows * sq1_t + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            q2 = tl.load(q2_base + rows * sq2_t + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_base + rows * sdo_t + offs_dv[None, :], mask=row_ok[:, None], other=0.0)
             lse1, lse2, delta1, delta2 = _load_row_stats(LSE1, LSE2, DELTA1, DELTA2, row_off, row_ok)
             lam = _load_lam(LAM, bh * T, offs_m, row_ok, ACC, BLOCK_M, LAM_PER_ROW)
             vis = _visible(offs_m[None, :], offs_n[:, None], T, km[:, None], first, HAS_MASK)  # (N, M)
@@ -347,9 +410,9 @@ def _diff_bwd_dq_kernel(
     """dq1 and dq2 for one query block of one query head."""
     ACC: tl.constexpr = LSE1.dtype.element_ty
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // HQ
-    h = bh % HQ
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * HQ + h
     hk = h // GROUP
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -358,11 +421,11 @@ def _diff_bwd_dq_kernel(
     row_ok = offs_m < T
     row_off = bh * T + offs_m
 
-    q1 = tl.load(Q1 + b * sq1_b + h * sq1_h + offs_m[:, None] * sq1_t + offs_d[None, :],
+    q1 = tl.load(Q1 + b * sq1_b + h * sq1_h + offs_m[:, None].to(tl.int64) * sq1_t + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0)
-    q2 = tl.load(Q2 + b * sq2_b + h * sq2_h + offs_m[:, None] * sq2_t + offs_d[None, :],
+    q2 = tl.load(Q2 + b * sq2_b + h * sq2_h + offs_m[:, None].to(tl.int64) * sq2_t + offs_d[None, :],
                  mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_dv[None, :],
+    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None].to(tl.int64) * sdo_t + offs_dv[None, :],
                  mask=row_ok[:, None], other=0.0)
     lse1, lse2, delta1, delta2 = _load_row_stats(LSE1, LSE2, DELTA1, DELTA2, row_off, row_ok)
     lam = _load_lam(LAM, bh * T, offs_m, row_ok, ACC, BLOCK_M, LAM_PER_ROW)
@@ -416,14 +479,45 @@ def _unit_last(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Cfg:
-    """Launch configuration: per kernel (block_m, block_n, num_warps), plus num_stages and the dot precision."""
+    """Launch configuration: per kernel (block_m, block_n, num_warps, num_stages), and the dot precision."""
 
-    def __init__(self, kernels: dict[str, tuple[int, int, int]], num_stages: int, precision: Optional[str]):
-        self.kernels, self.num_stages, self.precision = kernels, num_stages, precision
+    def __init__(self, kernels: dict[str, tuple[int, int, int, int]], precision: Optional[str]):
+        self.kernels, self.precision = kernels, precision
 
     def launch(self, kernel: str) -> dict:
-        block_m, block_n, num_warps = self.kernels[kernel]
-        return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=self.num_stages)
+        block_m, block_n, num_warps, num_stages = self.kernels[kernel]
+        return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+
+
+def dot_precision(dtype: torch.dtype, allow_tf32: Optional[bool]) -> Optional[str]:
+    """The kernels' ``input_precision`` for ``tl.dot``: float32 follows ``allow_tf32``, or when it is None
+    ``torch.backends.cuda.matmul.allow_tf32`` (PyTorch's default False: IEEE); float64 is IEEE; 16-bit: the default."""
+    if dtype == torch.float64:
+        return "ieee"
+    if dtype == torch.float32:
+        tf32 = torch.backends.cuda.matmul.allow_tf32 if allow_tf32 is None else allow_tf32
+        return "tf32" if tf32 else "ieee"
+    return None
+
+
+def _torch_diff_attention(q1, q2, k1, k2, v, lam, scale: float, km, first) -> torch.Tensor:
+    """The same function in PyTorch (SDPA per map, GQA by repeating the kv heads, the kernels' visibility rule): the
+    backward's fallback when a backward kernel cannot launch. lam: 1 entry or (B, Hq, T, 1); km (B, T) int8 or None."""
+    B, HQ, T, _ = q1.shape
+    r = HQ // k1.shape[1]
+    k1, k2, v = (x.repeat_interleave(r, dim=1) if r > 1 else x for x in (k1, k2, v))
+    mask = None
+    if km is not None:
+        t = torch.arange(T, device=q1.device)
+        causal = t[None, :] <= t[:, None]  # (T, T): key j visible to query i when j <= i
+        own = (t[None, :] == t[:, None])[None] & (t[None, :, None] < first[:, None, None])  # rows before first
+        mask = ((causal[None] & (km[:, None, :] != 0)) | own)[:, None]  # (B, 1, T, T)
+
+    def attend(q, k):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                                scale=scale)
+
+    return attend(q1, k1) - lam.to(q1.dtype) * attend(q2, k2)
 
 
 _SCALES: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
@@ -472,7 +566,7 @@ class _TritonDiffAttention(torch.autograd.Function):
         dummy = lse1  # stands in for absent mask pointers (never read: HAS_MASK is a constexpr)
 
         launch = cfg.launch("fwd")
-        grid = (triton.cdiv(T, launch["BLOCK_M"]), B * HQ)
+        grid = (triton.cdiv(T, launch["BLOCK_M"]), HQ, B)
         _diff_fwd_kernel[grid](
             q1, q2, k1, k2, v, lam_acc, scale_t, km if km is not None else dummy,
             first if first is not None else dummy, out, o2, lse1, lse2,
@@ -484,13 +578,45 @@ class _TritonDiffAttention(torch.autograd.Function):
 
         ctx.save_for_backward(q1, q2, k1, v, lam_acc, scale_t, km, first, out, o2, lse1, lse2,
                               None if shared_k else k2)
-        ctx.shared_k, ctx.lam_per_row, ctx.cfg = shared_k, lam_per_row, cfg
+        ctx.shared_k, ctx.lam_per_row, ctx.cfg, ctx.scale = shared_k, lam_per_row, cfg, scale
         ctx.lam_shape, ctx.lam_dtype = lam.shape, lam.dtype
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
+        q1, v = ctx.saved_tensors[0], ctx.saved_tensors[3]
+        kind = triton_kind(q1.device, q1.dtype, q1.shape[-1], v.shape[-1], "train")
+        if not triton_kind_failed(kind):  # (another layer's backward of this kind may have failed already)
+            try:
+                return _TritonDiffAttention._backward(ctx, dout)
+            except Exception as exc:
+                if not is_triton_launch_error(exc):
+                    raise
+                # one warning; later training calls of this kind run sdpa from their forward (Attention.use_triton)
+                triton_failed(kind, exc)
+        return _TritonDiffAttention._fallback_backward(ctx, dout)
+
+    @staticmethod
+    def _fallback_backward(ctx, dout):
+        """The gradients recomputed in PyTorch (SDPA under autograd) from the saved inputs."""
+        q1, q2, k1, v, lam_acc, _, km, first, _, _, _, _, k2 = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        k2 = k1 if ctx.shared_k else k2
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_(True) for x in (q1, q2, k1, k2, v, lam_acc.reshape(ctx.lam_shape))]
+            if ctx.shared_k:
+                leaves[3] = leaves[2]
+            out = _torch_diff_attention(*leaves[:5], leaves[5], ctx.scale, km, first)
+            want = [i for i in range(6) if needs[i] and not (ctx.shared_k and i == 3)]
+            grads = torch.autograd.grad(out, [leaves[i] for i in want], dout.to(out.dtype))
+        res = [None] * 6
+        for i, g in zip(want, grads):
+            res[i] = g.to(ctx.lam_dtype) if i == 5 else g
+        return (*res, None, None, None, None)
+
+    @staticmethod
+    def _backward(ctx, dout):
         q1, q2, k1, v, lam_acc, scale_t, km, first, out, o2, lse1, lse2, k2 = ctx.saved_tensors
         shared_k, cfg = ctx.shared_k, ctx.cfg
         if shared_k:
@@ -512,7 +638,7 @@ class _TritonDiffAttention(torch.autograd.Function):
         delta1 = torch.empty(B, HQ, T, dtype=acc, device=dev)
         delta2 = torch.empty(B, HQ, T, dtype=acc, device=dev)
         pre_bm = 64 if DV <= 128 else 32
-        _diff_bwd_preprocess_kernel[(triton.cdiv(T, pre_bm), B * HQ)](
+        _diff_bwd_preprocess_kernel[(triton.cdiv(T, pre_bm), HQ, B)](
             out, o2, dout, lam_acc, delta1, delta2, *_strides(dout), T, HQ,
             DV=DV, BLOCK_M=pre_bm, LAM_PER_ROW=ctx.lam_per_row,
         )
@@ -528,7 +654,7 @@ class _TritonDiffAttention(torch.autograd.Function):
             dk2_buf = dk1_buf if shared_k else torch.empty(B, HK, T, D, dtype=q1.dtype, device=dev)
             dv_buf = torch.empty(B, HK, T, DV, dtype=q1.dtype, device=dev)
             launch = cfg.launch("bwd_dkdv")
-            _diff_bwd_dkdv_kernel[(triton.cdiv(T, launch["BLOCK_N"]), B * HK)](
+            _diff_bwd_dkdv_kernel[(triton.cdiv(T, launch["BLOCK_N"]), HK, B)](
                 q1, q2, k1, k2, v, dout, lam_acc, scale_t, km_arg, first_arg, lse1, lse2, delta1, delta2,
                 dk1_buf, dk2_buf, dv_buf, *strides, T, HQ, group, **common, **launch,
             )
@@ -540,7 +666,7 @@ class _TritonDiffAttention(torch.autograd.Function):
             dq1_buf = torch.empty(B, HQ, T, D, dtype=q1.dtype, device=dev)
             dq2_buf = torch.empty(B, HQ, T, D, dtype=q1.dtype, device=dev)
             launch = cfg.launch("bwd_dq")
-            _diff_bwd_dq_kernel[(triton.cdiv(T, launch["BLOCK_M"]), B * HQ)](
+            _diff_bwd_dq_kernel[(triton.cdiv(T, launch["BLOCK_M"]), HQ, B)](
                 q1, q2, k1, k2, v, dout, lam_acc, scale_t, km_arg, first_arg, lse1, lse2, delta1, delta2,
                 dq1_buf, dq2_buf, *strides, T, HQ, group, **common, **launch,
             )
@@ -589,6 +715,9 @@ def _validate(q1, q2, k1, k2, v, lam, scale, key_mask) -> None:
                          f"q1 {tuple(q1.shape)} (causal self-attention: keys and queries have the same T)")
     if HK < 1 or HQ % HK != 0:
         raise ValueError(f"query heads Hq={HQ} must be a multiple of kv heads Hk={HK} (Hq % Hk == 0)")
+    if B > MAX_BATCH or HQ > MAX_BATCH:
+        raise ValueError(f"batch B={B} and query heads Hq={HQ} (q1.shape[:2]) must each be at most {MAX_BATCH} "
+                         "(CUDA grid axes 1 and 2); split the batch")
     if v.shape[:3] != k1.shape[:3]:
         raise ValueError(f"v shape {tuple(v.shape)} must be (B, Hk, T, dv) = ({B}, {HK}, {T}, dv)")
     if v.shape[3] not in (D, 2 * D):
@@ -634,7 +763,7 @@ def triton_diff_attention(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, 
                           key_mask: Optional[torch.Tensor] = None, *,
                           block_m: Optional[int] = None, block_n: Optional[int] = None,
                           num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                          allow_tf32: bool = False) -> torch.Tensor:
+                          allow_tf32: Optional[bool] = None) -> torch.Tensor:
     """Causal differential attention ``(softmax(q1 k1^T s + M) - lam softmax(q2 k2^T s + M)) @ v`` (fused).
 
     Args:
@@ -649,11 +778,13 @@ def triton_diff_attention(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, 
         key_mask: optional (B, T) bool, True for real tokens. Key j is visible to query t when j <= t and
             key_mask[b, j]; a row that would see no key sees only itself (j == t).
         block_m, block_n: query / key tile sizes (powers of two >= 16) for ALL kernels; by default each
-            kernel uses its entry of ``default_config(d, dv)``.
+            kernel uses its entry of ``default_config(d, dv, dtype, arch)`` for the GPU it runs on (sized to fit
+            that GPU's shared memory; an override may not fit, and then the launch fails).
         num_warps: warps per program for all kernels (default: per kernel, ``default_config``).
-        num_stages: software-pipelining stages (default ``DEFAULT_NUM_STAGES``). Both are ignored by the
-            interpreter.
-        allow_tf32: float32 inputs only: use TF32 tensor-core dots (faster, ~1e-3 relative error).
+        num_stages: software-pipelining stages for all kernels (default: per kernel, ``default_config``). Both
+            are ignored by the interpreter.
+        allow_tf32: float32 inputs only: True uses TF32 tensor-core dots (faster, ~1e-3 relative error), False
+            IEEE fp32; None (default) follows ``torch.backends.cuda.matmul.allow_tf32`` like PyTorch's matmuls.
 
     Returns:
         (B, Hq, T, dv) in the input dtype; differentiable w.r.t. q1, q2, k1, k2, v and lam.
@@ -667,15 +798,14 @@ def triton_diff_attention(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, 
         raise ValueError(f"num_warps={num_warps!r} is not allowed; use one of 1, 2, 4, 8, 16")
     if num_stages is not None and (not isinstance(num_stages, int) or num_stages < 1):
         raise ValueError(f"num_stages={num_stages!r} is not allowed; use an int >= 1")
+    if allow_tf32 is not None and not isinstance(allow_tf32, bool):
+        raise TypeError(f"allow_tf32={allow_tf32!r} is not allowed; use True, False or None")
     kernels = {
         name: (bm if block_m is None else block_m, bn if block_n is None else block_n,
-               nw if num_warps is None else num_warps)
-        for name, (bm, bn, nw) in default_config(q1.shape[-1], v.shape[-1]).items()
+               nw if num_warps is None else num_warps, ns if num_stages is None else num_stages)
+        for name, (bm, bn, nw, ns) in default_config(q1.shape[-1], v.shape[-1], q1.dtype,
+                                                     _device_arch(q1.device)).items()
     }
-    if q1.dtype in (torch.float32, torch.float64):
-        precision = "tf32" if (allow_tf32 and q1.dtype == torch.float32) else "ieee"
-    else:
-        precision = None  # 16-bit operands: the dot's default
-    cfg = _Cfg(kernels, DEFAULT_NUM_STAGES if num_stages is None else num_stages, precision)
+    cfg = _Cfg(kernels, dot_precision(q1.dtype, allow_tf32))
     shared_k = _is_shared_k(k1, k2)
     return _TritonDiffAttention.apply(q1, q2, k1, k2, v, lam, float(scale), key_mask, shared_k, cfg)
