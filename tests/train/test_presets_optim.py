@@ -153,3 +153,17 @@ def test_parameter_estimate_matches_the_built_model(attention):
     assert estimated_parameters(cfg) == DiffTransformerLM(cfg).num_parameters()
     cfg = tiny_model_config(attention, n_layers=1)
     assert estimated_parameters(cfg) == DiffTransformerLM(cfg).num_parameters()
+
+
+def test_a_bare_name_is_a_preset_even_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    """`demo --out demo` (a folder `demo` in the working directory) used to make `--config demo` fail."""
+    from difftransformer.train.config import PRESETS_DIR, resolve_config_path
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "tiny").write_text("not toml")
+    assert resolve_config_path("demo") == PRESETS_DIR / "demo.toml"
+    assert resolve_config_path("tiny") == PRESETS_DIR / "tiny.toml"
+    assert load_config("demo").model == load_config(str(PRESETS_DIR / "demo.toml")).model
+    (tmp_path / "mine.toml").write_text((PRESETS_DIR / "tiny.toml").read_text())
+    assert resolve_config_path("mine.toml").resolve() == tmp_path / "mine.toml"
+    assert resolve_config_path("./tiny").resolve() == tmp_path / "tiny"  # a path separator: a file
