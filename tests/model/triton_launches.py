@@ -1,0 +1,237 @@
+"""Compile the Triton launches that the wrappers make, ahead of time, for a GPU that is not here.
+
+``python tests/model/triton_launches.py`` (run it with the repository's Python; it must NOT run under
+``TRITON_INTERPRET=1``) prints, per launch and target architecture, the shared memory the launch asks for and the
+registers and stack frame (where ptxas puts spilled registers) of one thread. ``--json`` prints the same as one JSON
+object (``tests/model/test_triton_aot.py`` reads that). Nothing needs a GPU: Triton's bundled ptxas compiles for a
+``GPUTarget`` and its bundled ``cuobjdump`` reads the resource use of the cubin.
+
+How a launch is found: the real wrappers (``triton_diff_attention`` forward and backward, ``triton_diff_decode``) run
+on CPU tensors with every kernel replaced by a recorder and the GPU's compute capability faked, so the tiles,
+warps, stages and constexprs are the ones the wrappers choose for that GPU. Each recorded call is then specialised
+exactly as ``JITFunction.run`` would specialise it (Triton's own binder: dtypes, 16-byte alignment, integers equal
+to 1 or divisible by 16) and compiled with ``triton.compile``. The kernels never run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("triton_launches.py compiles real kernels: run it without TRITON_INTERPRET=1")
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (silences its warning)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+from difftransformer.model.attention import triton_decode as tdd  # noqa: E402
+from difftransformer.model.attention import triton_diff as td  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# (label, value width as a multiple of d, one key tensor for both maps, lambda per row): the three DIFF forms
+VARIANTS = {"v1": (2, False, False), "v1_per_head": (1, False, False), "v2": (1, True, True)}
+# What `make test` compiles (see test_triton_aot.py): both arch the issue names, and a consumer GPU's 99 KB limit
+# for the 16-bit dtypes.
+DEFAULT_ARCHS = (80, 90)
+# (variant, d) compiled per arch and dtype: V1 and V2 at both widths; per_head (V2's value width with V1's two key
+# maps) at the wider one (its d 64 launches lie between V1's and V2's). About two minutes on two cores.
+REPRESENTATIVE = (("v1", 64), ("v1", 128), ("v1_per_head", 128), ("v2", 64), ("v2", 128))
+CONSUMER_ARCH = 86
+KERNELS = {  # module attribute -> short name
+    (td, "_diff_fwd_kernel"): "fwd",
+    (td, "_diff_bwd_preprocess_kernel"): "bwd_pre",
+    (td, "_diff_bwd_dkdv_kernel"): "bwd_dkdv",
+    (td, "_diff_bwd_dq_kernel"): "bwd_dq",
+    (tdd, "_diff_decode_split_kernel"): "decode",
+    (tdd, "_diff_decode_merge_kernel"): "merge",
+}
+
+
+@dataclass
+class Launch:
+    kernel: str  # short name
+    case: str  # variant/dtype/d
+    arch: int
+    where: tuple[str, str] = field(repr=False)  # (module, attribute) of the kernel
+    args: tuple = field(repr=False)
+    kwargs: dict = field(repr=False)
+
+    @property
+    def fn(self):
+        return getattr(sys.modules[self.where[0]], self.where[1])
+
+    def packed(self) -> tuple:
+        """(signature, constexprs, attrs, options) as ``JITFunction.run`` makes them for this call on ``arch``."""
+        backend = make_backend(GPUTarget("cuda", self.arch, 32))
+        fn = self.fn
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, spec, opts = binder(*self.args, **self.kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(backend, self.kwargs, bound, spec, opts)
+        return signature, constexprs, attrs, options.__dict__
+
+    def config(self) -> dict:
+        keys = ("BLOCK_M", "BLOCK_N", "BLOCK_R", "BLOCK_S", "num_warps", "num_stages", "PRECISION")
+        return {k: self.kwargs[k] for k in keys if k in self.kwargs}
+
+
+@contextmanager
+def recording(arch: int):
+    """Within: every kernel launch of the two wrappers is recorded instead of run, on CPU tensors, as if on a GPU
+    of compute capability ``arch`` (major * 10 + minor)."""
+    calls: list[tuple[str, Any, tuple, dict]] = []
+    saved = {key: getattr(*key) for key in KERNELS}
+    saved_arch, saved_env = (td._device_arch, tdd._device_arch), os.environ.get("TRITON_INTERPRET")
+
+    class Recorder:
+        def __init__(self, name, where):
+            self.name, self.where = name, where
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: calls.append((self.name, self.where, a, k))
+
+    try:
+        for (mod, attr), name in KERNELS.items():
+            setattr(mod, attr, Recorder(name, (mod.__name__, attr)))
+        td._device_arch = tdd._device_arch = lambda device: arch
+        os.environ["TRITON_INTERPRET"] = "1"  # only read by the wrappers' device check: the kernels are compiled
+        yield calls
+    finally:
+        for (mod, attr), fn in saved.items():
+            setattr(mod, attr, fn)
+        td._device_arch, tdd._device_arch = saved_arch
+        if saved_env is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved_env
+
+
+def record(variant: str, dtype: str, d: int, arch: int, *, b: int = 2, hq: int = 4, hk: int = 2, t: int = 1024,
+           n_cache: int = 4096, mask: bool = True) -> list[Launch]:
+    """The launches of one training step (forward and backward, with a padding mask) and one decode step."""
+    dv_mult, shared_k, lam_row = VARIANTS[variant]
+    dt = DTYPES[dtype]
+    case = f"{variant}/{dtype}/d{d}"
+
+    def leaf(*shape):
+        return torch.zeros(*shape, dtype=dt).requires_grad_(True)
+
+    q1, q2 = leaf(b, hq, t, d), leaf(b, hq, t, d)
+    k1 = leaf(b, hk, t, d)
+    k2 = k1 if shared_k else leaf(b, hk, t, d)
+    v = leaf(b, hk, t, dv_mult * d)
+    lam = torch.zeros(b, hq, t, 1, requires_grad=True) if lam_row else torch.zeros((), requires_grad=True)
+    key_mask = torch.ones(b, t, dtype=torch.bool) if mask else None
+    key_mask is not None and key_mask[0, :3].fill_(False)
+    with recording(arch) as calls:
+        out = td.triton_diff_attention(q1, q2, k1, k2, v, lam, d ** -0.5, key_mask)
+        out.backward(torch.zeros_like(out))
+        with torch.no_grad():
+            kc1, kc2 = torch.zeros(b, hk, n_cache, d, dtype=dt), torch.zeros(b, hk, n_cache, d, dtype=dt)
+            kc2 = kc1 if shared_k else kc2
+            vc = torch.zeros(b, hk, n_cache, dv_mult * d, dtype=dt)
+            dlam = torch.zeros(b, hq, 1, 1) if lam_row else torch.zeros(())
+            td_mask = torch.ones(b, n_cache, dtype=torch.bool)
+            tdd.triton_diff_decode(torch.zeros(b, hq, 1, d, dtype=dt), torch.zeros(b, hq, 1, d, dtype=dt), kc1, kc2,
+                                   vc, dlam, d ** -0.5, td_mask)
+    return [Launch(name, case, arch, where, a, k) for name, where, a, k in calls]
+
+
+_CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def compile_launch(job: tuple) -> dict:
+    """Compile one launch (``_job``) for its arch as JITFunction.run would; its resource use."""
+    (kernel, case, arch, config), where, (signature, constexprs, attrs, options) = job
+    fn = getattr(sys.modules[where[0]], where[1])
+    t0 = time.time()
+    compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", arch, 32),
+                              options=options)
+    seconds = time.time() - t0
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(compiled.asm["cubin"])
+        fh.flush()
+        usage = subprocess.run([_CUOBJDUMP, "--dump-resource-usage", fh.name], capture_output=True, text=True,
+                               check=True).stdout
+    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage.split("Function", 1)[1]))
+    return dict(kernel=kernel, case=case, arch=arch, config=config,
+                shared=int(compiled.metadata.shared), regs=int(fields["REG"]), stack=int(fields["STACK"]),
+                local=int(fields["LOCAL"]), seconds=round(seconds, 2))
+
+
+def _job(launch: Launch) -> tuple:
+    """What a worker process needs to compile a launch (picklable: the kernel by module and name)."""
+    return (launch.kernel, launch.case, launch.arch, launch.config()), launch.where, launch.packed()
+
+
+def representative(archs=DEFAULT_ARCHS, consumer: bool = True, full: bool = False) -> list[tuple]:
+    """The set `make test` compiles: ``REPRESENTATIVE`` in bf16 and fp32, every kernel, for each arch; for the
+    consumer arch, the largest bf16 cases. ``full``: every variant at d 64 and 128, and every bf16 one on the
+    consumer arch."""
+    pairs = [(v, d) for v in VARIANTS for d in (64, 128)] if full else list(REPRESENTATIVE)
+    launches = []
+    for arch in archs:
+        for variant, d in pairs:
+            for dtype in ("bf16", "fp32"):
+                launches += record(variant, dtype, d, arch)
+    if consumer:  # the 16-bit launches nearest 99 KB (before: V1's decode at 141 KB, per_head's at 109 KB)
+        for variant, d in (pairs if full else (("v1", 128), ("v1_per_head", 128))):
+            launches += record(variant, "bf16", d, CONSUMER_ARCH)
+    unique, seen = [], set()
+    for launch in launches:  # one compilation per distinct kernel, arch, signature, constexprs and options
+        job = _job(launch)
+        key = (launch.where, launch.arch, repr(job[2]))
+        if key not in seen:
+            seen.add(key)
+            unique.append(job)
+    return unique
+
+
+def smem_limit(arch: int) -> int:
+    return td.smem_limit(arch)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", type=int, nargs="+", default=list(DEFAULT_ARCHS), help="compute capabilities (80 90)")
+    p.add_argument("--no-consumer", action="store_true", help=f"skip sm_{CONSUMER_ARCH} (bf16, 99 KB limit)")
+    p.add_argument("--full", action="store_true", help="every variant at d 64 and 128 (V1 per_head d 64 too)")
+    p.add_argument("--tf32", action="store_true", help="record with torch.backends.cuda.matmul.allow_tf32 = True "
+                   "(fp32 dots on TF32 tensor cores)")
+    p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    t0 = time.time()
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32  # the wrappers' fp32 dot precision follows it
+    jobs = representative(tuple(a.arch), consumer=not a.no_consumer, full=a.full)
+    with ProcessPoolExecutor(a.jobs) as pool:
+        rows = list(pool.map(compile_launch, jobs))
+    total = time.time() - t0
+    for r in rows:
+        r["limit"] = smem_limit(r["arch"])
+    if a.json:
+        print(json.dumps({"rows": rows, "seconds": round(total, 1)}))
+        return 0
+    print(f"{'arch':>4} {'case':<20} {'kernel':<9} {'shared':>8} {'limit':>8} {'regs':>4} {'stack':>5}  config")
+    for r in rows:
+        print(f"{r['arch']:>4} {r['case']:<20} {r['kernel']:<9} {r['shared']:>8} {r['limit']:>8} {r['regs']:>4} "
+              f"{r['stack']:>5}  {r['config']}")
+    print(f"{len(rows)} launches compiled in {total:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
