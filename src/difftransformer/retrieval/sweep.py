@@ -8,7 +8,7 @@ would cost a tuning grid per width), and scored on the primary condition's test 
 baseline reaches at the config's default width (its fitted value there), over the baseline's parameters at that
 width -- below 1: DIFF reaches the baseline's accuracy with fewer parameters. The interval: a paired bootstrap
 over seeds (the same resampled seeds for every variant and width, 2000 draws, fixed generator), percentile 95%.
-A draw whose fitted slope is not positive has no ratio; more than 5% of such draws: inconclusive. Pre-registered
+A draw whose fitted slope is not positive (at most 1e-6: flat) has no ratio; more than 5% of such draws: inconclusive. Pre-registered
 in PROTOCOL.md ("The scaling sweep").
 """
 
@@ -27,6 +27,7 @@ from .config import RetrievalConfig
 
 N_BOOT = 2000
 MAX_UNDEFINED = 0.05
+MIN_SLOPE = 1e-6  # a fitted slope at or below this is flat (saturated or untrained curves): no ratio
 
 
 def _sweep_job(cfg_d: dict, variant: str, seed: int) -> dict[str, Any]:
@@ -55,10 +56,11 @@ def fit_logit(params: Sequence[float], accs: Sequence[float], n: int) -> tuple[f
 
 def params_at(a: float, b: float, acc: float, n: int) -> float:
     """Parameters at which the fitted curve reaches ``acc`` (nan when the slope is not positive)."""
-    if not b > 0:
+    if not b > MIN_SLOPE:
         return math.nan
     p = min(max(acc, 0.5 / n), 1 - 0.5 / n)
-    return math.exp((math.log(p / (1 - p)) - a) / b)
+    z = (math.log(p / (1 - p)) - a) / b
+    return math.exp(z) if z < 700 else math.inf  # past float range: no finite parameter count reaches it
 
 
 def param_ratio(params: dict[str, list[int]], acc: dict[str, np.ndarray], variant: str, ref_params: float,
@@ -66,7 +68,7 @@ def param_ratio(params: dict[str, list[int]], acc: dict[str, np.ndarray], varian
     """DIFF's parameters at the baseline's fitted accuracy at ``ref_params``, over ``ref_params``. ``acc[v]``:
     (widths, seeds)."""
     ab, bb = fit_logit(params["baseline"], acc["baseline"].mean(1), n)
-    if not bb > 0:
+    if not bb > MIN_SLOPE:
         return math.nan
     target = 1 / (1 + math.exp(-(ab + bb * math.log(ref_params))))
     ad, bd = fit_logit(params[variant], acc[variant].mean(1), n)
