@@ -64,7 +64,7 @@ class ModelConfig:
     n_kv_heads: int | None = None  # the baseline's KV heads H_kv (GQA); default H
     head_dim: int | None = None  # d; default d_model // n_heads
     attention: AttentionKind = "diff_v1"
-    backend: Backend = "auto"  # DIFF on CUDA with Triton: its fused kernel, else sdpa (model/attention/base.py)
+    backend: Backend = "auto"  # sdpa; Triton only where measured faster on a GPU (none yet: model/attention/base.py)
     ffn_hidden: int | None = None  # SwiGLU width; default ~8/3 d_model rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     rope_theta: float = 10000.0
