@@ -162,7 +162,8 @@ def test_a_failed_kind_does_not_disable_other_kinds(monkeypatch):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         model(ids).logits.sum().backward()
-    assert len(fallback_warnings(record)) == 1 and "PTXASError: PTXAS error: ptxas fatal" in fallback_warnings(record)[0]
+    said = fallback_warnings(record)
+    assert len(said) == 1 and "PTXASError: PTXAS error: ptxas fatal" in said[0]
     fwd = Counting(td._diff_fwd_kernel)
     monkeypatch.setattr(td, "_diff_fwd_kernel", fwd)
     with torch.no_grad():
@@ -279,7 +280,8 @@ def test_grids_stay_within_cuda_limits_past_65535_batch_heads(monkeypatch):
     def leaf(*shape):
         return torch.zeros(*shape, device=DEVICE).requires_grad_(True)
 
-    q1, q2, k1, k2, v = leaf(b, hq, t, d), leaf(b, hq, t, d), leaf(b, hk, t, d), leaf(b, hk, t, d), leaf(b, hk, t, 2 * d)
+    q1, q2, k1, k2 = leaf(b, hq, t, d), leaf(b, hq, t, d), leaf(b, hk, t, d), leaf(b, hk, t, d)
+    v = leaf(b, hk, t, 2 * d)
     lam = torch.zeros((), device=DEVICE, requires_grad=True)
     td.triton_diff_attention(q1, q2, k1, k2, v, lam, 0.25).sum().backward()
     with torch.no_grad():
@@ -292,3 +294,15 @@ def test_grids_stay_within_cuda_limits_past_65535_batch_heads(monkeypatch):
     big = torch.zeros(65_536, 1, 1, 16, device=DEVICE)
     with pytest.raises(ValueError, match="batch B=65536"):
         td.triton_diff_attention(big, big, big, big, big, torch.zeros((), device=DEVICE), 0.25)
+
+
+def test_kinds_use_the_dtype_the_attention_runs_in():
+    """Under autocast the projections, and so the kernels, run in autocast's dtype: a kind (and auto's table) is keyed
+    by it, so a backward failure (keyed by the kernel's inputs) disables the forward of the same kind."""
+    x = torch.zeros(2, 3)
+    assert base.attention_dtype(x) == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert base.attention_dtype(x) == torch.bfloat16
+    assert base.triton_kind(x.device, torch.bfloat16, 64, 128, "train") == ("cpu", torch.bfloat16, 64, 128, "train")
+    with pytest.raises(ValueError, match="pass_='fwd' is not allowed"):
+        base.triton_kind(x.device, torch.bfloat16, 64, 128, "fwd")

@@ -137,7 +137,7 @@ class Attention(nn.Module):
             # CPU: sdpa (the Triton interpreter is a test tool, not a fast path); CUDA: only where measured faster
             if not on_cuda or not triton_importable():
                 return False
-            if not auto_runs_triton(cuda_capability(x.device), x.dtype, pass_):
+            if not auto_runs_triton(cuda_capability(x.device), attention_dtype(x), pass_):
                 return False
         usable = triton_importable() and (on_cuda or os.environ.get("TRITON_INTERPRET") == "1")
         if not usable:
@@ -145,7 +145,7 @@ class Attention(nn.Module):
                       f"{'cannot run on ' + x.device.type if triton_importable() else 'is not installed'}; "
                       "DIFF attention uses the sdpa path (pip install triton, on a CUDA machine, for the fused kernel)")
             return False
-        kind = triton_kind(x.device, x.dtype, head_dim, value_dim, pass_)
+        kind = triton_kind(x.device, attention_dtype(x), head_dim, value_dim, pass_)
         if triton_kind_failed(kind):
             return False  # failed before in this process (warned then): the PyTorch path
         if on_cuda and cuda_capability(x.device) < MIN_TRITON_CAPABILITY:
@@ -159,13 +159,16 @@ class Attention(nn.Module):
     def run_triton(self, x: torch.Tensor, pass_: str, head_dim: int, value_dim: int,
                    launch: Callable[[], torch.Tensor], fallback: Callable[[], torch.Tensor]) -> torch.Tensor:
         """``launch()`` (a Triton kernel call); if a launch fails (``is_triton_launch_error``), one warning, and this
-        call and every later one of the same ``triton_kind`` run ``fallback()`` (the PyTorch path) instead."""
+        call and every later one of the same ``triton_kind`` run ``fallback()`` (the PyTorch path) instead. Under
+        torch.compile the launch is traced as it is (the compiled graph launches it later, outside this frame)."""
+        if torch.compiler.is_compiling():
+            return launch()
         try:
             return launch()
         except Exception as exc:
             if not is_triton_launch_error(exc):
                 raise
-            triton_failed(triton_kind(x.device, x.dtype, head_dim, value_dim, pass_), exc)
+            triton_failed(triton_kind(x.device, attention_dtype(x), head_dim, value_dim, pass_), exc)
         return fallback()
 
     def use_decode(self, T: int, return_maps: bool) -> bool:
@@ -207,6 +210,14 @@ _CAPABILITY: dict[int, tuple[int, int]] = {}
 
 def triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+def attention_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the attention runs in for the layer input ``x``: autocast's where it is on (the projections cast
+    to it), else x's own."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 def triton_pass(x: torch.Tensor) -> str:
