@@ -101,6 +101,10 @@ def test_failures_counted_and_dropped_in_the_sensitivity_row():
     assert all(x["stats"]["n_seeds"] == [6, 6] or x["stats"]["n_seeds"] == (6, 6) for x in kept)
     page = section(r, __import__("pathlib").Path("/nonexistent"), lambda h, rows, **k: str(rows), lambda *a: "")
     assert "DIFF V1 2 of 8 (tuned lr)" in page
+    # one pair left: no interval over seeds, whatever the within-seed binomial interval would say
+    one = _results(B8, D8[:1] + [0.1] * 7, diff_failed=tuple(range(1, 8)))
+    assert {x["verdict"] for x in retrieval_verdicts(one, "no_failures")} == {INCONCLUSIVE}
+    assert retrieval_verdicts(_results(B8[:1], D8[:1]))[0]["verdict"] == INCONCLUSIVE
 
 
 def test_report_leads_with_a_real_benchmark(runs, tmp_path):

@@ -54,8 +54,8 @@ def _nan_verdict(b, d, reason: str) -> stats.Verdict:
 def _judge(results: dict[str, Any], claim: str, b: list[dict], d: list[dict]) -> stats.Verdict:
     cfg = results["config"]
     cond = cfg["extrapolation"] if claim == "extrapolation" else cfg["primary"]
-    if not b or not d:
-        return _nan_verdict(b, d, "no seed left to compare")
+    if len(b) < 2 or len(d) < 2:  # the protocol's interval is a t-interval over seeds: it needs two pairs
+        return _nan_verdict(b, d, f"{min(len(b), len(d))} seed pair(s) left: no interval over seeds")
     acc = lambda rs: [r["conditions"][cond]["accuracy"] for r in rs]  # noqa: E731
     n = b[0]["conditions"][cond]["n_queries"]
     if claim in ("acc", "extrapolation"):
