@@ -3,7 +3,8 @@ import json
 import pytest
 
 from difftransformer.cli import main
-from difftransformer.retrieval.benchmark import choose_lr, lr_scores, next_lr, run_benchmark, seed_values
+from difftransformer.retrieval.benchmark import (choose_lr, lr_scores, next_lr, protocol_deviations, run_benchmark,
+                                                 seed_values)
 from difftransformer.retrieval.cli import format_table
 from difftransformer.retrieval.config import Condition, RetrievalConfig
 
@@ -23,6 +24,7 @@ def test_tiny_benchmark_structure(tmp_path):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved == json.loads(json.dumps(r))
     assert saved["primary_endpoint"]["condition"] == "p3c8"
+    assert saved["deviations"] == protocol_deviations() and all(d.startswith("20") for d in saved["deviations"])
     for name in ("accuracy_heatmap", "accuracy_vs_difficulty", "attention_shares", "quantization", "attention_row"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     assert set(saved["variants"]) == {"baseline", "diff_v1", "diff_v2"}

@@ -80,6 +80,17 @@ def _load() -> Optional[list[float]]:
         return None
 
 
+def protocol_deviations() -> list[str]:
+    """The "Deviations" section of PROTOCOL.md beside this module, one string per bullet (dated, with the reason):
+    results.json carries them so that the report page says what changed after results were seen."""
+    path = Path(__file__).with_name("PROTOCOL.md")
+    if not path.is_file():
+        return ["PROTOCOL.md is missing beside the benchmark: its deviations cannot be listed"]
+    text = path.read_text().split("## Deviations", 1)[-1]
+    bullets = [b.strip() for b in ("\n" + text).split("\n- ")[1:]]
+    return [" ".join(b.replace("**", "").split()) for b in bullets]
+
+
 def lr_scores(tuning_runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per lr (ascending): the mean over tuning seeds of the validation accuracy and answer loss at the primary
     condition, and the lowest training-distribution accuracy (a floor check)."""
@@ -201,6 +212,7 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
                              "note": "fixed in PROTOCOL.md before any run; per-seed values under variants.*.runs"},
         "chance": 1.0 / cfg.n_values,
         "matched_lr": matched,
+        "deviations": protocol_deviations(),
         "conditions": [{**c.to_dict(), "inside_trained_lengths": c.context <= cfg.train_context[1]}
                        for c in cfg.conditions],
         "variants": variants,
