@@ -46,7 +46,7 @@ GPU_RUN = bash -o pipefail -c
 gpu-test:
 	@$(GPU_CHECK)
 	mkdir -p runs/gpu
-	$(GPU_RUN) 'PYTHONPATH=src $(GPU_PY) -m pytest -q tests/model/test_triton_diff.py tests/model/test_cuda.py 2>&1 | tee runs/gpu/tests.txt'
+	$(GPU_RUN) 'PYTHONPATH=src $(GPU_PY) -m pytest -q tests/model/test_triton_diff.py tests/model/test_triton_fallback.py tests/model/test_cuda.py 2>&1 | tee runs/gpu/tests.txt'
 
 gpu-bench:
 	@$(GPU_CHECK)
