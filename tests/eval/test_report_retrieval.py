@@ -100,7 +100,10 @@ def test_failures_counted_and_dropped_in_the_sensitivity_row():
     kept = retrieval_verdicts(r, "no_failures")
     assert all(x["stats"]["n_seeds"] == [6, 6] or x["stats"]["n_seeds"] == (6, 6) for x in kept)
     page = section(r, __import__("pathlib").Path("/nonexistent"), lambda h, rows, **k: str(rows), lambda *a: "")
-    assert "DIFF V1 2 of 8 (tuned lr)" in page
+    assert "DIFF V1 2 of 8 (tuned lr)" in page and "Caution" not in page
+    half = _results(B8, D8[:4] + [0.1] * 4, diff_failed=(4, 5, 6, 7))
+    assert "Caution:</b> DIFF V1 failed the floor" in section(half, __import__("pathlib").Path("/x"),
+                                                              lambda h, rows, **k: "", lambda *a: "")
     # one pair left: no interval over seeds, whatever the within-seed binomial interval would say
     one = _results(B8, D8[:1] + [0.1] * 7, diff_failed=tuple(range(1, 8)))
     assert {x["verdict"] for x in retrieval_verdicts(one, "no_failures")} == {INCONCLUSIVE}

@@ -234,6 +234,11 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
     floor = (f"Training failures (accuracy on held-out contexts of the training distribution below "
              f"{cfg['floor']:.0%}): {fails}. The primary analysis includes them; a sensitivity row drops their seeds.")
     parts = [f"<p>{html.escape(intro)}</p>", f"<p>{html.escape(floor)}</p>"]
+    weak = [NAMES.get(v, v) for v, f in fl.items() if f["n"] and 2 * len(f["tuned"]) >= f["n"]]
+    if weak:
+        parts.append(f"<p class='note'><b>Caution:</b> {', '.join(weak)} failed the floor in half or more of the test "
+                     "seeds at the tuned lr, so the verdicts against it compare with a model that mostly did not learn "
+                     "the task; read them with the matched-lr and failures-dropped rows below.</p>")
     if results.get("deviations"):
         parts.append("<p class='note'>Deviations from the protocol: " + html.escape("; ".join(results["deviations"]))
                      + "</p>")
