@@ -79,7 +79,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except USER_ERRORS as e:
         if os.environ.get("DIFFTRANSFORMER_DEBUG"):
             raise
-        print(f"difftransformer {args.command}: error: {e}", file=sys.stderr)
+        if not getattr(e, "quiet", False):  # quiet: a refusal every rank makes alike, said by rank 0 only
+            print(f"difftransformer {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"difftransformer {args.command}: interrupted", file=sys.stderr)

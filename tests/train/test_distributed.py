@@ -58,11 +58,12 @@ def _toml(d: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("parallel, micro", [("ddp", 2), ("fsdp", 1)])
+@pytest.mark.parametrize("parallel, micro", [("ddp", 2), ("fsdp", 1), ("ddp", 4)])
 def test_two_processes_match_one(reference, parallel, micro):
-    # DDP: 2 ranks x 2 sequences, no accumulation; FSDP2: 2 ranks x 1 sequence x 2 accumulation micro-steps.
+    # DDP: 2 ranks x 2 sequences, no accumulation; FSDP2: 2 ranks x 1 sequence x 2 accumulation micro-steps; the
+    # preset's micro-batch of 4 on 2 ranks: derived as 2 ranks x 2 sequences (it used to be refused).
     tmp, cfg_file, single = reference
-    run = tmp / parallel
+    run = tmp / f"{parallel}{micro}"
     _torchrun(run, cfg_file, parallel, micro)
     losses = metric_records(run, "loss")
     assert sorted(losses) == list(range(1, STEPS + 1))
@@ -125,3 +126,17 @@ def test_init_from_under_torchrun_matches_one_process(tmp_path, parallel, attent
     assert a.keys() == b.keys() and all(abs(a[s] - b[s]) <= 1e-5 for s in a)
     wa, wb = weights(rundir.step_dir(tmp_path / "one", 3)), weights(rundir.step_dir(tmp_path / "two", 3))
     assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+
+
+def test_a_batch_the_processes_cannot_share_is_refused_once(reference):
+    """Global batch 4 on 3 processes: one error line, from rank 0 only, and nothing trained."""
+    tmp, cfg_file, _ = reference
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
+           "-m", "difftransformer", "train", "--config", str(cfg_file), "--out", str(tmp / "three"), "--no-progress"]
+    env = child_env()
+    env["OMP_NUM_THREADS"] = "1"
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    assert res.returncode != 0
+    assert res.stderr.count("difftransformer train: error: ") == 1, res.stderr[-3000:]
+    assert "train.batch_size=4 cannot be shared by 3 processes" in res.stderr
+    assert "difftransformer/train/" not in res.stderr, res.stderr[-3000:]

@@ -167,3 +167,25 @@ def test_a_bare_name_is_a_preset_even_beside_a_folder_of_that_name(tmp_path, mon
     (tmp_path / "mine.toml").write_text((PRESETS_DIR / "tiny.toml").read_text())
     assert resolve_config_path("mine.toml").resolve() == tmp_path / "mine.toml"
     assert resolve_config_path("./tiny").resolve() == tmp_path / "tiny"  # a path separator: a file
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_every_preset_keeps_its_global_batch_on_any_process_count_that_divides_it(name):
+    cfg = load_config(name)
+    B = cfg.train.batch_size
+    for world in (1, 2, 3, 4, 8):
+        if B % world:
+            with pytest.raises(ValueError, match=f"train.batch_size={B} cannot be shared by {world} processes"):
+                cfg.batch_plan(world)
+            continue
+        micro, accum = cfg.batch_plan(world)
+        assert micro * accum * world == B and 1 <= micro <= cfg.train.micro_batch_size
+        assert cfg.accumulation(world) == accum
+    assert cfg.batch_plan(1) == (cfg.train.micro_batch_size, B // cfg.train.micro_batch_size)
+
+
+def test_batch_plan_known_answers():
+    cfg = load_config("demo", {"train": {"batch_size": 16, "micro_batch_size": 16}})
+    assert [cfg.batch_plan(w) for w in (1, 2, 4, 8)] == [(16, 1), (8, 1), (4, 1), (2, 1)]
+    cfg = load_config("demo", {"train": {"batch_size": 24, "micro_batch_size": 4}})
+    assert [cfg.batch_plan(w) for w in (1, 2, 3, 4, 8)] == [(4, 6), (4, 3), (4, 2), (3, 2), (3, 1)]

@@ -65,8 +65,9 @@ class DataConfig:
 class OptimConfig:
     steps: int = _field(1000, "optimizer steps")
     batch_size: int = _field(16, "global batch in sequences (all ranks and accumulation micro-steps)")
-    micro_batch_size: int = _field(16, "sequences per rank per forward pass (accumulation = batch / (micro x "
-                                       "ranks))")
+    micro_batch_size: int = _field(16, "at most this many sequences per rank per forward pass; on N processes "
+                                       "each rank takes batch / N per step in the largest micro-batches up to this "
+                                       "that divide it, accumulating the rest (the global batch is unchanged)")
     lr: float = _field(1e-3, "peak learning rate")
     min_lr: float = _field(1e-4, "learning rate at the end of the cosine")
     warmup_steps: int = _field(100, "linear warmup steps")
@@ -164,7 +165,7 @@ class TrainConfig:
             _positive(f"train.{name}", getattr(t, name))
         if t.batch_size % t.micro_batch_size:
             raise ValueError(f"train.batch_size={t.batch_size} must be a multiple of "
-                             f"train.micro_batch_size={t.micro_batch_size} (times the number of processes)")
+                             f"train.micro_batch_size={t.micro_batch_size} (the one-process run)")
         checks = [("warmup_steps", t.warmup_steps >= 0, ">= 0"),
                   ("v1_negative_warmup", not isinstance(t.v1_negative_warmup, bool) and t.v1_negative_warmup >= 0,
                    ">= 0"), ("lr", t.lr > 0, "> 0"),
@@ -191,13 +192,26 @@ class TrainConfig:
         _positive("checkpoint.keep_last", c.keep_last)
         _positive("log.every", lg.every)
 
+    def batch_plan(self, world_size: int) -> tuple[int, int]:
+        """(micro-batch per rank, accumulation micro-steps) for ``world_size`` processes. The global batch stays
+        ``train.batch_size``, as one process defines it: each rank takes batch / world_size sequences per step, in
+        micro-batches of the largest size that divides that share and is at most ``train.micro_batch_size``, so a
+        preset runs unchanged on any number of processes that divides its batch (and trains as one process does, up
+        to the order of float sums). Refuses only a batch the processes cannot share evenly."""
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        B, cap = self.train.batch_size, self.train.micro_batch_size
+        if B % world_size:
+            raise ValueError(f"train.batch_size={B} cannot be shared by {world_size} processes: give a global batch "
+                             f"that {world_size} divides (--train.batch_size), or run on a number of processes that "
+                             f"divides {B}")
+        share = B // world_size
+        micro = max(m for m in range(1, min(cap, share) + 1) if share % m == 0)
+        return micro, share // micro
+
     def accumulation(self, world_size: int) -> int:
-        """Micro-steps per optimizer step on each rank; refuses a global batch the ranks cannot split evenly."""
-        per_step = self.train.micro_batch_size * world_size
-        if self.train.batch_size % per_step:
-            raise ValueError(f"train.batch_size={self.train.batch_size} is not a multiple of train.micro_batch_size"
-                             f"={self.train.micro_batch_size} x {world_size} process(es)")
-        return self.train.batch_size // per_step
+        """Micro-steps per optimizer step on each rank (``batch_plan``)."""
+        return self.batch_plan(world_size)[1]
 
 
 def _positive(name: str, value: Any) -> None:

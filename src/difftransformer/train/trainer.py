@@ -164,7 +164,7 @@ def check_finite_weights(raw, step: int, info: DistInfo) -> None:
 def evaluate(raw, data: PreparedData, cfg: TrainConfig, info: DistInfo, autocast) -> dict:
     """Validation loss on ``eval_batches`` global batches of fixed, evenly spaced windows (the same at every
     evaluation and for any number of ranks or micro-batch size), plus the lambda probes."""
-    micro, T = cfg.train.micro_batch_size, cfg.data.seq_len
+    micro, T = cfg.batch_plan(info.world_size)[0], cfg.data.seq_len
     starts = eval_starts(data.num_tokens["val"], T, cfg.train.eval_batches * cfg.train.batch_size)
     starts = starts.view(-1, info.world_size, micro)[:, info.rank]  # (eval_batches * accum, micro)
     tokens = data.tokens("val")
@@ -256,7 +256,14 @@ def check_fits_memory(model_cfg, info: DistInfo, parallel: str) -> None:
 
 
 def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, desc: str) -> TrainResult:
-    accum = cfg.accumulation(info.world_size)
+    try:
+        micro, accum = cfg.batch_plan(info.world_size)
+    except ValueError as e:
+        e.quiet = not info.is_main  # type: ignore[attr-defined]  # the same refusal on every rank: rank 0 says it
+        raise
+    if info.world_size > 1 and info.is_main:
+        _warn(f"global batch {cfg.train.batch_size} = {info.world_size} processes x {micro} sequences x {accum} "
+              f"micro-step(s) (train.micro_batch_size={cfg.train.micro_batch_size} caps the micro-batch)")
     check_fits_memory(cfg.model, info, cfg.train.parallel)
     ckpt = check_run_dir(cfg, run_dir, resume, _warn if info.is_main else (lambda m: None))
     data = setup_data(cfg, run_dir, info, progress and info.is_main)
