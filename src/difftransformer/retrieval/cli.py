@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-model", type=int, help="model width (all variants; parameters matched by the library)")
     p.add_argument("--n-layers", type=int, help="transformer layers")
     p.add_argument("--variants", help=f"comma-separated subset of {', '.join(VARIANTS)}")
-    p.add_argument("--eval-contexts", type=int, help="test contexts per condition (default 128)")
+    p.add_argument("--eval-contexts", type=int, help="test contexts per condition, and validation contexts for the "
+                                                     "lr choice (default 128)")
     p.add_argument("--primary", help="primary endpoint condition, inside the trained lengths (default p48c48); "
                                      "PROTOCOL.md fixes it: changing it is a deviation to report")
     p.add_argument("--extrapolation", help="length-extrapolation endpoint condition, longer than any trained "
