@@ -10,24 +10,11 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton` / kernel definition
-
-triton = pytest.importorskip("triton")
-
-# Triton decides interpreter-or-not when its @jit functions (its own standard library included) are defined,
-# i.e. at the first `import triton` of the process. If something imported it earlier in this pytest process
-# (torch.compile does, even on CPU), setting the variable now cannot help: then the whole file is re-run in a
-# fresh process by `test_in_fresh_interpreter_process` and every other test here is skipped.
-NEEDS_FRESH_PROCESS = (not torch.cuda.is_available()
-                       and type(triton.language.standard.sigmoid).__name__ != "InterpretedFunction")
+from triton_interp import NEEDS_FRESH_PROCESS, run_in_fresh_process, skip_unless_interpreting
 
 td = importlib.import_module("difftransformer.model.attention.triton_diff")
 tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
@@ -35,18 +22,12 @@ tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
 
 @pytest.fixture(autouse=True)
 def _interpreter_or_fresh_process(request):
-    if NEEDS_FRESH_PROCESS and request.node.originalname != "test_in_fresh_interpreter_process":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; covered by "
-                    "test_in_fresh_interpreter_process")
+    skip_unless_interpreting(request)
 
 
 @pytest.mark.skipif(not NEEDS_FRESH_PROCESS, reason="this process already runs the kernels directly")
 def test_in_fresh_interpreter_process():
-    root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
-                         cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                         timeout=900)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    run_in_fresh_process(__file__)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,23 +7,12 @@ Triton's CPU interpreter (TRITON_INTERPRET=1, set below before triton is importe
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton` / kernel definition
-
-triton = pytest.importorskip("triton")
-
-# As in test_triton_diff.py: if triton was imported before the variable was set, rerun this file in a fresh process.
-NEEDS_FRESH_PROCESS = (not torch.cuda.is_available()
-                       and type(triton.language.standard.sigmoid).__name__ != "InterpretedFunction")
+from triton_interp import NEEDS_FRESH_PROCESS, run_in_fresh_process, skip_unless_interpreting
 
 from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
@@ -37,9 +26,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(autouse=True)
 def _interpreter_or_fresh_process(request):
-    if NEEDS_FRESH_PROCESS and request.node.originalname != "test_in_fresh_interpreter_process":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; covered by "
-                    "test_in_fresh_interpreter_process")
+    skip_unless_interpreting(request)
     base._TRITON_FAILED.clear()
     yield
     base._TRITON_FAILED.clear()
@@ -47,11 +34,7 @@ def _interpreter_or_fresh_process(request):
 
 @pytest.mark.skipif(not NEEDS_FRESH_PROCESS, reason="this process already runs the kernels directly")
 def test_in_fresh_interpreter_process():
-    root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
-                         cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                         timeout=900)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    run_in_fresh_process(__file__)
 
 
 class Failing:
