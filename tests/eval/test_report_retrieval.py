@@ -123,7 +123,7 @@ def test_report_leads_with_a_real_benchmark(runs, tmp_path):
     page = write_report([runs[v] for v in ("baseline", "diff_v1", "diff_v2")], tmp_path / "report", quick=True,
                         progress=False, retrieval_dir=tmp_path / "bench").read_text()
     assert page.index("Retrieval among distractors") < page.index("<h2>Models</h2>")
-    assert "Deviations from the protocol: 2026-11-25" in page  # PROTOCOL.md's log reaches the page
+    assert "Deviations from the protocol:</p><ul class='note'><li>2026-11-25" in page  # PROTOCOL.md's log
     rows = json.loads((tmp_path / "report" / "results.json").read_text())["retrieval_verdicts"]
     assert {(r["claim"], r["variant"]) for r in rows} >= {(CLAIM["acc"], "diff_v2")}
     assert {r["verdict"] for r in rows} == {SMOKE}  # 3 training steps

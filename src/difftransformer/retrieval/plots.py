@@ -46,12 +46,13 @@ def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
         for i in range(len(pm)):
             for j in range(len(fm)):
-                ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", color="w", fontsize=8)
+                ax.text(j, i, f"{grid[i][j]:.2f}", ha="center", va="center", fontsize=8,
+                        color="k" if grid[i][j] > 0.7 else "w")  # readable on the light (viridis) end
         if trained and trained[-1] < len(fm) - 1:
             ax.axvline(trained[-1] + 0.5, color="w", ls="--", lw=1)
         ax.set_xticks(range(len(fm)), [str(x) for x in fm])
         ax.set_yticks(range(len(pm)), [str(x) for x in pm])
-        ax.set_xlabel("context length (right of the dashed line: longer than trained)")
+        ax.set_xlabel("context length (dashed: end of trained)", fontsize=8)
         ax.set_ylabel("facts in the context")
         ax.set_title(f"{LABELS.get(v, v)} ({results['variants'][v]['params']:,} params)", fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy (mean over seeds)")

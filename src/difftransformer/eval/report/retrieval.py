@@ -224,7 +224,7 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
              f"per context; chance is {results['chance']:.3g}. Trained {cfg['steps']} steps per model. Each variant's "
              f"learning rate was chosen from its grid on tuning seeds {tuning} (never test seeds) by validation "
              f"accuracy at the primary condition; the test seeds 0-{cfg['seeds'] - 1} run at it (the primary "
-             f"analysis) and at the matched lr {results['matched_lr']:g} (the {NAMES.get(cfg['matched_lr'])}'s, a "
+             f"analysis) and at the matched lr {results['matched_lr']:g} ({NAMES.get(cfg['matched_lr'])}'s, a "
              f"sensitivity row). Seed s of every variant sees the same example stream and starts from the same "
              f"tensors where shapes match. Primary endpoint: accuracy at {cond}, {cfg['train_context'][1]} tokens or "
              f"fewer (inside the trained lengths); length extrapolation ({cfg['extrapolation']}) is secondary. "
@@ -240,8 +240,8 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
                      "seeds at the tuned lr, so the verdicts against it compare with a model that mostly did not learn "
                      "the task; read them with the matched-lr and failures-dropped rows below.</p>")
     if results.get("deviations"):
-        parts.append("<p class='note'>Deviations from the protocol: " + html.escape("; ".join(results["deviations"]))
-                     + "</p>")
+        parts.append("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
+                     + "".join(f"<li>{html.escape(d)}</li>" for d in results["deviations"]) + "</ul>")
     if results.get("quick"):
         parts.append("<p class='note'>A quick benchmark: a smoke run, its numbers mean nothing.</p>")
     head, rows = sensitivity_table(results)
