@@ -1,4 +1,5 @@
-"""Structure of the package: no import circle, layers import downwards only, run file names spelled once."""
+"""Structure of the package: no import circle, layers import downwards only, run file names spelled once (in
+``rundir/files.py``)."""
 
 from __future__ import annotations
 
@@ -103,11 +104,8 @@ def string_constants(path: Path) -> list[str]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
 
 
-def test_run_file_names_are_spelled_once():
-    """Every path a run's file is found by comes from one constant (help and error text may name the files)."""
-    names = [rundir.RUN_CONFIG_NAME, rundir.TOKENIZER_NAME, rundir.METRICS_NAME, rundir.CHECKPOINTS_DIR,
-             rundir.TENSORBOARD_DIR, rundir.MANIFEST_NAME, rundir.STATE_TENSORS, rundir.STATE_JSON,
-             *rundir.LAMBDA_KEYS]
+def spelled_in(names: list[str]) -> dict[str, list[str]]:
+    """The modules whose code spells each name as a path (help and error text may name the files)."""
     where: dict[str, list[str]] = {n: [] for n in names}
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
@@ -117,4 +115,16 @@ def test_run_file_names_are_spelled_once():
             for n in names:
                 if s == n or s.startswith(n + "/") or s.endswith("/" + n):  # a path, not a message naming it
                     where[n].append(rel)
+    return where
+
+
+def test_run_file_names_are_spelled_once():
+    """Every path a run's file is found by comes from one constant, in rundir/files.py; the model directory's
+    names (a checkpoint is one) in model/pretrained.py; each variant's metrics key in its own class."""
+    run = [rundir.RUN_CONFIG_NAME, rundir.METRICS_NAME, rundir.CHECKPOINTS_DIR, rundir.TENSORBOARD_DIR,
+           rundir.STATE_TENSORS, rundir.STATE_JSON, rundir.LOCK_NAME]
+    model = [rundir.TOKENIZER_NAME, rundir.MANIFEST_NAME]
+    where = spelled_in([*run, *model, *rundir.LAMBDA_KEYS])
     assert {n: w for n, w in where.items() if len(w) != 1} == {}
+    assert {n: where[n] for n in run} == {n: ["rundir/files.py"] for n in run}
+    assert {n: where[n] for n in model} == {n: ["model/pretrained.py"] for n in model}

@@ -1,0 +1,59 @@
+"""Where each file of a run directory is: its names, spelled here once, and the paths built from them.
+
+The model directory's own names (``config.json``, ``model.safetensors``, ``tokenizer.json``, ``manifest.json``)
+are ``model.pretrained``'s; a checkpoint is one such directory, and the run keeps a copy of the tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+from ..model.pretrained import CONFIG_NAME, MANIFEST_NAME, TOKENIZER_NAME, WEIGHTS_NAME
+
+PathLike = Union[str, Path]
+
+RUN_CONFIG_NAME = "run_config.json"
+METRICS_NAME = "metrics.jsonl"
+DATA_DIR = "data"
+TENSORBOARD_DIR = "tb"
+CHECKPOINTS_DIR = "checkpoints"
+STEP_PREFIX = "step_"
+# Beside the model files of each checkpoint: what resuming needs (written and read by ``train.checkpoint``).
+STATE_TENSORS = "training_state.safetensors"
+STATE_JSON = "training_state.json"
+LOCK_NAME = "run.lock"
+
+__all__ = ["PathLike", "RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR",
+           "STEP_PREFIX", "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "CONFIG_NAME", "WEIGHTS_NAME", "MANIFEST_NAME",
+           "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir", "metrics_path", "tensorboard_dir",
+           "checkpoints_dir", "step_dir"]
+
+
+def run_config_path(run_dir: PathLike) -> Path:
+    return Path(run_dir) / RUN_CONFIG_NAME
+
+
+def tokenizer_path(run_dir: PathLike) -> Path:
+    return Path(run_dir) / TOKENIZER_NAME
+
+
+def data_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / DATA_DIR
+
+
+def metrics_path(run_dir: PathLike) -> Path:
+    return Path(run_dir) / METRICS_NAME
+
+
+def tensorboard_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / TENSORBOARD_DIR
+
+
+def checkpoints_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def step_dir(run_dir: PathLike, step: int) -> Path:
+    """``RUN_DIR/checkpoints/step_XXXXXXXX``: zero-padded so names sort as steps do."""
+    return checkpoints_dir(run_dir) / f"{STEP_PREFIX}{step:08d}"
