@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-VARIANTS = ("baseline", "diff_v1", "diff_v2")
 QUICK_STEPS = 30
 QUICK_CHARS = 1_500_000  # a slice of the corpus, so tokenising and training the tokenizer take seconds
 
@@ -82,13 +81,14 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
     """
     import shutil
 
+    from .model import variants
     from .train.config import load_config
     from .train.init_from import apply_init_from
     from .train.trainer import train
 
     runs, rows = [], []
     for seed in range(seeds):
-        for kind in VARIANTS:
+        for kind in variants.names():  # every registered variant, the reference first
             overrides: dict[str, dict] = {"model": {"attention": kind},
                                           "data": {"prepared_dir": str(out / "data")},
                                           "train": {"seed": seed}}
@@ -101,7 +101,7 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
             if init_from is not None:
                 model_overrides = overrides.pop("model")
                 cfg = apply_init_from(load_config(preset, overrides), init_from,
-                                      {} if kind == "baseline" else model_overrides)
+                                      {} if variants.variant(kind).reference else model_overrides)
             else:
                 cfg = load_config(preset, overrides)
             name = kind if seeds == 1 else f"{kind}-seed{seed}"
@@ -129,10 +129,12 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
 
 
 def print_table(rows: list[tuple[str, int, float, float]]) -> None:
+    from .model.variants import reference
+
     def seed_of(name: str) -> str:  # "diff_v1-seed1" -> "seed1"; "" with one seed
         return name.split("-", 1)[1] if "-" in name else ""
 
-    base = {seed_of(r[0]): r for r in rows if r[0].startswith("baseline")}
+    base = {seed_of(r[0]): r for r in rows if r[0].split("-", 1)[0] == reference().name}
     print(f"\n{'run':<18} {'parameters':>12} {'vs base':>8} {'tokens/s':>10} {'vs base':>8} {'val loss':>9} "
           f"{'- base':>8}")
     for name, params, tps, val in rows:

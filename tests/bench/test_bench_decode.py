@@ -28,7 +28,7 @@ def test_table_rows_and_positive_finite_ratios(capsys):
     assert main(["bench", "decode", *TINY]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if not line.startswith("#")]
-    assert " ".join(lines[0].split()) == " ".join(bench_decode.COLUMNS)
+    assert " ".join(lines[0].split()) == " ".join(bench_decode.columns())
     rows = [line.split() for line in lines[1:]]
     assert [(int(r[0]), int(r[1])) for r in rows] == [(1, 6), (1, 17), (2, 6), (2, 17)]
     for r in rows:

@@ -20,10 +20,11 @@ from typing import Callable
 
 import torch
 
+from ..model import variants
 from ..model.attention import build_attention
-from .common import (add_shape_flag, bench_cases, bench_config, diff_backends, resolve_shape, shape_default_help,
-                     table_row)
 from ..model.rope import rope_cos_sin, rope_frequencies
+from .common import (add_shape_flag, bench_cases, bench_config, diff_backends, hf_diff_variant, resolve_shape,
+                     shape_default_help, table_row)
 from .timing import median_ratio, paired_times
 
 DEFAULT_BACKENDS = ("blocked", "sdpa")
@@ -35,8 +36,9 @@ def cases(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     chosen = bench_cases(args.backends)
     if not args.eager:
         return chosen
-    last_v1 = max(i for i, c in enumerate(chosen) if c[1] == "diff_v1")
-    return [*chosen[:last_v1 + 1], ("V1 eager", "diff_v1", "eager"), *chosen[last_v1 + 1:]]
+    v1 = variants.variant(hf_diff_variant())  # the paper's DIFF V1: its official code materialises both maps
+    last_v1 = max(i for i, c in enumerate(chosen) if c[1] == v1.name)
+    return [*chosen[:last_v1 + 1], (f"{v1.short} eager", v1.name, "eager"), *chosen[last_v1 + 1:]]
 
 
 def _build(attention: str, backend: str, n: int, args) -> Callable[[], None]:

@@ -13,6 +13,7 @@ import os
 from typing import Any, Optional, Sequence
 
 from ..model import config as model_config
+from ..model import variants
 from ..model.config import FLAVOURS, ModelConfig
 
 DEFAULT_SHAPE = "bench"
@@ -22,9 +23,17 @@ SHAPE = FLAVOURS[DEFAULT_SHAPE]  # the default shape of every bench command
 SHAPE_FIELDS = {"d_model": "d_model", "head_dim": "head_dim", "heads": "n_heads", "kv_heads": "n_kv_heads",
                 "layers": "n_layers", "vocab_size": "vocab_size"}
 
-# (label, attention kind) of the two DIFF variants; each is timed with every backend asked for.
-VARIANTS: tuple[tuple[str, str], ...] = (("V1", "diff_v1"), ("V2", "diff_v2"))
-BASELINE_CASE: tuple[str, str, str] = ("baseline sdpa", "baseline", "sdpa")  # every ratio's reference
+
+
+def baseline_case() -> tuple[str, str, str]:
+    """(label, attention, backend) of every ratio's reference: the baseline with SDPA."""
+    return (f"{variants.reference().short} sdpa", variants.reference().name, "sdpa")
+
+
+def hf_diff_variant() -> str:
+    """Which of our variants transformers' DiffLlama holds (the HF columns compare with it)."""
+    from ..interop.hf import ARCHITECTURES
+    return ARCHITECTURES["diffllama"][1]
 
 
 def diff_backends() -> tuple[str, ...]:
@@ -35,15 +44,15 @@ def diff_backends() -> tuple[str, ...]:
 
 
 def bench_cases(backends: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(label, attention, backend) of the baseline, then V1 with each backend, then V2 with each, in the order
-    given (repeats dropped)."""
+    """(label, attention, backend) of the baseline, then every compared variant (V1, V2, ... in the registry's
+    order) with each backend, in the order given (repeats dropped)."""
     allowed = diff_backends()
     chosen = list(dict.fromkeys(backends))
     bad = [b for b in chosen if b not in allowed]
     if bad or not chosen:
         raise ValueError(f"--backends {' '.join(map(str, backends))} is not allowed; choose one or more of "
                          f"{', '.join(allowed)}")
-    return [BASELINE_CASE, *((f"{label} {b}", attention, b) for label, attention in VARIANTS for b in chosen)]
+    return [baseline_case(), *((f"{v.short} {b}", v.name, b) for v in variants.compared() for b in chosen)]
 
 
 def add_shape_flag(p: argparse.ArgumentParser, example: str) -> None:

@@ -31,17 +31,32 @@ from typing import Callable, Optional
 import torch
 
 from ..inference.generate import DECODE_MODES, SamplingConfig, decode_function, sample_next
+from ..model import variants
 from ..model.config import ModelConfig
 from ..model.transformer import DiffTransformerLM
-from .common import SHAPE, bench_config, print_load, table_row
+from .common import SHAPE, bench_config, hf_diff_variant, print_load, table_row
 from .timing import median_ratio, paired_times
 
-# (label, attention). The baseline is the reference of the V1/V2 ratios; "HF" (DiffLlama) is V1's.
-CASES: tuple[tuple[str, str], ...] = (("baseline", "baseline"), ("V1", "diff_v1"), ("V2", "diff_v2"))
 HF_LABEL = "HF DiffLlama"
 DTYPES = ("float32", "bfloat16", "float16")
-COLUMNS = ("batch", "context", "baseline tok/s", "V1 tok/s", "V1/base", "V2 tok/s", "V2/base",
-           "HF DiffLlama tok/s", "ours V1/HF")
+
+
+def cases() -> list[tuple[str, str]]:
+    """(label, attention) of every registered variant, the reference (baseline) first: the reference of the
+    ``<label>/base`` ratios; "HF" (DiffLlama) is compared with the variant it holds (V1)."""
+    return [(v.short, v.name) for v in variants.variants()]
+
+
+def _labels() -> tuple[str, str, list[str]]:
+    """(reference label, the HF-compared variant's label, the compared variants' labels)."""
+    return (variants.reference().short, variants.variant(hf_diff_variant()).short,
+            [v.short for v in variants.compared()])
+
+
+def columns() -> tuple[str, ...]:
+    ref, hv, others = _labels()
+    return ("batch", "context", f"{ref} tok/s", *(c for o in others for c in (f"{o} tok/s", f"{o}/base")),
+            f"{HF_LABEL} tok/s", f"ours {hv}/HF")
 DEFAULT_NEW_TOKENS = 32
 
 
@@ -52,7 +67,7 @@ def resolve_dtype(args: argparse.Namespace) -> torch.dtype:
 
 def model_config(args: argparse.Namespace, attention: str, max_seq_len: int) -> ModelConfig:
     """The matched config of one variant: the baseline's heads are d_model / head_dim."""
-    backend = "sdpa" if attention == "baseline" else args.backend
+    backend = "sdpa" if variants.variant(attention).reference else args.backend
     return bench_config(attention, backend, d_model=args.d_model, head_dim=args.head_dim, n_layers=args.layers,
                         vocab_size=args.vocab_size, max_seq_len=max_seq_len, n_kv_heads=args.kv_heads)
 
@@ -86,7 +101,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.decode_mode == "cuda-graph" and args.device != "cuda":
         raise ValueError("--decode-mode cuda-graph needs --device cuda")
     max_len = max(args.contexts) + args.new_tokens
-    for _, attention in CASES:  # every variant must be buildable at this shape (V1 needs even head counts)
+    for _, attention in cases():  # every variant must be buildable at this shape (V1 needs even head counts)
         try:
             model_config(args, attention, max_len)
         except ValueError as e:
@@ -104,7 +119,7 @@ def check_args(args: argparse.Namespace) -> None:
 def build_models(args: argparse.Namespace, max_len: int) -> dict[str, DiffTransformerLM]:
     """One freshly initialised fp32 model per variant on the CPU (seed 0), in eval mode."""
     models = {}
-    for label, attention in CASES:
+    for label, attention in cases():
         torch.manual_seed(0)
         models[label] = DiffTransformerLM(model_config(args, attention, max_len)).eval()
     return models
@@ -198,13 +213,14 @@ def measure(args: argparse.Namespace, emit: Optional[Callable[[dict], None]] = N
         import torch._dynamo as dynamo
 
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit,
-                                             4 * len(args.batch) * len(args.contexts) * len(CASES))
+                                             4 * len(args.batch) * len(args.contexts) * len(cases()))
     models = build_models(args, max_len)
+    ref, hv, others = _labels()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
         hf = None
         if not args.no_hf:
-            hf = export_to_hf(models["V1"], Path(tmp) / "diffllama", args.device, dtype)
+            hf = export_to_hf(models[hv], Path(tmp) / "diffllama", args.device, dtype)
         models = {k: m.to(device=device, dtype=dtype) for k, m in models.items()}
         for B in args.batch:
             for C in args.contexts:
@@ -217,14 +233,13 @@ def measure(args: argparse.Namespace, emit: Optional[Callable[[dict], None]] = N
                 hf_diff = None
                 if hf is not None:
                     fns[HF_LABEL] = HFDecoder(hf, prompt, first, args.new_tokens)
-                    hf_diff = float((fns[HF_LABEL].prefill_logits - fns["V1"].prefill_logits).abs().max())
+                    hf_diff = float((fns[HF_LABEL].prefill_logits - fns[hv].prefill_logits).abs().max())
                 times = paired_times(fns, repeats=args.rounds, warmup=1)
                 tokens = B * args.new_tokens
                 row = {"batch": B, "context": C, "new_tokens": args.new_tokens,
                        "tok_s": {k: tokens / statistics.median(t) for k, t in times.items()},
-                       "V1/base": median_ratio(times, "baseline", "V1"),
-                       "V2/base": median_ratio(times, "baseline", "V2"),
-                       "V1/HF": median_ratio(times, HF_LABEL, "V1") if hf is not None else None,
+                       **{f"{o}/base": median_ratio(times, ref, o) for o in others},
+                       f"{hv}/HF": median_ratio(times, HF_LABEL, hv) if hf is not None else None,
                        "hf_logit_diff": hf_diff,
                        "cache_bytes": {k: m.cache_nbytes() for k, m in models.items()}}
                 rows.append(row)
@@ -241,22 +256,24 @@ def measure(args: argparse.Namespace, emit: Optional[Callable[[dict], None]] = N
 
 def format_row(row: dict) -> str:
     t = row["tok_s"]
-    hf = f"{t[HF_LABEL]:>18,.1f} {row['V1/HF']:>10.3f}x" if row["V1/HF"] is not None else f"{'-':>18} {'-':>11}"
-    return (f"{row['batch']:>5} {row['context']:>7} {t['baseline']:>14,.1f} {t['V1']:>10,.1f} {row['V1/base']:>7.3f}x "
-            f"{t['V2']:>10,.1f} {row['V2/base']:>7.3f}x {hf}")
+    ref, hv, others = _labels()
+    hf = (f"{t[HF_LABEL]:>18,.1f} {row[f'{hv}/HF']:>10.3f}x" if row[f"{hv}/HF"] is not None
+          else f"{'-':>18} {'-':>11}")
+    return (f"{row['batch']:>5} {row['context']:>7} {t[ref]:>14,.1f} "
+            + "".join(f"{t[o]:>10,.1f} {row[f'{o}/base']:>7.3f}x " for o in others) + hf)
 
 
 def header() -> str:
-    return table_row(COLUMNS, (5, 7, 14, 10, 8, 10, 8, 18, 11))
+    return table_row(columns(), (5, 7, 14, *(w for _ in _labels()[2] for w in (10, 8)), 18, 11))
 
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     dtype = resolve_dtype(args)
-    cfgs = {label: model_config(args, attention, max(args.contexts) + args.new_tokens) for label, attention in CASES}
+    cfgs = {label: model_config(args, attention, max(args.contexts) + args.new_tokens) for label, attention in cases()}
     with torch.device("meta"):
         params = {label: DiffTransformerLM(cfg).num_parameters() for label, cfg in cfgs.items()}
-    base = cfgs["baseline"]
+    base = cfgs[variants.reference().short]
     print(f"# decode tokens/s (greedy, static KV cache, {args.decode_mode} step): {args.new_tokens} new tokens per "
           f"row after a prefilled context; DIFF backend {args.backend}; d_model {args.d_model}, {args.layers} layers, {base.n_heads} baseline "
           f"heads of {args.head_dim} (kv {base.n_kv_heads}), vocab {args.vocab_size}; {args.device} "

@@ -30,8 +30,8 @@ from typing import Optional
 import torch
 
 from ..model.config import ModelConfig
-from .common import (add_shape_flag, bench_cases, bench_config, diff_backends, print_load, resolve_shape,
-                     shape_config, shape_default_help, table_row)
+from .common import (add_shape_flag, bench_cases, bench_config, diff_backends, hf_diff_variant, print_load,
+                     resolve_shape, shape_config, shape_default_help, table_row)
 from .timing import median_time
 
 # The baseline has one attention path worth timing (SDPA); each of --backends is timed for V1 and V2.
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         from ..interop.hf import config_to_hf
 
         try:
-            config_to_hf(next(cfg for cfg in cfgs if cfg.attention == "diff_v1"), torch.float32)
+            config_to_hf(next(cfg for cfg in cfgs if cfg.attention == hf_diff_variant()), torch.float32)
         except ValueError as e:
             raise ValueError(f"--hf-difflama: {e}") from None
     threads = args.threads or torch.get_num_threads()
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     labels = [label for label, _, _ in measured]
     runs: list[tuple[ModelConfig, Optional[str]]] = [(cfg, None) for cfg in cfgs]
     if hf:
-        v1_cfg = next(cfg for cfg in cfgs if cfg.attention == "diff_v1")  # its shape: hidden, heads, FFN, vocab
+        v1_cfg = next(cfg for cfg in cfgs if cfg.attention == hf_diff_variant())  # its shape: hidden, heads, FFN, vocab
         labels.append(HF_LABEL)
         runs.append((v1_cfg, hf))
     times: list[list[float]] = [[] for _ in runs]
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if hf:
         t_hf = medians[-1]
         for (label, attention, _), t in zip(measured, medians):
-            if attention == "diff_v1":
+            if attention == hf_diff_variant():
                 print(f"{label} vs {HF_LABEL}: {t_hf / t:.2f}x (tokens/s, ours / transformers')")
     print_load("after", "targets: V1 >= 0.92x, V2 >= 0.88x (tokens/s vs baseline)")
     return 0

@@ -25,6 +25,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ..model import variants
 from .loading import EvalModel
 from .needles import NeedleTask, TaskChoice, build_haystack, filler_sentences
 from .noise import key_masks, span_masses
@@ -130,7 +131,7 @@ def run_attnmap(evs: Sequence[EvalModel], seed: int = 0, layer: Optional[int] = 
         lt = per_layer.abs().sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
         maps.append({
             "label": label, "attention": ev.attention,
-            "map": "differential map A1 - lambda*A2" if ev.attention != "baseline" else "softmax map",
+            "map": "differential map A1 - lambda*A2" if variants.variant(ev.attention).differential else "softmax map",
             "row": row.tolist(), "normalized_row": (row / total).tolist(),
             "answer_mass": float(ans), "noise_mass": float(noise),
             "answer_score": float(ans) / total, "noise_score": float(noise) / total,

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from .attention_mass import attention_shares
 from ..data.tokenizer import EOS
+from ..model import variants
 from .loading import EvalModel
 from .needles import EncodedHaystack, NeedleTask, TaskChoice, build_haystack, filler_sentences, padded_batch
 from .plotting import color, pyplot, save_figure
@@ -154,7 +155,7 @@ def run_noise(ev: EvalModel, samples: int = QUICK_SAMPLES, seed: int = 0, task: 
             "noise_per_layer": [x["noise_share"] for x in s["per_layer"]],
             "answer": a, "noise": n, "answer_sem": s["answer_share_sem"], "noise_sem": s["noise_share_sem"],
             "noise_to_answer": n / a if a else None,
-            "map": "differential map A1 - lambda*A2" if ev.attention != "baseline" else "softmax map",
+            "map": "differential map A1 - lambda*A2" if variants.variant(ev.attention).differential else "softmax map",
             "uniform_answer_share": float(sum((e.target[1] - e.target[0]) / e.context_end for e in items) / len(items))}
 
 

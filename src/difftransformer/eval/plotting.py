@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-# One colour per attention variant, the same in every figure of the report and of `difftransformer eval`.
-COLORS = {"baseline": "#555555", "diff_v1": "#1f77b4", "diff_v2": "#d62728"}
+from ..model import variants
 
 
 def pyplot():
@@ -18,10 +17,16 @@ def pyplot():
 
 
 def color(result_or_attention: Any) -> str | None:
-    """The variant's colour, from an attention name or a result dict (its ``model.attention``)."""
+    """The variant's colour (one per variant, the same in every figure: ``model/variants.py``), from an attention
+    name or a result dict (its ``model.attention``)."""
     if isinstance(result_or_attention, dict):
-        return COLORS.get(result_or_attention["model"].get("attention"))
-    return COLORS.get(result_or_attention)
+        return variants.colour(result_or_attention["model"].get("attention"))
+    return variants.colour(result_or_attention)
+
+
+def label(attention: str) -> str:
+    """The variant's label in legends and titles (``attention`` itself for a name no variant has)."""
+    return variants.label(attention)
 
 
 def save_figure(fig, axes: Sequence[Any], path: str | Path, grid: bool = True, dpi: int = 80) -> None:

@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args
 
 from ..fileio import atomic_write, parse_json
+from . import variants
 
-AttentionKind = Literal["baseline", "diff_v1", "diff_v2"]
+# A registered variant's name (model/variants.py; the built-in ones: baseline, diff_v1, diff_v2)
+AttentionKind = str
 Backend = Literal["auto", "eager", "sdpa", "blocked", "triton"]
 V2Lambda = Literal["sigmoid", "none", "raw"]
 V2Pairing = Literal["interleaved", "halves"]
 V1Layout = Literal["paper", "per_head"]
 
-ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 V2_LAMBDA_MODES: tuple[str, ...] = get_args(V2Lambda)
 V2_PAIRINGS: tuple[str, ...] = get_args(V2Pairing)
@@ -104,7 +105,7 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
                      "ffn_multiple_of", "max_seq_len"):
             _check_positive_int(name, getattr(self, name))
-        _check_choice("attention", self.attention, ATTENTION_KINDS)
+        var = variants.variant(self.attention, "ModelConfig.attention")
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("v2_lambda", self.v2_lambda, V2_LAMBDA_MODES)
         _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS)
@@ -142,26 +143,20 @@ class ModelConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
                 raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; use \"schedule\" or a number in (0, 1)")
             self.lambda_init = float(v)
-        if self.attention == "diff_v1" and self.v1_layout == "paper":
-            if self.n_heads % 2 or self.n_kv_heads % 2:
-                raise ValueError(
-                    f"ModelConfig.n_heads={self.n_heads} and n_kv_heads={self.n_kv_heads} must both be even for "
-                    "attention='diff_v1' (it uses n_heads/2 differential heads and n_kv_heads/2 KV heads; "
-                    "v1_layout='per_head' keeps n_heads heads)")
         if self.headwise_norm_weight and not self.headwise_norm:
             raise ValueError("ModelConfig.headwise_norm_weight=true needs headwise_norm=true")
-        self._refuse_foreign_options()
+        if var.check is not None:
+            var.check(self)
+        self._refuse_foreign_options(var)
 
-    def _refuse_foreign_options(self) -> None:
+    def _refuse_foreign_options(self, var: variants.Variant) -> None:
         # A V1 ablation set on a V2 model (or vice versa) would silently do nothing: refuse it loudly.
         default = {f.name: f.default for f in fields(ModelConfig)}
-        v1_opts = ("lambda_init", "headwise_norm", "headwise_norm_weight", "v1_layout")
-        v2_opts = ("v2_lambda", "v2_pairing")
-        foreign = {"baseline": v1_opts + v2_opts, "diff_v1": v2_opts, "diff_v2": v1_opts}[self.attention]
-        for name in foreign:
-            if getattr(self, name) != default[name]:
+        for name in variants.all_options():
+            if name not in var.options and getattr(self, name) != default[name]:
+                owners = [v.name for v in variants.variants() if name in v.options]
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} only applies to "
-                                 f"{'diff_v1' if name in v1_opts else 'diff_v2'}, not attention={self.attention!r}")
+                                 f"{' or '.join(owners)}, not attention={self.attention!r}")
 
     # ------------------------------------------------------------------ derived sizes
     @property

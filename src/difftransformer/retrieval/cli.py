@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Optional
 
-from .config import VARIANTS, RetrievalConfig, quick_config
+from ..model import variants as registry
+from .config import RetrievalConfig, quick_config
 
 HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md): baseline vs DIFF V1/V2, tuned and "
         "matched learning rates, 8 paired seeds, attention share, quantisation, plots; --sweep-width: accuracy vs "
@@ -56,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--distractors", help="training distractor kind: random | near")
     p.add_argument("--d-model", type=int, help="model width (all variants; parameters matched by the library)")
     p.add_argument("--n-layers", type=int, help="transformer layers")
-    p.add_argument("--variants", help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    p.add_argument("--variants", help=f"comma-separated subset of {', '.join(registry.names())}")
     p.add_argument("--eval-contexts", type=int, help="test contexts per condition, and validation contexts for the "
                                                      "lr choice (default 128)")
     p.add_argument("--primary", help="primary endpoint condition, inside the trained lengths (default p48c48); "

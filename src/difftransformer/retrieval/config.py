@@ -33,8 +33,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model import variants as registry
+
 DISTRACTOR_KINDS = ("random", "near")
-VARIANTS = ("baseline", "diff_v1", "diff_v2")
 LR_POLICIES = ("tuned", "matched")
 
 
@@ -116,10 +117,11 @@ class RetrievalConfig:
     lr_grid: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
     lr_widen: int = 1  # times the grid may grow by one value past an edge that was chosen
     tuning_seeds: tuple[int, ...] = (100,)  # the grid runs on these only; never test seeds
-    matched_lr: str = "baseline"  # the sensitivity row: every variant at this variant's tuned lr
+    # the sensitivity row: every variant at this variant's tuned lr (default: the reference, the baseline)
+    matched_lr: str = field(default_factory=lambda: registry.reference().name)
     # --- test ---
     seeds: int = 8  # test seeds 0 .. seeds-1 per variant (paired across variants)
-    variants: tuple[str, ...] = VARIANTS
+    variants: tuple[str, ...] = field(default_factory=registry.names)  # every registered variant
     floor: float = 0.9  # accuracy on the training distribution below which a run is a training failure
     eval_contexts: int = 128  # test contexts per condition (``queries`` asked in each)
     val_contexts: int = 128  # validation contexts (its own generator seed) for the lr choice
@@ -177,10 +179,10 @@ class RetrievalConfig:
                              f"{', '.join(DISTRACTOR_KINDS)}")
         if not self.lr_grid or any(not 0 < x < 1 for x in self.lr_grid) or len(set(self.lr_grid)) != len(self.lr_grid):
             raise ValueError(f"RetrievalConfig.lr_grid={self.lr_grid} must be distinct values in (0, 1)")
-        if (not self.variants or any(v not in VARIANTS for v in self.variants)
+        if (not self.variants or any(v not in registry.names() for v in self.variants)
                 or len(set(self.variants)) != len(self.variants)):
             raise ValueError(f"RetrievalConfig.variants={self.variants} is not allowed; choose distinct ones of "
-                             f"{', '.join(VARIANTS)}")
+                             f"{', '.join(registry.names())}")
         if self.matched_lr not in self.variants:
             raise ValueError(f"RetrievalConfig.matched_lr={self.matched_lr!r} is not allowed; choose one of the "
                              f"variants {', '.join(self.variants)}")

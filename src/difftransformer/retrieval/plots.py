@@ -8,10 +8,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..eval.plotting import COLORS, pyplot
+from ..eval.plotting import color, label, pyplot
 
 plt = pyplot()  # the package's one matplotlib set-up (Agg) and colour table, as in the report's other figures
-LABELS = {"baseline": "Baseline", "diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
 
 
 def _ms(xs):
@@ -54,7 +53,7 @@ def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
         ax.set_yticks(range(len(pm)), [str(x) for x in pm])
         ax.set_xlabel("context length (dashed: end of trained)", fontsize=8)
         ax.set_ylabel("facts in the context")
-        ax.set_title(f"{LABELS.get(v, v)} ({results['variants'][v]['params']:,} params)", fontsize=9)
+        ax.set_title(f"{label(v)} ({results['variants'][v]['params']:,} params)", fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy (mean over seeds)")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -68,7 +67,7 @@ def plot_accuracy_vs_difficulty(results: dict[str, Any], path) -> Path:
     for k, v in enumerate(results["variants"]):
         ms = [_acc(results, v, c["name"]) for c in conds]
         ax.errorbar([i + 0.08 * (k - 1) for i in range(len(conds))], [m for m, _ in ms], yerr=[s for _, s in ms],
-                    marker="o", capsize=3, label=LABELS.get(v, v), color=COLORS.get(v))
+                    marker="o", capsize=3, label=label(v), color=color(v))
     ax.axhline(results["chance"], ls="--", color="k", lw=0.8, label="chance")
     ax.set_xticks(range(len(conds)), [c["name"] for c in conds], rotation=45, fontsize=8)
     ax.set_ylabel("accuracy")
@@ -92,7 +91,7 @@ def plot_attention_shares(results: dict[str, Any], path, condition: str | None =
         for ax, per_layer in zip(axes, series):
             ms = [_ms(x) for x in per_layer]
             ax.errorbar([l + 0.08 * (k - 1) for l in range(n_layers)], [m for m, _ in ms], yerr=[s for _, s in ms],
-                        marker="o", capsize=3, label=LABELS.get(v, v), color=COLORS.get(v))
+                        marker="o", capsize=3, label=label(v), color=color(v))
     for ax, t in zip(axes, ("best head's answer share (the endpoint, per layer)", "head-mean answer share")):
         ax.set_title(t, fontsize=9)
         ax.set_xlabel("layer")
@@ -113,7 +112,7 @@ def plot_quantization(results: dict[str, Any], path) -> Path:
         rows = runs[0]["quantized"][cond]
         ms = [_ms(r["quantized"][cond][i]["accuracy"] for r in runs) for i in range(len(rows))]
         ax.errorbar(range(len(rows)), [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3,
-                    label=LABELS.get(v, v), color=COLORS.get(v))
+                    label=label(v), color=color(v))
     ax.set_xticks(range(len(rows)), ["full" if r["bits"] is None else f"{r['bits']}b" for r in rows])
     ax.axhline(results["chance"], ls="--", color="k", lw=0.8)
     ax.set_ylim(0, 1.02)
@@ -144,7 +143,7 @@ def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) 
         ax.bar(range(len(row)), row, color=colors, width=1.0)
         ax.axhline(0, color="k", lw=0.5)
         verdict = {True: "answered right", False: "answered wrong"}.get(ex.get("correct"), "")
-        ax.set_title(f"{LABELS.get(v, v)}, layer {l % len(ex['rows'])} (head mean), {verdict}: answer red, other "
+        ax.set_title(f"{label(v)}, layer {l % len(ex['rows'])} (head mean), {verdict}: answer red, other "
                      f"facts orange, filler gray, earlier questions olive", fontsize=8)
         ax.set_ylabel("attention")
     axes[-1, 0].set_xlabel("key position")

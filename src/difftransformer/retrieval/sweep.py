@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 import multiprocessing as mp
 import numpy as np
 
+from ..model import variants as registry
 from .config import RetrievalConfig
 
 N_BOOT = 2000
@@ -67,7 +68,8 @@ def param_ratio(params: dict[str, list[int]], acc: dict[str, np.ndarray], varian
                 n: int) -> float:
     """DIFF's parameters at the baseline's fitted accuracy at ``ref_params``, over ``ref_params``. ``acc[v]``:
     (widths, seeds)."""
-    ab, bb = fit_logit(params["baseline"], acc["baseline"].mean(1), n)
+    base = registry.reference().name
+    ab, bb = fit_logit(params[base], acc[base].mean(1), n)
     if not bb > MIN_SLOPE:
         return math.nan
     target = 1 / (1 + math.exp(-(ab + bb * math.log(ref_params))))
@@ -83,15 +85,16 @@ def analyse(res: dict[str, Any], default_width: int) -> dict[str, Any]:
     n = res["n_queries"]
     acc = {v: np.array(res["accuracy"][v], dtype=float) for v in V}  # (widths, seeds)
     params = res["params"]
-    ref = (params["baseline"][widths.index(default_width)] if default_width in widths
-           else math.exp(np.mean(np.log(params["baseline"]))))
+    base = registry.reference().name
+    ref = (params[base][widths.index(default_width)] if default_width in widths
+           else math.exp(np.mean(np.log(params[base]))))
     out: dict[str, Any] = {"reference_params": ref, "fits": {v: fit_logit(params[v], acc[v].mean(1), n) for v in V},
                            "ratios": {}}
     rng = np.random.default_rng(0)
-    S = acc["baseline"].shape[1]
+    S = acc[base].shape[1]
     draws = rng.integers(0, S, size=(N_BOOT, S))
     for v in V:
-        if v == "baseline":
+        if v == base:
             continue
         est = param_ratio(params, acc, v, ref, n)
         boot = np.array([param_ratio(params, {w: acc[w][:, idx] for w in V}, v, ref, n) for idx in draws])
@@ -118,7 +121,7 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
     """Train every variant x test seed at every width at ``cfg.sweep_lr``; write sweep.json and sweep.png."""
     if len(widths) < 2 or len(set(widths)) != len(widths):
         raise ValueError(f"--sweep-width needs at least two distinct widths, got {list(widths)}")
-    if "baseline" not in cfg.variants or len(cfg.variants) < 2:
+    if registry.reference().name not in cfg.variants or len(cfg.variants) < 2:
         raise ValueError("the sweep compares DIFF with the baseline: --variants must include baseline and a DIFF one")
     cfgs = {w: cfg.replace(d_model=w) for w in widths}  # validates every width (even head width, divisible)
     from tqdm import tqdm
@@ -160,16 +163,16 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
 
 
 def plot_sweep(res: dict[str, Any], path) -> Path:
-    from .plots import COLORS, LABELS, _save, plt
+    from .plots import _save, color, label, plt
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     n = res["n_queries"]
     for v, ps in res["params"].items():
         acc = np.array(res["accuracy"][v])
         ax.errorbar(ps, acc.mean(1), yerr=acc.std(1, ddof=1) if acc.shape[1] > 1 else None, marker="o", capsize=3,
-                    ls="none", label=LABELS.get(v, v), color=COLORS.get(v))
+                    ls="none", label=label(v), color=color(v))
         a, b = res["analysis"]["fits"][v]
         xs = np.geomspace(min(ps), max(ps), 50)
-        ax.plot(xs, 1 / (1 + np.exp(-(a + b * np.log(xs)))), color=COLORS.get(v), lw=1)
+        ax.plot(xs, 1 / (1 + np.exp(-(a + b * np.log(xs)))), color=color(v), lw=1)
     ax.axvline(res["analysis"]["reference_params"], color="k", ls=":", lw=0.8)
     ax.axhline(res["chance"], color="k", ls="--", lw=0.8)
     ax.set_xscale("log")

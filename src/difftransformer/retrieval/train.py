@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..model import DiffTransformerLM, ModelConfig
+from ..model import variants as registry
 from .config import RetrievalConfig
 from .task import train_stream
 
@@ -28,8 +29,8 @@ def model_config(cfg: RetrievalConfig, variant: str, backend: str = "sdpa") -> M
 def build_paired(cfg: RetrievalConfig, variant: str, seed: int) -> tuple[DiffTransformerLM, list[str]]:
     """The model of ``variant`` for ``seed``, and the names of the tensors copied from the seed's baseline."""
     torch.manual_seed(seed)
-    base = DiffTransformerLM(model_config(cfg, "baseline"))
-    if variant == "baseline":
+    base = DiffTransformerLM(model_config(cfg, registry.reference().name))
+    if registry.variant(variant).reference:
         return base, [n for n, _ in base.state_dict().items()]
     torch.manual_seed(seed)
     model = DiffTransformerLM(model_config(cfg, variant))

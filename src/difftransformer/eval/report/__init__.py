@@ -17,7 +17,7 @@ from .results import RunResults, Settings
 from .runner import evaluate_runs, run_analysis, write_report
 # The verdict entry point is ``verdicts.verdicts(runs)``; the module (not the function) is this package's
 # ``verdicts`` attribute, so the statistics can be swapped by replacing one module.
-from .verdicts import HELD, INCONCLUSIVE, NAMES, NOT_HELD, SMOKE, VARIANTS
+from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, SMOKE
 
-__all__ = ["HELD", "INCONCLUSIVE", "NAMES", "NOT_HELD", "SMOKE", "VARIANTS", "RunResults", "Settings",
+__all__ = ["HELD", "INCONCLUSIVE", "NOT_HELD", "SMOKE", "RunResults", "Settings",
            "evaluate_runs", "read_metrics", "run_analysis", "write_report"]

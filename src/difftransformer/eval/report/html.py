@@ -14,7 +14,9 @@ from ..analyses import ANALYSES
 from ..spec import by_name
 from .results import RunResults, Settings
 from .training import TITLE as TRAINING_TITLE
-from .verdicts import HELD, INCONCLUSIVE, NAMES, NOT_HELD, RULE, SMOKE, VARIANTS, parameter_notes, summary_note
+from ...model import variants as registry
+from ...model.variants import label
+from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULE, SMOKE, parameter_notes, summary_note
 
 # The page's sections after the training one: the attention map of Fig. 1 sits right after the retrieval results
 # it illustrates, the rest in the order of the paper's claims (analyses.ANALYSES).
@@ -87,7 +89,7 @@ def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figu
         rrows = extra["retrieval_rows"]
         parts += ["<h2>Retrieval among distractors: token-level key-value benchmark</h2>",
                   table(["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"],
-                        [[r["claim"], NAMES[r["variant"]], r["verdict"], r["paper"], r["measure"], r["why"]]
+                        [[r["claim"], label(r["variant"]), r["verdict"], r["paper"], r["measure"], r["why"]]
                          for r in rrows], cls=[_slug(r["verdict"]) for r in rrows], left=6),
                   extra["retrieval"],
                   "<h2>Language models on the embedded corpus</h2>"]
@@ -95,24 +97,24 @@ def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figu
     mrows = []
     for r in runs:
         d = r.ev.run_config.get("data", {})
-        mrows.append([r.ev.label, NAMES.get(r.attention, r.attention), r.ev.model.num_parameters(), r.ev.seed,
+        mrows.append([r.ev.label, label(r.attention), r.ev.model.num_parameters(), r.ev.seed,
                       r.training.get("final_val_loss"), len(r.training["step"]) and r.training["step"][-1],
                       d.get("retrieval_share"), str(r.ev.source)])
     parts += ["<h2>Models</h2>",
               table(["run", "attention", "parameters", "seed", "final val loss", "steps", "retrieval share",
                      "directory"], mrows, left=2)]
     # verdicts
-    n_seeds = {v: sum(r.attention == v for r in runs) for v in VARIANTS}
+    n_seeds = {v: sum(r.attention == v for r in runs) for v in registry.names()}
     one_seed = " With one seed per variant the seed-to-seed spread is unknown." if max(n_seeds.values()) <= 1 else ""
     parts += ["<h2>Verdicts</h2>",
-              "<p class='note'>Runs per variant: " + ", ".join(f"{NAMES[v]} {n}" for v, n in n_seeds.items() if n)
+              "<p class='note'>Runs per variant: " + ", ".join(f"{label(v)} {n}" for v, n in n_seeds.items() if n)
               + "." + one_seed + " " + _esc(_verdict_rule()) + "</p>",
               table(["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"],
-                    [[r["claim"], NAMES[r["variant"]], r["verdict"], r["paper"], r["measure"], r["why"]]
+                    [[r["claim"], label(r["variant"]), r["verdict"], r["paper"], r["measure"], r["why"]]
                      for r in rows], cls=[_slug(r["verdict"]) for r in rows], left=6)]
     counts = {v: {k: sum(1 for r in rows if r["variant"] == v and r["verdict"] == k)
-                  for k in (HELD, NOT_HELD, INCONCLUSIVE, SMOKE)} for v in ("diff_v1", "diff_v2")}
-    summary = "; ".join(f"{NAMES[v]}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n)
+                  for k in (HELD, NOT_HELD, INCONCLUSIVE, SMOKE)} for v in (x.name for x in registry.compared())}
+    summary = "; ".join(f"{label(v)}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n)
                         for v, c in counts.items() if sum(c.values()))
     rrows = extra.get("retrieval_rows", []) if "retrieval" in extra else []
     # The multiplicity note counts every verdict on the page, the retrieval benchmark's included.

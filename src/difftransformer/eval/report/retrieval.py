@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .. import stats
-from .verdicts import NAMES, row
+from ...model import variants as registry
+from ...model.variants import label as vlabel
+from .verdicts import row
 
 QUANT_BITS = 4
 MIN_EFFECT = {"acc": 0.02, "attention": 0.02, "extrapolation": 0.02, "quant": 0.02}  # PROTOCOL.md, "Statistics"
@@ -86,7 +88,7 @@ def _paired(results: dict[str, Any], variant: str, policy: str) -> tuple[list[di
     """Baseline and ``variant`` runs on the seeds both have, seed order; policy "no_failures" drops the seeds where
     either run failed its floor."""
     key = "runs" if policy == "no_failures" else policy
-    b, d = _runs(results, "baseline", key), _runs(results, variant, key)
+    b, d = _runs(results, registry.reference().name, key), _runs(results, variant, key)
     seeds = sorted({r["seed"] for r in b} & {r["seed"] for r in d})
     if policy == "no_failures":
         bad = {r["seed"] for r in b + d if r.get("failed")}
@@ -99,7 +101,8 @@ def _smoke(results: dict[str, Any]) -> bool:
 
 
 def _diff_variants(results: dict[str, Any]) -> list[str]:
-    return [v for v in results["variants"] if v != "baseline"] if "baseline" in results["variants"] else []
+    base = registry.reference().name
+    return [v for v in results["variants"] if v != base] if base in results["variants"] else []
 
 
 def retrieval_verdicts(results: dict[str, Any], policy: str = "runs") -> list[dict[str, Any]]:
@@ -125,7 +128,7 @@ def sensitivity_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any
     by = {p: retrieval_verdicts(results, p) for p, _ in POLICIES}
     rows = []
     for i, r in enumerate(by["runs"]):
-        cells = [r["claim"], NAMES.get(r["variant"], r["variant"])]
+        cells = [r["claim"], vlabel(r["variant"])]
         for p, _ in POLICIES:
             x = by[p][i]
             st = x["stats"]
@@ -159,7 +162,7 @@ def _interval(xs: Sequence[float], n: int) -> str:
 
 def models_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     fl = failures(results)
-    rows = [[NAMES.get(v, v), x["params"], x["tuned_lr"], results["matched_lr"], len(x["runs"]),
+    rows = [[vlabel(v), x["params"], x["tuned_lr"], results["matched_lr"], len(x["runs"]),
              f"{len(fl[v]['tuned'])} of {fl[v]['n']}" + (f" (seeds {fl[v]['tuned']})" if fl[v]["tuned"] else ""),
              f"{len(fl[v]['matched'])} of {fl[v]['n']}" + (f" (seeds {fl[v]['matched']})" if fl[v]["matched"] else "")]
             for v, x in results["variants"].items()]
@@ -186,24 +189,24 @@ def accuracy_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]
         rows.append([label, c["pairs"], c["context"], fc.get("seq_len")]
                     + [_interval([r["conditions"][name]["accuracy"] for r in _runs(results, v)], fc["n_queries"])
                        for v in variants])
-    return ["condition", "facts", "context", "input length"] + [NAMES.get(v, v) for v in variants], rows
+    return ["condition", "facts", "context", "input length"] + [vlabel(v) for v in variants], rows
 
 
 def shares_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     cond = results["config"]["primary"]
     rows = []
     for v in results["variants"]:
-        for policy, label in POLICIES[:2]:
+        for policy, policy_label in POLICIES[:2]:
             xs = [r["conditions"][cond]["attention_endpoint"] for r in _runs(results, v, policy)]
             per_layer = [r["conditions"][cond]["best_head_share_per_layer"] for r in _runs(results, v, policy)]
             layers = "; ".join(f"{statistics.fmean(p[i] for p in per_layer):.3f}" for i in range(len(per_layer[0])))
-            rows.append([NAMES.get(v, v), label, f"{statistics.fmean(xs):.3f}",
+            rows.append([vlabel(v), policy_label, f"{statistics.fmean(xs):.3f}",
                          f"{statistics.stdev(xs) if len(xs) > 1 else 0:.3f}", layers])
     return ["variant", "lr", "attention endpoint (seed mean)", "seed sd", "per layer"], rows
 
 
 def lr_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    rows = [[NAMES.get(v, v), g["lr"], f"{g['val_accuracy']:.3f}", f"{g['val_loss']:.4f}",
+    rows = [[vlabel(v), g["lr"], f"{g['val_accuracy']:.3f}", f"{g['val_loss']:.4f}",
              f"{g['min_training_distribution']:.3f}",
              ("chosen" if g["lr"] == x["tuned_lr"] else "") + (" (widened)" if g["lr"] in x["widened"] else "")
              + (" STILL AT AN EDGE" if g["lr"] == x["tuned_lr"] and x["at_edge"] else "")]
@@ -224,17 +227,17 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
              f"per context; chance is {results['chance']:.3g}. Trained {cfg['steps']} steps per model. Each variant's "
              f"learning rate was chosen from its grid on tuning seeds {tuning} (never test seeds) by validation "
              f"accuracy at the primary condition; the test seeds 0-{cfg['seeds'] - 1} run at it (the primary "
-             f"analysis) and at the matched lr {results['matched_lr']:g} ({NAMES.get(cfg['matched_lr'])}'s, a "
+             f"analysis) and at the matched lr {results['matched_lr']:g} ({vlabel(cfg['matched_lr'])}'s, a "
              f"sensitivity row). Seed s of every variant sees the same example stream and starts from the same "
              f"tensors where shapes match. Primary endpoint: accuracy at {cond}, {cfg['train_context'][1]} tokens or "
              f"fewer (inside the trained lengths); length extrapolation ({cfg['extrapolation']}) is secondary. "
              f"Cells: seed mean [95% interval].")
-    fails = "; ".join(f"{NAMES.get(v, v)} {len(f['tuned'])} of {f['n']} (tuned lr), {len(f['matched'])} of {f['n']} "
+    fails = "; ".join(f"{vlabel(v)} {len(f['tuned'])} of {f['n']} (tuned lr), {len(f['matched'])} of {f['n']} "
                       f"(matched lr), {len(f['tuning'])} tuning run(s)" for v, f in fl.items())
     floor = (f"Training failures (accuracy on held-out contexts of the training distribution below "
              f"{cfg['floor']:.0%}): {fails}. The primary analysis includes them; a sensitivity row drops their seeds.")
     parts = [f"<p>{html.escape(intro)}</p>", f"<p>{html.escape(floor)}</p>"]
-    weak = [NAMES.get(v, v) for v, f in fl.items() if f["n"] and 2 * len(f["tuned"]) >= f["n"]]
+    weak = [vlabel(v) for v, f in fl.items() if f["n"] and 2 * len(f["tuned"]) >= f["n"]]
     if weak:
         parts.append(f"<p class='note'><b>Caution:</b> {', '.join(weak)} failed the floor in half or more of the test "
                      "seeds at the tuned lr, so the verdicts against it compare with a model that mostly did not learn "

@@ -12,12 +12,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from ...model import variants as registry
+from ...model.variants import label
 from .. import stats
 from ..long_context import compare_context_gains
 from .results import RunResults
 
-VARIANTS = ("baseline", "diff_v1", "diff_v2")
-NAMES = {"baseline": "Baseline", "diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
 HELD, NOT_HELD, INCONCLUSIVE, SMOKE = stats.HELD, stats.NOT_HELD, stats.INCONCLUSIVE, stats.SMOKE
 
 RULE = ("Verdicts: DIFF minus the baseline per seed (seeds are paired: same initialisation where shapes match, "
@@ -199,7 +199,7 @@ def _paired(runs: Sequence[RunResults], variant: str) -> tuple[list[RunResults],
     def by_seed(v: str) -> dict[Any, RunResults]:
         rs = [r for r in runs if r.attention == v]
         return {(r.ev.seed if r.ev.seed is not None else i): r for i, r in enumerate(rs)}
-    b, d = by_seed("baseline"), by_seed(variant)
+    b, d = by_seed(registry.reference().name), by_seed(variant)
     common = sorted(set(b) & set(d), key=str)
     return [b[s] for s in common], [d[s] for s in common]
 
@@ -226,14 +226,14 @@ def verdicts(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
     steps = min_steps(runs)
     smoke = stats.smoke_run(steps) if steps is not None else None
     for c in claims():
-        for v in ("diff_v1", "diff_v2"):
+        for v in (x.name for x in registry.compared()):
             if v not in {r.attention for r in runs}:
                 continue
             b, d = _paired(runs, v)
             if smoke is not None:
                 verdict = smoke
             elif not b:
-                verdict = _inconclusive(f"no baseline run shares a seed with {NAMES[v]}")
+                verdict = _inconclusive(f"no baseline run shares a seed with {label(v)}")
             else:
                 try:
                     verdict = c.judge(b, d)
@@ -248,10 +248,11 @@ def verdicts(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
 def parameter_notes(runs: Sequence[RunResults]) -> list[str]:
     """The page's note when a DIFF variant's parameter count differs from the baseline's (V2: about 5% more)."""
     params = {r.attention: r.ev.model.num_parameters() for r in runs}
-    if "baseline" not in params:
+    base = registry.reference().name
+    if base not in params:
         return []
-    notes = [stats.parameter_note(params["baseline"], params[v], NAMES[v]) for v in ("diff_v1", "diff_v2")
-             if v in params]
+    notes = [stats.parameter_note(params[base], params[v.name], v.label) for v in registry.compared()
+             if v.name in params]
     return [note for differs, note in notes if differs]
 
 
