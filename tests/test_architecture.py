@@ -8,6 +8,7 @@ from pathlib import Path
 
 import difftransformer
 from difftransformer import rundir
+from difftransformer.model.pretrained import SIDE_FILES
 
 SRC = Path(difftransformer.__file__).parent
 # Modules that other work is restructuring; the lead drops each entry when its owner's branch is merged.
@@ -120,10 +121,11 @@ def spelled_in(names: list[str]) -> dict[str, list[str]]:
 
 def test_run_file_names_are_spelled_once():
     """Every path a run's file is found by comes from one constant, in rundir/files.py; the model directory's
-    names (a checkpoint is one) in model/pretrained.py; each variant's metrics key in its own class."""
+    names (a checkpoint is one, a Hugging Face directory uses the same) in model/pretrained.py; each variant's
+    metrics key in its own class."""
     run = [rundir.RUN_CONFIG_NAME, rundir.METRICS_NAME, rundir.CHECKPOINTS_DIR, rundir.TENSORBOARD_DIR,
            rundir.STATE_TENSORS, rundir.STATE_JSON, rundir.LOCK_NAME]
-    model = [rundir.TOKENIZER_NAME, rundir.MANIFEST_NAME]
+    model = [rundir.CONFIG_NAME, rundir.WEIGHTS_NAME, rundir.TOKENIZER_NAME, rundir.MANIFEST_NAME, *SIDE_FILES]
     where = spelled_in([*run, *model, *rundir.LAMBDA_KEYS])
     assert {n: w for n, w in where.items() if len(w) != 1} == {}
     assert {n: where[n] for n in run} == {n: ["rundir/files.py"] for n in run}

@@ -125,17 +125,18 @@ def _side_config(model_dir: Path, run: Optional[Path]) -> dict:
     """generation_config.json, tokenizer_config.json and chat_template.jinja beside the weights (a converted
     Hugging Face model keeps them), as {"generation": {...}, "tokenizer": {...}, "chat_template": str|None}."""
     from ..fileio import read_json
+    from ..model.pretrained import CHAT_TEMPLATE_NAME, GENERATION_CONFIG_NAME, TOKENIZER_CONFIG_NAME
 
     out: dict = {"generation": {}, "tokenizer": {}, "chat_template": None}
     for d in (model_dir, run):
         if d is None:
             continue
-        for key, name in (("generation", "generation_config.json"), ("tokenizer", "tokenizer_config.json")):
+        for key, name in (("generation", GENERATION_CONFIG_NAME), ("tokenizer", TOKENIZER_CONFIG_NAME)):
             if not out[key] and (Path(d) / name).is_file():
                 value = read_json(Path(d) / name)
                 out[key] = value if isinstance(value, dict) else {}
-        if out["chat_template"] is None and (Path(d) / "chat_template.jinja").is_file():
-            out["chat_template"] = (Path(d) / "chat_template.jinja").read_text()
+        if out["chat_template"] is None and (Path(d) / CHAT_TEMPLATE_NAME).is_file():
+            out["chat_template"] = (Path(d) / CHAT_TEMPLATE_NAME).read_text()
     if out["chat_template"] is None and isinstance(out["tokenizer"].get("chat_template"), str):
         out["chat_template"] = out["tokenizer"]["chat_template"]
     return out

@@ -37,18 +37,17 @@ from safetensors.torch import save_file
 
 from ..fileio import parse_json
 from ..model.config import ModelConfig
-from ..model.pretrained import TOKENIZER_NAME, atomic_directory, load_state_dict
+from ..model.pretrained import (CONFIG_NAME, GENERATION_CONFIG_NAME, SIDE_FILES, TOKENIZER_CONFIG_NAME,
+                                TOKENIZER_NAME, WEIGHTS_NAME, atomic_directory, load_state_dict)
 from ..model.transformer import DiffTransformerLM
 from ..rundir import dir_kind
 
 PathLike = Union[str, os.PathLike]
 
-HF_CONFIG = "config.json"
-HF_WEIGHTS = "model.safetensors"
-# What a Hugging Face user expects beside the tokenizer (end tokens, chat template, generation defaults): carried
-# both ways by `convert`, byte for byte; for our own runs `side_files_for` writes the first and the third.
-HF_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
-HF_INDEX = "model.safetensors.index.json"
+HF_CONFIG, HF_WEIGHTS = CONFIG_NAME, WEIGHTS_NAME  # the same names as our model directories
+# Carried both ways by `convert`, byte for byte; for our own runs `side_files_for` writes the first and the third.
+HF_SIDE_FILES = SIDE_FILES
+HF_INDEX = WEIGHTS_NAME + ".index.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
 HEADWISE_EPS = 1e-5  # our DIFF V1 head-wise RMSNorm eps (the official code's)
 
@@ -374,15 +373,15 @@ def side_files_for(tokenizer_file: PathLike, max_seq_len: int) -> dict[str, byte
     tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": EOS, "pad_token": EOS,
                "model_max_length": max_seq_len, "clean_up_tokenization_spaces": False}
     gen_cfg = {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}
-    return {"tokenizer_config.json": (json.dumps(tok_cfg, indent=2) + "\n").encode(),
-            "generation_config.json": (json.dumps(gen_cfg, indent=2) + "\n").encode()}
+    return {TOKENIZER_CONFIG_NAME: (json.dumps(tok_cfg, indent=2) + "\n").encode(),
+            GENERATION_CONFIG_NAME: (json.dumps(gen_cfg, indent=2) + "\n").encode()}
 
 
 def _token_ids(side: dict[str, bytes]) -> dict[str, Any]:
     """bos/eos/pad ids for config.json, from generation_config.json when there is one."""
-    if "generation_config.json" not in side:
+    if GENERATION_CONFIG_NAME not in side:
         return {}
-    gen = parse_json(side["generation_config.json"].decode(), "generation_config.json")
+    gen = parse_json(side[GENERATION_CONFIG_NAME].decode(), GENERATION_CONFIG_NAME)
     return {k: gen[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if isinstance(gen, dict) and k in gen}
 
 

@@ -33,6 +33,13 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 MANIFEST_NAME = "manifest.json"
+# What a Hugging Face user expects beside the tokenizer (end tokens, chat template, generation defaults): carried
+# both ways by `convert` (``interop.hf``), read by `generate`; spelled here once, like the names above.
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+SPECIAL_TOKENS_NAME = "special_tokens_map.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
+CHAT_TEMPLATE_NAME = "chat_template.jinja"
+SIDE_FILES = (TOKENIZER_CONFIG_NAME, SPECIAL_TOKENS_NAME, GENERATION_CONFIG_NAME, CHAT_TEMPLATE_NAME)
 # With tie_embeddings the head is the embedding: saved once (safetensors refuses shared storage), re-tied on load.
 TIED = {"output.weight": "tok_embeddings.weight"}
 
