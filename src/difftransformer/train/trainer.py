@@ -27,7 +27,7 @@ from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
 from .distributed import DistInfo, RankZeroFailed, all_ok, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
-from .metrics import LambdaProbe, MetricsLogger
+from .metrics import LambdaProbe, MetricsLogger, require_tensorboard
 from .optim import build_optimizer, lr_at, negative_weight_at
 
 
@@ -193,6 +193,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress:
     info = init_distributed(cfg.train.device)
     try:
         # Refuse bad input before touching the directory (no lock file is made for a refused command) ...
+        if cfg.log.tensorboard:  # a missing optional package said now, not after the data is prepared
+            require_tensorboard(quiet=not info.is_main)
         check_run_dir(cfg, run_dir, resume, lambda m: None, check_hashes=False)
         with _writer_lock(run_dir, info):  # ... then decide again under the lock: another writer may have won
             return _train(cfg, run_dir, resume, on_checkpoint, info,
