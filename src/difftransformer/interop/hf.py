@@ -41,6 +41,7 @@ from ..model.pretrained import (CONFIG_NAME, GENERATION_CONFIG_NAME, SIDE_FILES,
                                 TOKENIZER_NAME, WEIGHTS_NAME, atomic_directory, load_state_dict)
 from ..model.transformer import DiffTransformerLM
 from ..rundir import dir_kind
+from .remote_code import config_from_remote, is_remote_config, state_from_remote
 
 PathLike = Union[str, os.PathLike]
 
@@ -151,7 +152,10 @@ def _count(hf: dict[str, Any], key: str, default: Any = None) -> int:
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """Our ``ModelConfig`` for a DiffLlama / Llama ``config.json``; unsupported options raise ValueError."""
+    """Our ``ModelConfig`` for a DiffLlama / Llama ``config.json`` (or our remote-code model's: ``remote_code``);
+    unsupported options raise ValueError."""
+    if is_remote_config(hf):
+        return config_from_remote(hf)
     model_type = hf.get("model_type")
     if model_type not in ARCHITECTURES:
         raise ValueError(f"model_type={model_type!r} is not supported; convert one of "
@@ -342,15 +346,19 @@ def read_hf_weights(hf_dir: PathLike) -> dict[str, torch.Tensor]:
 
 
 def load_hf(hf_dir: PathLike, expect: Optional[str] = None) -> DiffTransformerLM:
-    """Our model (DIFF V1 or baseline) from a saved DiffLlamaForCausalLM / LlamaForCausalLM directory.
+    """Our model (DIFF V1 or baseline) from a saved DiffLlamaForCausalLM / LlamaForCausalLM directory, or any
+    variant from our remote-code directory (``remote.py``, ``remote_code``).
 
-    ``expect`` ("diff_v1" or "baseline") refuses the other architecture.
+    ``expect`` ("diff_v1", "diff_v2" or "baseline") refuses the other architectures.
     """
     hf_cfg = read_hf_config(hf_dir)
     cfg = config_from_hf(hf_cfg)
     if expect is not None and cfg.attention != expect:
         raise ValueError(f"{hf_dir} holds a {hf_cfg.get('model_type')} model (our {cfg.attention}), "
                          f"not the expected {expect}")
+    if is_remote_config(hf_cfg):  # our remote-code export: a rename of our own state dict
+        return DiffTransformerLM.from_state_dict(cfg, state_from_remote(cfg, read_hf_weights(hf_dir)),
+                                                 where=str(hf_dir))
     return DiffTransformerLM.from_state_dict(cfg, state_from_hf(cfg, read_hf_weights(hf_dir)), where=str(hf_dir))
 
 
