@@ -1,6 +1,7 @@
 """What every analysis needs from a trained run: the model, its tokenizer, its training length and held-out text.
 
-``load_for_eval`` accepts a run directory (its newest complete checkpoint is used) or a model directory. Held-out
+``load_for_eval`` accepts a run directory (its newest complete checkpoint is used) or a model directory, through the
+package's one loader (``difftransformer.loading``); a Hugging Face directory is refused with how to convert it. Held-out
 text is the run's validation split (``RUN_DIR/data/val.bin``, synthetic retrieval documents dropped) when present,
 otherwise the validation documents of the embedded KJV corpus under the training code's own split rule.
 """
@@ -22,6 +23,7 @@ from ..data import corpus
 from ..data.shards import read_prepared
 from ..data.synthetic import RETRIEVAL_MARKER
 from ..data.tokenizer import EOS
+from ..loading import load_model
 from ..model.transformer import DiffTransformerLM
 
 DEFAULT_VAL_FRACTION = 0.02  # DataConfig.val_fraction's default
@@ -55,15 +57,13 @@ class EvalModel:
 def load_for_eval(path: str | Path, device: str = "cpu", label: Optional[str] = None) -> EvalModel:
     """The model of a run or model directory, on ``device`` in float32, with its tokenizer."""
     source = Path(path)
-    checkpoint = rundir.resolve_checkpoint(source)  # clear errors for a missing dir or a run without checkpoints
-    run_dir = rundir.run_of_checkpoint(checkpoint) if checkpoint != source else None
+    loaded = load_model(source, device=device, dtype=torch.float32, backend="sdpa", kinds=("run", "model"))
+    model, checkpoint, run_dir = loaded.model, loaded.model_dir, loaded.run_dir
     run_cfg = rundir.read_run_config(run_dir)
-    model = DiffTransformerLM.from_pretrained(checkpoint, device=device, dtype=torch.float32, backend="sdpa")
     try:
-        tok_file = rundir.find_tokenizer(checkpoint, source)
+        tok = loaded.tokenizer(where=f"--run {source}")
     except FileNotFoundError as e:
         raise FileNotFoundError(f"--run {source}: {e}") from None
-    tok = rundir.read_tokenizer(tok_file, model.cfg.vocab_size, where=f"--run {source}")
     train_len = int(run_cfg.get("data", {}).get("seq_len", model.cfg.max_seq_len))
     seed = run_cfg.get("train", {}).get("seed")
     label = label or f"{model.cfg.attention}" + (f" seed {seed}" if seed is not None else "")

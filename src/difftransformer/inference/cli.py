@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from .. import rundir
-from ..model.transformer import DiffTransformerLM
+from ..loading import locate
 from .generate import DECODE_MODES, SamplingConfig, check_context, check_decode_device, generate, stream
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,18 +58,16 @@ def register(sub) -> None:
 
 
 def load_model(path: Path, device: Optional[str], dtype: Optional[str]):
-    """Our model from a model or run directory; a Hugging Face directory is refused with the way to convert it."""
-    model_dir = rundir.resolve_checkpoint(path)
-    if rundir.dir_kind(model_dir) == "hf":
-        raise ValueError(f"{model_dir} is a Hugging Face checkpoint; convert it first: "
-                         f"difftransformer convert --from-hf {model_dir} --out DIR")
+    """Our model from a model or run directory (``difftransformer.loading``); a Hugging Face directory is refused
+    with the way to convert it. The device is checked after the path, before any weight is read."""
+    source = locate(path, kinds=("run", "model"))
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dt = DTYPES[dtype] if dtype else (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
     try:
         torch.empty(0, device=dev)
     except (RuntimeError, AssertionError) as e:
         raise ValueError(f"--device {dev} is not usable here: {str(e).splitlines()[0]}") from None
-    return DiffTransformerLM.from_pretrained(model_dir, device=dev, dtype=dt), model_dir
+    return source.load(device=dev, dtype=dt).model, source.model_dir
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@
 
 or `difftransformer lm-eval --model DIR --tasks kjv_cloze` (the command puts the repository's local task files on
 the harness's path). ``pretrained`` is a run (its newest checkpoint), one of our model directories, or a Hugging
-Face Llama/DiffLlama directory; the tokenizer is the model's ``tokenizer.json``.
+Face Llama/DiffLlama directory (``difftransformer.loading``); the tokenizer is the model's ``tokenizer.json``.
 
 The three request types follow the harness's own ``hf`` model step for step, so that on the same weights the
 numbers agree (tested): ``loglikelihood`` moves a context's trailing spaces into the continuation, encodes context
@@ -23,36 +23,16 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..extras import MissingExtra
-
 try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
     from lm_eval import utils as harness_utils
 except ImportError as e:  # an optional dependency: say how to get it
-    raise MissingExtra("the lm-evaluation-harness adapter", ["lm_eval"], ["lmeval"], name="lm_eval") from e
+    raise ImportError("the lm-evaluation-harness adapter needs the lm_eval package: pip install lm_eval") from e
 
-from .. import rundir
 from ..data.tokenizer import EOS
 from ..inference.generate import SamplingConfig, generate
-from ..model.transformer import DiffTransformerLM
-from .hf import load_hf
-
-
-def load_for_eval(pretrained: str | Path):
-    """(model, tokenizers.Tokenizer) of a run, a model directory of ours or a Hugging Face directory."""
-    path = Path(pretrained)
-    kind = rundir.dir_kind(path)
-    if kind == "hf":
-        model, tok_file = load_hf(path), rundir.find_tokenizer(path)
-    elif kind in ("run", "model"):
-        where = rundir.resolve_checkpoint(path)
-        model = DiffTransformerLM.from_pretrained(where)
-        tok_file = rundir.find_tokenizer(where, path if kind == "run" else rundir.run_of_checkpoint(where))
-    else:
-        raise ValueError(f"pretrained={str(path)!r}: not a run, a model directory of ours or a Hugging Face "
-                         "directory")
-    return model.eval(), rundir.read_tokenizer(tok_file, model.cfg.vocab_size, where=path)
+from ..loading import load_model
 
 
 @register_model("difftransformer")
@@ -62,9 +42,9 @@ class DiffTransformerHarnessLM(LM):
         super().__init__()
         if dtype not in ("float32", "bfloat16", "float64"):
             raise ValueError(f"dtype={dtype!r} must be float32, bfloat16 or float64")
-        model, self.tok = load_for_eval(pretrained)
         self._device = torch.device(device)
-        self.model = model.to(self._device, getattr(torch, dtype))
+        loaded = load_model(pretrained, device=self._device, dtype=getattr(torch, dtype))  # run, ours or Hugging Face
+        self.model, self.tok = loaded.model, loaded.tokenizer(where=Path(pretrained))
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         self.max_length = int(max_length or self.model.cfg.max_seq_len)
         self.max_gen_toks = int(max_gen_toks)
