@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from difftransformer.model.transformer import DiffTransformerLM
-from difftransformer.model.upcycle import (baseline_to_diff_v1, baseline_to_diff_v2, diff_v2_config_from_baseline,
-                                           step0_gap)
+from difftransformer.model.upcycle import (baseline_to_diff_v1, baseline_to_diff_v2, convert,
+                                           diff_v1_config_from_baseline, diff_v2_config_from_baseline, step0_gap,
+                                           targets)
 from suite_helpers import tiny_model_config
 
 
@@ -153,3 +154,28 @@ def test_v1_conversion_is_seeded_and_refuses_what_it_cannot_convert():
         baseline_to_diff_v1(a)
     with pytest.raises(TypeError, match="headwise_norm"):
         baseline_to_diff_v1(base, headwise_norm="yes")
+
+
+def test_convert_is_the_one_entry_point():
+    """convert(model or config, attention): the conversion between the two classes, identity for the same
+    variant, and one ValueError naming the conversions there are for any other pair."""
+    base = _random_baseline()
+    ids = torch.randint(0, base.cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(5))
+    for name, direct in (("diff_v2", baseline_to_diff_v2(base, "raw")), ("diff_v1", baseline_to_diff_v1(base, seed=3))):
+        via = convert(base, name, v2_lambda="raw", seed=3)
+        assert via.cfg == direct.cfg and torch.equal(via(ids).logits, direct(ids).logits)
+        assert convert(base.cfg, name, v2_lambda="raw") == direct.cfg  # the config alone converts too
+        assert convert(via, name) is via and convert(via.cfg, name) is via.cfg  # already that variant
+    assert convert(base, "baseline") is base
+    assert convert(base.cfg, "diff_v1", headwise_norm=True) == diff_v1_config_from_baseline(base.cfg, True)
+    assert targets(base.cfg) == ("baseline", "diff_v1", "diff_v2")
+    v2 = convert(base.cfg, "diff_v2")
+    assert targets(v2) == ("diff_v2",)
+    for cfg, to in ((v2, "diff_v1"), (v2, "baseline"), (convert(base.cfg, "diff_v1"), "diff_v2")):
+        with pytest.raises(ValueError, match=rf"attention='{to}' is not a conversion of a {cfg.attention} model .*"
+                                             r"only baseline -> diff_v1 or diff_v2, or a variant to itself"):
+            convert(cfg, to)
+    with pytest.raises(ValueError, match="'nope' is not allowed; choose one of baseline, diff_v1, diff_v2"):
+        convert(base, "nope")
+    with pytest.raises(TypeError, match="DiffTransformerLM or a ModelConfig"):
+        convert(base.state_dict(), "diff_v2")

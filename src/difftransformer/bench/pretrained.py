@@ -39,13 +39,16 @@ def run(args: argparse.Namespace) -> int:
     from transformers import LlamaForCausalLM
 
     from ..inference.generate import SamplingConfig, generate
-    from ..interop.hf import load_hf
-    from ..model.upcycle import baseline_to_diff_v1, baseline_to_diff_v2
+    from ..loading import load_model
+    from ..model.upcycle import convert, targets
+    from ..model.variants import reference
 
     torch.manual_seed(0)
+    base = load_model(args.hf_dir, kinds=("hf",)).model
+    if base.cfg.attention != reference().name:
+        raise ValueError(f"{args.hf_dir} holds a {base.cfg.attention} model, not a Llama (our {reference().name})")
     hf = LlamaForCausalLM.from_pretrained(args.hf_dir, dtype=torch.float32).eval()
-    base = load_hf(args.hf_dir, expect="baseline").eval()
-    ours = {"baseline": base, "diff_v2": baseline_to_diff_v2(base).eval(), "diff_v1": baseline_to_diff_v1(base).eval()}
+    ours = {name: convert(base, name).eval() for name in targets(base.cfg)}  # every variant, the same function
     gen_cfg = copy.deepcopy(hf.generation_config)
     T, N = args.prompt_len, args.new_tokens
     gen_cfg.eos_token_id, gen_cfg.pad_token_id = None, 0

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..model.pretrained import is_model_dir, save_pretrained
 from ..model.transformer import DiffTransformerLM
-from ..model.upcycle import baseline_to_diff_v1, baseline_to_diff_v2, step0_gap
+from ..model.upcycle import conversion, convert, step0_gap
 from ..rundir import TOKENIZER_NAME, resolve_checkpoint
 from .hf import is_hf_dir, load_hf, save_hf, side_files_of
 from .remote import native_obstacle, save_remote
@@ -128,20 +128,20 @@ def run(args: argparse.Namespace) -> int:
                              "names no model_type); use --to-hf to export it")
         model = load_hf(args.from_hf, expect=expect)
         added = ""
-        if args.attention is not None and model.cfg.attention != "baseline":
-            raise ValueError(f"--attention {args.attention} converts a Llama; {args.from_hf} holds a "
-                             f"{model.cfg.attention} model")
-        if args.attention == "diff_v2":
+        if args.attention is not None:  # model.upcycle's one entry point; --attention asks for a real conversion
             source = model
-            model = baseline_to_diff_v2(source, args.v2_lambda)
-            added = (f"; {model.num_parameters() - source.num_parameters():+,} over the source: the second query "
-                     "of each pair and W_lambda, set so that the function is unchanged")
-        elif args.attention == "diff_v1":
-            source = model
-            model = baseline_to_diff_v1(source, args.v1_headwise_norm, seed=args.seed)
-            added = (f"; {model.num_parameters() - source.num_parameters():+,} over the source: a second query and "
-                     "key map per head and the lambda vectors")
-            _print_v1_gaps(source, model)
+            try:
+                how = conversion(source.cfg.attention, args.attention)
+            except ValueError:
+                how = None
+            if how is None:
+                raise ValueError(f"--attention {args.attention} converts a Llama; {args.from_hf} holds a "
+                                 f"{source.cfg.attention} model")
+            model = convert(source, args.attention, v2_lambda=args.v2_lambda, headwise_norm=args.v1_headwise_norm,
+                            seed=args.seed)
+            added = f"; {model.num_parameters() - source.num_parameters():+,} over the source: {how.added}"
+            if how.warmed_up:
+                _print_v1_gaps(source, model)
         tok = args.from_hf / TOKENIZER_NAME
         if args.out.exists():
             args.out.rmdir()

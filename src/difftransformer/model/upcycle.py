@@ -46,26 +46,50 @@ saddle that training never leaves. With the head-wise RMSNorm kept (``headwise_n
 by ``convert``, as is the gap without the warm-up (neg_weight = 1 at step 0).
 
 Added parameters per layer: the second query and key maps (d_model x (H + H_kv) d) and lambda's 4d.
+
+One entry point
+---------------
+``convert(model_or_config, attention)`` is what every command uses (``convert --from-hf --attention``, ``train
+--init-from --model.attention``, ``bench pretrained``): a model (or its ``ModelConfig``) of one variant as another,
+through the one conversion in ``CONVERSIONS`` between their classes; the model itself when it already is that
+variant; a ValueError naming the conversions there are for any other pair.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Optional, TypeVar
+
 import torch
 
+from .attention import BaselineAttention, DiffV1Attention, DiffV2Attention
 from .config import ModelConfig
 from .pretrained import TIED, assign_weights
 from .transformer import DiffTransformerLM
+from .variants import variant, variants
+
+
+def _is(cfg: ModelConfig, cls: type) -> bool:
+    return variant(cfg.attention).cls is cls
+
+
+def _name(cls: type) -> str:
+    """The registered name of an attention class."""
+    for v in variants():
+        if v.cls is cls:
+            return v.name
+    raise LookupError(f"{cls.__name__} is not a registered attention variant")
 
 
 def diff_v2_config_from_baseline(cfg: ModelConfig, v2_lambda: str = "sigmoid") -> ModelConfig:
     """The DIFF V2 config with ``cfg``'s shapes (the baseline's head counts, as every config of ours names)."""
-    if cfg.attention != "baseline":
+    if not _is(cfg, BaselineAttention):
         raise ValueError(f"attention={cfg.attention!r}: only a baseline model converts to DIFF V2 (a DIFF V1 model "
                          "has other query/key shapes)")
     if v2_lambda not in ("sigmoid", "raw"):
         raise ValueError(f"v2_lambda={v2_lambda!r}: a function-preserving conversion needs 'sigmoid' or 'raw' "
                          "('none' computes attn1 - attn2, which a copied query cancels to zero)")
-    return cfg.replace(attention="diff_v2", v2_lambda=v2_lambda, v2_pairing="interleaved")
+    return cfg.replace(attention=_name(DiffV2Attention), v2_lambda=v2_lambda, v2_pairing="interleaved")
 
 
 @torch.no_grad()
@@ -99,11 +123,11 @@ def added_parameters(source: DiffTransformerLM, converted: DiffTransformerLM) ->
 
 def diff_v1_config_from_baseline(cfg: ModelConfig, headwise_norm: bool = False) -> ModelConfig:
     """The per_head DIFF V1 config with ``cfg``'s shapes."""
-    if cfg.attention != "baseline":
+    if not _is(cfg, BaselineAttention):
         raise ValueError(f"attention={cfg.attention!r}: only a baseline model converts to DIFF V1")
     if not isinstance(headwise_norm, bool):
         raise TypeError(f"headwise_norm must be true or false, got {headwise_norm!r}")
-    return cfg.replace(attention="diff_v1", v1_layout="per_head", headwise_norm=headwise_norm,
+    return cfg.replace(attention=_name(DiffV1Attention), v1_layout="per_head", headwise_norm=headwise_norm,
                        headwise_norm_weight=headwise_norm)
 
 
@@ -152,3 +176,82 @@ def step0_gap(source: DiffTransformerLM, converted: DiffTransformerLM, tokens: t
         a = source(tokens).logits.double()
         b = converted(tokens).logits.double()
     return float((a - b).abs().max())
+
+
+# ---------------------------------------------------------------------------------------------- the entry point
+@dataclass(frozen=True)
+class Conversion:
+    """One function-preserving conversion between two attention classes. ``config(cfg, **options)`` and
+    ``model(model, **options)`` build the target (options: ``v2_lambda``, ``headwise_norm``, ``seed``; each takes
+    the ones it reads); ``added`` says in words what it adds; ``warmed_up``: a branch starts at weight 0 and is
+    blended in by training (``train.v1_negative_warmup``), so the step-0 gap without it is worth printing."""
+
+    source: type
+    target: type
+    config: Callable[..., ModelConfig]
+    model: Callable[..., DiffTransformerLM]
+    added: str
+    warmed_up: bool = False
+
+
+CONVERSIONS: tuple[Conversion, ...] = (
+    Conversion(BaselineAttention, DiffV1Attention,
+               lambda cfg, headwise_norm=False, **_: diff_v1_config_from_baseline(cfg, headwise_norm),
+               lambda m, headwise_norm=False, seed=0, **_: baseline_to_diff_v1(m, headwise_norm, seed=seed),
+               "a second query and key map per head and the lambda vectors", warmed_up=True),
+    Conversion(BaselineAttention, DiffV2Attention,
+               lambda cfg, v2_lambda="sigmoid", **_: diff_v2_config_from_baseline(cfg, v2_lambda),
+               lambda m, v2_lambda="sigmoid", **_: baseline_to_diff_v2(m, v2_lambda),
+               "the second query of each pair and W_lambda, set so that the function is unchanged"),
+)
+
+
+def _conversions_in_words() -> str:
+    """"baseline -> diff_v1 or diff_v2", from the table."""
+    by_source: dict[str, list[str]] = {}
+    for c in CONVERSIONS:
+        by_source.setdefault(_name(c.source), []).append(_name(c.target))
+    return "; ".join(f"{s} -> {' or '.join(t)}" for s, t in by_source.items())
+
+
+def conversion(source: str, attention: str) -> Optional[Conversion]:
+    """How a ``source`` model becomes ``attention`` with the same function: None when it already is one, a
+    ValueError naming the conversions there are when none exists (or naming the variants for an unknown name)."""
+    src, dst = variant(source), variant(attention)
+    if src is dst:
+        return None
+    for c in CONVERSIONS:
+        if c.source is src.cls and c.target is dst.cls:
+            return c
+    raise ValueError(f"attention={attention!r} is not a conversion of a {source} model that keeps its function "
+                     f"(only {_conversions_in_words()}, or a variant to itself)")
+
+
+def targets(cfg: ModelConfig) -> tuple[str, ...]:
+    """The variants a model of ``cfg`` converts to (itself included), in the registry's order."""
+    src = variant(cfg.attention)
+    reach = {src.cls} | {c.target for c in CONVERSIONS if c.source is src.cls}
+    return tuple(v.name for v in variants() if v.cls in reach)
+
+
+Convertible = TypeVar("Convertible", DiffTransformerLM, ModelConfig)
+
+
+def convert(model_or_config: Convertible, attention: str, *, v2_lambda: str = "sigmoid", headwise_norm: bool = False,
+            seed: int = 0) -> Convertible:
+    """``model_or_config`` (a ``DiffTransformerLM``, left unchanged, or a ``ModelConfig``) as ``attention`` with the
+    same function: itself when it already is that variant, else the one conversion between the two (``v2_lambda``
+    for DIFF V2; ``headwise_norm`` and ``seed`` for DIFF V1); a ValueError naming the allowed conversions else."""
+    if isinstance(model_or_config, DiffTransformerLM):
+        cfg = model_or_config.cfg
+    elif isinstance(model_or_config, ModelConfig):
+        cfg = model_or_config
+    else:
+        raise TypeError(f"convert expects a DiffTransformerLM or a ModelConfig, got {type(model_or_config).__name__}")
+    c = conversion(cfg.attention, attention)
+    if c is None:
+        return model_or_config
+    options = dict(v2_lambda=v2_lambda, headwise_norm=headwise_norm, seed=seed)
+    if isinstance(model_or_config, DiffTransformerLM):
+        return c.model(model_or_config, **options)
+    return c.config(cfg, **options)
