@@ -123,3 +123,17 @@ def test_resume_cuts_only_the_unfinished_line_of_a_long_metrics_file(tmp_path):
     text = rundir.metrics_path(tmp_path).read_text()
     assert text == good + json.dumps({rundir.RESUMED_KEY: 60}) + "\n"
     assert [r["step"] for r in rundir.read_metric_records(tmp_path)] == list(range(1, 61))
+
+
+def test_a_variant_registered_later_has_its_lambda_read(tmp_path):
+    from difftransformer.model import variants
+    from difftransformer.model.attention import BaselineAttention
+
+    class Toy(BaselineAttention):
+        lambda_summary_name = "lambda_toy"
+
+    write_lines(tmp_path, json.dumps({"step": 3, "val_loss": 2.0, "lambda_toy": [0.5]}) + "\n")
+    assert rundir.read_metrics(tmp_path)["lambda"] == {}
+    with variants.registered(variants.Variant("toy", label="Toy", short="toy", colour="#000000", cls=Toy)):
+        assert rundir.lambda_keys()[-1] == "lambda_toy"
+        assert rundir.read_metrics(tmp_path)["lambda"] == {"name": "lambda_toy", "step": 3, "values": [0.5]}

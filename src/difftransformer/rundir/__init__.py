@@ -32,7 +32,8 @@ from .files import (CHECKPOINTS_DIR, CONFIG_NAME, DATA_DIR, LOCK_NAME, MANIFEST_
 from .kinds import DIR_KINDS, DirKind, dir_kind, is_run_dir
 from .lock import RunLocked, lock_run
 from .metrics import (LAMBDA_KEYS, LAMBDA_V1, LAMBDA_V2, RESUMED_KEY, MetricsCurves, MetricsRecord,
-                      append_metrics, parse_metrics, read_metric_records, read_metrics, truncate_metrics_after)
+                      append_metrics, lambda_keys, parse_metrics, read_metric_records, read_metrics,
+                      truncate_metrics_after)
 from .run_config import read_run_config, write_run_config
 from .tokenizer import check_tokenizer, find_tokenizer, read_tokenizer
 
@@ -43,5 +44,5 @@ __all__ = ["RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CH
            "tensorboard_dir", "checkpoints_dir", "step_dir", "DirKind", "DIR_KINDS", "is_run_dir", "dir_kind",
            "list_checkpoints", "leftover_temp_checkpoints", "newest_complete_checkpoint", "resolve_checkpoint",
            "run_of_checkpoint", "read_run_config", "write_run_config", "parse_metrics", "read_metric_records",
-           "append_metrics", "truncate_metrics_after", "read_metrics", "find_tokenizer", "check_tokenizer",
+           "append_metrics", "truncate_metrics_after", "read_metrics", "lambda_keys", "find_tokenizer", "check_tokenizer",
            "read_tokenizer"]

@@ -2,7 +2,8 @@
 and curves back (a line cut by a kill is skipped by every reader).
 
 The file is only ever appended to. The lambda keys are the variants' own (``Attention.lambda_summary_name``, read
-from the registry), so the trainer that writes them and the report that reads them agree.
+from the registry when the records are read, so a variant registered later counts too), so the trainer that
+writes them and the report that reads them agree.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import os
 from typing import Iterable, Optional, TypedDict
 
 from ..fileio import FAULT_ENV, fault_point
-from ..model.attention import ATTENTION_REGISTRY
+from ..model.variants import variant, variants
 from .files import PathLike, metrics_path
 
-__all__ = ["RESUMED_KEY", "LAMBDA_KEYS", "LAMBDA_V1", "LAMBDA_V2", "MetricsRecord", "MetricsCurves",
+__all__ = ["RESUMED_KEY", "lambda_keys", "LAMBDA_KEYS", "LAMBDA_V1", "LAMBDA_V2", "MetricsRecord", "MetricsCurves",
            "parse_metrics", "read_metric_records", "append_metrics", "truncate_metrics_after", "read_metrics"]
 
 # A metrics record a resumed run appends first: readers drop the records logged past this step before it (what a
@@ -25,16 +26,18 @@ RESUMED_KEY = "resumed_from_step"
 
 # The per-layer lambda of each variant that has one, logged with each evaluation (DIFF V1's learned scalar of
 # eq. (2), DIFF V2's mean sigmoid(lambda) over batch, heads and tokens), under the variant's own key.
-LAMBDA_KEYS: tuple[str, ...] = tuple(c.lambda_summary_name for c in ATTENTION_REGISTRY.values()
-                                     if c.lambda_summary_name)
+def lambda_keys() -> tuple[str, ...]:
+    """Every registered variant's lambda key, each once."""
+    return tuple(dict.fromkeys(v.cls.lambda_summary_name for v in variants() if v.cls.lambda_summary_name))
 
 
-def _lambda_key(variant: str) -> str:
-    key = ATTENTION_REGISTRY[variant].lambda_summary_name
-    assert key is not None, f"{variant} logs no lambda"
+def _lambda_key(name: str) -> str:
+    key = variant(name).cls.lambda_summary_name
+    assert key is not None, f"{name} logs no lambda"
     return key
 
 
+LAMBDA_KEYS = lambda_keys()  # the built-in variants' (MetricsRecord's keys)
 LAMBDA_V1 = _lambda_key("diff_v1")
 LAMBDA_V2 = _lambda_key("diff_v2")
 
@@ -131,7 +134,7 @@ def read_metrics(run_dir: Optional[PathLike]) -> MetricsCurves:
         if "val_loss" in rec:
             out["val_step"].append(rec["step"])
             out["val_loss"].append(rec["val_loss"])
-            for k in LAMBDA_KEYS:
+            for k in lambda_keys():
                 if k in rec:
                     out["lambda"] = {"name": k, "step": rec["step"], "values": rec[k]}
     return out
