@@ -194,7 +194,8 @@ def read_model_dir(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]
         raise NotADirectoryError(f"{d} is not a directory (expected a model directory)")
     if not (d / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"{d} holds no {WEIGHTS_NAME}; for a training run pass its checkpoint "
-                                "(difftransformer.rundir.resolve_checkpoint)")
+                                "(difftransformer.rundir.resolve_checkpoint), or load it with "
+                                "difftransformer.loading.load_model")
     cfg_path = d / CONFIG_NAME
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} does not exist")
@@ -202,7 +203,7 @@ def read_model_dir(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]
     raw = parse_json(cfg_path.read_text(), cfg_path)
     if isinstance(raw, dict) and "model_type" in raw:
         raise ValueError(f"{d} is a Hugging Face checkpoint (model_type {raw['model_type']!r}), not our format: load "
-                         f"it with difftransformer.interop.hf.load_hf, or convert it once with `difftransformer "
+                         f"it with difftransformer.loading.load_model, or convert it once with `difftransformer "
                          f"convert --from-hf {d} --out DIR`")
     return ModelConfig.from_json(cfg_path), load_state_dict(d / WEIGHTS_NAME)
 
