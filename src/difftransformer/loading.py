@@ -104,7 +104,8 @@ class LoadedModel(ModelSource):
 
     def tokenizer(self, require_eos: bool = True, where: Optional[PathLike] = None,
                   vocab_size: Optional[int] = None) -> Tokenizer:
-        return super().tokenizer(require_eos, where, vocab_size if vocab_size is not None else self.model.cfg.vocab_size)
+        n = vocab_size if vocab_size is not None else self.model.cfg.vocab_size
+        return super().tokenizer(require_eos, where, n)
 
 
 def locate(path: PathLike, kinds: Sequence[DirKind] = KINDS,

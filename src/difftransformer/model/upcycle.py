@@ -58,7 +58,7 @@ variant; a ValueError naming the conversions there are for any other pair.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Union, overload
 
 import torch
 
@@ -234,11 +234,14 @@ def targets(cfg: ModelConfig) -> tuple[str, ...]:
     return tuple(v.name for v in variants() if v.cls in reach)
 
 
-Convertible = TypeVar("Convertible", DiffTransformerLM, ModelConfig)
-
-
-def convert(model_or_config: Convertible, attention: str, *, v2_lambda: str = "sigmoid", headwise_norm: bool = False,
-            seed: int = 0) -> Convertible:
+@overload
+def convert(model_or_config: DiffTransformerLM, attention: str, *, v2_lambda: str = ..., headwise_norm: bool = ...,
+            seed: int = ...) -> DiffTransformerLM: ...
+@overload
+def convert(model_or_config: ModelConfig, attention: str, *, v2_lambda: str = ..., headwise_norm: bool = ...,
+            seed: int = ...) -> ModelConfig: ...
+def convert(model_or_config: Union[DiffTransformerLM, ModelConfig], attention: str, *, v2_lambda: str = "sigmoid",
+            headwise_norm: bool = False, seed: int = 0) -> Union[DiffTransformerLM, ModelConfig]:
     """``model_or_config`` (a ``DiffTransformerLM``, left unchanged, or a ``ModelConfig``) as ``attention`` with the
     same function: itself when it already is that variant, else the one conversion between the two (``v2_lambda``
     for DIFF V2; ``headwise_norm`` and ``seed`` for DIFF V1); a ValueError naming the allowed conversions else."""

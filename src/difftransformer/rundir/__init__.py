@@ -44,5 +44,5 @@ __all__ = ["RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CH
            "tensorboard_dir", "checkpoints_dir", "step_dir", "DirKind", "DIR_KINDS", "is_run_dir", "dir_kind",
            "list_checkpoints", "leftover_temp_checkpoints", "newest_complete_checkpoint", "resolve_checkpoint",
            "run_of_checkpoint", "read_run_config", "write_run_config", "parse_metrics", "read_metric_records",
-           "append_metrics", "truncate_metrics_after", "read_metrics", "lambda_keys", "find_tokenizer", "check_tokenizer",
-           "read_tokenizer"]
+           "append_metrics", "truncate_metrics_after", "read_metrics", "lambda_keys", "find_tokenizer",
+           "check_tokenizer", "read_tokenizer"]
