@@ -22,7 +22,8 @@ head (GPT-J layout, the official DIFF code's; not Llama's rotate_half), with flo
 The weights are the difftransformer state dict under the prefix ``model.`` (``output.weight`` is ``lm_head.weight``),
 so a conversion either way is a rename. Attention runs ``torch.nn.functional.scaled_dot_product_attention``
 (``attn_implementation="sdpa"``, the default) or a float32 matmul-softmax (``"eager"``). The KV cache is transformers'
-``DynamicCache``; DIFF V1 caches 2 H_kv' key half-heads and H_kv' values of its own width.
+``DynamicCache`` (``StaticCache`` too, with ``cache_implementation="static"``); DIFF V1 caches its 2 h_kv key
+half-heads and its h_kv values as 2 h_kv heads of half their width.
 """
 
 from __future__ import annotations
@@ -209,17 +210,19 @@ class DiffTransformerAttention(nn.Module):
                                               scale=self.scale)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
-                cache: Optional[Cache] = None) -> torch.Tensor:
+                cache: Optional[Cache] = None, cache_position: Optional[torch.Tensor] = None) -> torch.Tensor:
         B, T, _ = x.shape
         d = self.head_dim
+        # where a static cache writes (transformers 4 needs it; 5 counts itself and ignores it)
+        where = None if cache_position is None else {"cache_position": cache_position}
         if self.kind == "diff_v1":
-            return self._diff_v1(x, cos, sin, mask, cache)
+            return self._diff_v1(x, cos, sin, mask, cache, where)
         qh = 2 * self.n_heads if self.kind == "diff_v2" else self.n_heads
         q = apply_rope(self.wq(x).view(B, T, qh, d), cos, sin).transpose(1, 2)  # (B, qh, T, d)
         k = apply_rope(self.wk(x).view(B, T, self.n_kv_heads, d), cos, sin).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.wv(x).view(B, T, self.n_kv_heads, d).transpose(1, 2)
         if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx)
+            k, v = cache.update(k, v, self.layer_idx, where)
         rep = qh // self.n_kv_heads
         out = self.attend(q, repeat_kv(k, rep), repeat_kv(v, rep), mask)  # (B, qh, T, d)
         if self.kind == "diff_v2":
@@ -232,7 +235,7 @@ class DiffTransformerAttention(nn.Module):
             out = a1 - a2 if lam is None else a1 - lam.to(a1.dtype) * a2  # (B, H, T, d)
         return self.wo(out.transpose(1, 2).reshape(B, T, self.n_heads * d))
 
-    def _diff_v1(self, x, cos, sin, mask, cache) -> torch.Tensor:
+    def _diff_v1(self, x, cos, sin, mask, cache, where) -> torch.Tensor:
         B, T, _ = x.shape
         h, hkv, d, dv = self.n_heads, self.n_kv_heads, self.head_dim, self.value_dim
         rep = h // hkv
@@ -240,7 +243,11 @@ class DiffTransformerAttention(nn.Module):
         k = apply_rope(self.wk(x).view(B, T, 2 * hkv, d), cos, sin).transpose(1, 2)  # (B, 2hkv, T, d)
         v = self.wv(x).view(B, T, hkv, dv).transpose(1, 2)  # (B, hkv, T, dv)
         if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx)
+            # cached as 2 hkv heads of dv/2 (each value's two halves), as many heads as the keys: caches that
+            # allocate one head count for both (StaticCache) hold it; read back unchanged, bit for bit
+            v = v.view(B, hkv, T, 2, dv // 2).transpose(2, 3).reshape(B, 2 * hkv, T, dv // 2)
+            k, v = cache.update(k, v, self.layer_idx, where)
+            v = v.view(B, hkv, 2, -1, dv // 2).transpose(2, 3).reshape(B, hkv, -1, dv)
         q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, h, T, d)
         k1, k2 = k[:, 0::2], k[:, 1::2]  # (B, hkv, Tk, d)
         lam = self.lambda_full()
@@ -271,8 +278,8 @@ class DiffTransformerBlock(nn.Module):
         self.ffn = DiffTransformerMLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
-                cache: Optional[Cache] = None) -> torch.Tensor:
-        y = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
+                cache: Optional[Cache] = None, cache_position: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, cache_position)
         return y + self.ffn(self.ffn_norm(y))
 
 
@@ -286,7 +293,7 @@ class DiffTransformerPreTrainedModel(PreTrainedModel):
     _supports_flash_attn_2 = False
     _supports_flex_attn = False
     _supports_cache_class = True
-    _supports_static_cache = False  # DIFF V1's cached keys and values have shapes of their own
+    _supports_static_cache = True
 
     def _init_weights(self, module: nn.Module) -> None:
         """Linear and embedding weights N(0, initializer_range), norm weights 1, DIFF V1's lambda vectors
@@ -348,7 +355,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, cache=None, **kwargs):
+                return_dict=None, cache=None, cache_position=None, **kwargs):
         cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
@@ -381,7 +388,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = self._gradient_checkpointing_func(layer.__call__, x, cos, sin, mask)
             else:
-                x = layer(x, cos, sin, mask, cache)
+                x = layer(x, cos, sin, mask, cache, cache_position)
         x = self.norm(x)
         if output_hidden_states:
             hidden += (x,)
@@ -428,12 +435,12 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, logits_to_keep=0, cache=None, **kwargs):
+                return_dict=None, logits_to_keep=0, cache=None, cache_position=None, **kwargs):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
                          use_cache=use_cache, output_attentions=output_attentions,
-                         output_hidden_states=output_hidden_states, return_dict=True)
+                         output_hidden_states=output_hidden_states, return_dict=True, cache_position=cache_position)
         x = out.last_hidden_state
         if isinstance(logits_to_keep, int):
             x = x[:, -logits_to_keep:] if logits_to_keep > 0 else x
