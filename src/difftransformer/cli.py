@@ -31,10 +31,11 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     retrieval_cli.register,
 )
 
-# Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback.
+# Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback
+# (TypeError included: the library raises it for a wrong Python type passed by code, never for a user's input).
 # OSError covers a missing or read-only path, a full disk and a run directory locked by another writer.
 # MissingExtra: an optional package the command needs is not installed (the line names the pip install).
-USER_ERRORS = (ValueError, TypeError, OSError, extras.MissingExtra)
+USER_ERRORS = (ValueError, OSError, extras.MissingExtra)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -182,7 +182,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         if not isinstance(data, dict):
-            raise TypeError(f"ModelConfig.from_dict expects a dict, got {type(data).__name__}")
+            # a user's config.json holding a list or a number: bad input, not a programming error
+            raise ValueError(f"ModelConfig.from_dict expects a dict (a JSON object), got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
