@@ -388,6 +388,20 @@ def test_bad_remote_directories_fail_in_one_line(exported, tmp_path, capsys, cha
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("changes, expected", [
+    (dict(attention="diff_v3"), "DiffTransformerConfig.attention='diff_v3' is not allowed; choose one of baseline"),
+    (dict(v1_layout="rows"), "DiffTransformerConfig.v1_layout='rows' is not allowed"),
+    (dict(num_attention_heads=4, num_key_value_heads=3), "num_key_value_heads=3 must divide"),
+    (dict(lambda_init=1.5), "DiffTransformerConfig.lambda_init=1.5 is not allowed"),
+    (dict(head_dim=15), "DiffTransformerConfig.head_dim=15 must be even"),
+])
+def test_the_remote_config_refuses_bad_values_by_name(changes, expected):
+    from difftransformer.interop.remote_code.configuration_difftransformer import DiffTransformerConfig
+
+    with pytest.raises(ValueError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        DiffTransformerConfig(**changes)
+
+
 def test_foreign_tensors_are_refused(exported, tmp_path):
     from safetensors.torch import load_file, save_file
 
