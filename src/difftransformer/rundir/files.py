@@ -23,11 +23,16 @@ STEP_PREFIX = "step_"
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
 LOCK_NAME = "run.lock"
+# A LoRA run (``train.lora_rank`` > 0): the newest checkpoint's adapters in PEFT's format (``train.lora``).
+ADAPTER_DIR = "adapter"
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 __all__ = ["PathLike", "RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR",
-           "STEP_PREFIX", "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "CONFIG_NAME", "WEIGHTS_NAME", "MANIFEST_NAME",
+           "STEP_PREFIX", "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME",
+           "ADAPTER_WEIGHTS_NAME", "CONFIG_NAME", "WEIGHTS_NAME", "MANIFEST_NAME",
            "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir", "metrics_path", "tensorboard_dir",
-           "checkpoints_dir", "step_dir"]
+           "checkpoints_dir", "step_dir", "adapter_dir"]
 
 
 def run_config_path(run_dir: PathLike) -> Path:
@@ -57,3 +62,8 @@ def checkpoints_dir(run_dir: PathLike) -> Path:
 def step_dir(run_dir: PathLike, step: int) -> Path:
     """``RUN_DIR/checkpoints/step_XXXXXXXX``: zero-padded so names sort as steps do."""
     return checkpoints_dir(run_dir) / f"{STEP_PREFIX}{step:08d}"
+
+
+def adapter_dir(run_dir: PathLike) -> Path:
+    """``RUN_DIR/adapter``: a LoRA run's adapters (``adapter_config.json``, ``adapter_model.safetensors``)."""
+    return Path(run_dir) / ADAPTER_DIR

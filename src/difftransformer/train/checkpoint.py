@@ -7,8 +7,12 @@
 * ``training_state.json``: the step, tokens seen, optimizer hyper-parameter groups, the sampler's draw count,
   Python's RNG state;
 
-then ``manifest.json`` last. The directory is built under a temporary name and renamed (``write_model_dir``), so
-a SIGKILL mid-write leaves the previous checkpoints intact. Where checkpoints live and which one is complete is
+then ``manifest.json`` last. A LoRA run (``train.lora``) saves the merged weights as ``model.safetensors`` (the
+checkpoint is the fine-tuned model for every reader) and its adapters, with the frozen weights of the layers they
+adapt, in ``training_state.safetensors`` under ``lora.``, from which resuming rebuilds the unmerged model.
+
+The directory is built under a temporary name and renamed (``write_model_dir``), so a SIGKILL mid-write leaves the
+previous checkpoints intact. Where checkpoints live and which one is complete is
 ``rundir``'s to say. No pickle anywhere.
 """
 
@@ -30,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ..model.config import ModelConfig
 from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_state_dict, write_model_dir
+from .lora import lora_layers, split_state, unmerged_state
 from ..rundir import (STATE_JSON, STATE_TENSORS, leftover_temp_checkpoints, list_checkpoints,
                       newest_complete_checkpoint, step_dir)
 
@@ -66,6 +71,10 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     if not is_main:
         return None
     tensors, groups = _flatten_optimizer(osd)
+    scalings = {name: m.scaling for name, m in lora_layers(model).items()}
+    if scalings:  # LoRA: the merged model is the checkpoint's; adapters and the frozen weights go to the state
+        weights, adapters = split_state(weights, scalings)
+        tensors.update(adapters)
     tensors.update(_rng_tensors())
     tensors["sampler.generator"] = state.sampler["generator"]
     meta = {"step": state.step, "tokens_seen": state.tokens_seen, "param_groups": groups,
@@ -117,8 +126,9 @@ def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimiz
                     cfg: ModelConfig) -> TrainingState:
     """Restore weights, optimizer, RNG states; return the step and sampler state to continue from."""
     weights = _with_tied(load_state_dict(ckpt / WEIGHTS_NAME), cfg)
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
     tensors = load_state_dict(ckpt / STATE_TENSORS)
+    weights.update(unmerged_state(tensors))  # LoRA: the frozen weights and the adapters, in place of the merged
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
     meta = json.loads((ckpt / STATE_JSON).read_text())
     state: dict[str, dict] = {}
     for key, v in tensors.items():

@@ -20,6 +20,7 @@ from typing import Any, Literal, Optional, get_args, get_origin
 
 from ..data.synthetic import CITIES
 from ..model.config import ModelConfig
+from .lora import DEFAULT_TARGETS, LORA_TARGETS
 
 # Repo-root `configs/` is a link to this folder, so presets work from a checkout and from an installed package.
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -88,6 +89,13 @@ class OptimConfig:
     parallel: Parallel = _field("ddp", 'under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard)')
     init_from: str = _field("", "start from this model's weights (set by train --init-from: one of our model or run "
                                 "directories, or a Hugging Face Llama/DiffLlama directory)")
+    lora_rank: int = _field(0, "LoRA (with --init-from): rank of the low-rank adapters trained on the frozen source "
+                               "model; only the adapters train (0 = off: every weight trains)")
+    lora_alpha: float = _field(8.0, "LoRA: the adapters' update is scaled by lora_alpha / lora_rank")
+    lora_targets: list[str] = _field(list(DEFAULT_TARGETS), "LoRA: the linear layers adapted, by name: "
+                                     f"{', '.join(LORA_TARGETS)} (wq..wo attention, wlambda DIFF V2's lambda, "
+                                     "w1..w3 the SwiGLU, output the head)")
+    lora_dropout: float = _field(0.0, "LoRA: dropout on the adapters' input, in [0, 1)")
 
 
 @dataclass
@@ -172,10 +180,13 @@ class TrainConfig:
                   ("min_lr", 0 <= t.min_lr <= t.lr, "in [0, train.lr]"), ("grad_clip", t.grad_clip >= 0, ">= 0"),
                   ("weight_decay", t.weight_decay >= 0, ">= 0"), ("beta1", 0 <= t.beta1 < 1, "in [0, 1)"),
                   ("beta2", 0 <= t.beta2 < 1, "in [0, 1)"), ("eps", t.eps > 0, "> 0"),
-                  ("seed", t.seed >= 0, ">= 0")]
+                  ("seed", t.seed >= 0, ">= 0"),
+                  ("lora_rank", not isinstance(t.lora_rank, bool) and t.lora_rank >= 0, ">= 0 (0 = off)"),
+                  ("lora_alpha", t.lora_alpha > 0, "> 0"), ("lora_dropout", 0 <= t.lora_dropout < 1, "in [0, 1)")]
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"train.{name}={getattr(t, name)!r} must be {allowed}")
+        _check_lora_targets(t.lora_targets)
         if d.seed < 0 or d.max_chars < 0:
             raise ValueError(f"data.seed={d.seed} and data.max_chars={d.max_chars} must be >= 0")
         # checked even when retrieval_share is 0: a value that only fails once the option is switched on is a trap
@@ -212,6 +223,16 @@ class TrainConfig:
     def accumulation(self, world_size: int) -> int:
         """Micro-steps per optimizer step on each rank (``batch_plan``)."""
         return self.batch_plan(world_size)[1]
+
+
+def _check_lora_targets(targets: list[str]) -> None:
+    """Checked even with LoRA off (a value that fails only once the option is on is a trap); whether this model
+    has each layer is ``lora.check_lora``'s to say, once the model is known."""
+    bad = [x for x in targets if x not in LORA_TARGETS]
+    if bad or not targets or len(set(targets)) != len(targets):
+        why = (f"{bad[0]!r} is not a linear layer's name" if bad else
+               "it is empty" if not targets else "it repeats a name")
+        raise ValueError(f"train.lora_targets={targets!r}: {why}; choose from {', '.join(LORA_TARGETS)}")
 
 
 def _positive(name: str, value: Any) -> None:

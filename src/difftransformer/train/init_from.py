@@ -9,6 +9,9 @@ encodes the corpus with the source's ``tokenizer.json`` (``data.tokenizer``; no 
 the source's weights. Everything else (data, optimizer, checkpoints, resume, torchrun) is a normal run: the
 source's path and tokenizer are recorded in ``run_config.json``, and ``--resume`` reads the run's own
 checkpoints, not the source.
+
+With ``train.lora_rank`` > 0 (``train.lora``) the source is frozen and only low-rank adapters train; the model must
+then be the source as it is (no ``--model.attention`` conversion), so that the saved adapters fit it.
 """
 
 from __future__ import annotations
@@ -60,7 +63,13 @@ def apply_init_from(cfg: TrainConfig, path: Path, model_overrides: Mapping[str, 
                          f"(only {', '.join('--model.' + k for k in FREE_MODEL_KEYS)})")
     source = _source(path)
     src = source.config()
-    src = _converted(src, model_overrides.get("attention", src.attention), path)
+    attention = model_overrides.get("attention", src.attention)
+    if cfg.train.lora_rank and attention != src.attention:
+        raise ValueError(f"train.lora_rank={cfg.train.lora_rank} trains adapters for {path} as it is, a "
+                         f"{src.attention} model; --model.attention {attention} would convert it first, and the "
+                         "adapters' base would exist nowhere else: convert it once (difftransformer convert "
+                         "--attention), then --init-from the converted model")
+    src = _converted(src, attention, path)
     model = src.replace(backend=model_overrides.get("backend", cfg.model.backend))
     tok = source.tokenizer_file().resolve()
     rundir.read_tokenizer(tok, model.vocab_size, where=path)  # refuse one that does not fit before any work

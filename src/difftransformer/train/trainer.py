@@ -23,8 +23,10 @@ from ..data.shards import (PreparedData, WindowSampler, check_fits, eval_starts,
                            prepare_data, read_prepared, windows)
 from .. import rundir
 from ..fileio import atomic_copy
+from ..rundir.files import adapter_dir
 from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
+from . import lora
 from .config import TrainConfig
 from .distributed import DistInfo, RankZeroFailed, all_ok, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
 from .metrics import LambdaProbe, MetricsLogger, require_tensorboard
@@ -68,6 +70,7 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
     if not cfg_file.is_file():
         raise FileNotFoundError(f"--resume: {run_dir} holds no {cfg_file.name} (not a run directory)")
     saved = TrainConfig.from_dict(rundir.read_run_config(run_dir))
+    _check_same_lora(saved, cfg)
     if not rundir.list_checkpoints(run_dir):  # killed before its first checkpoint: nothing to keep but the data
         _check_same_data(saved, cfg, cfg_file)
         warn(f"--resume: {run_dir} has no checkpoint yet; starting it again from step 0")
@@ -80,6 +83,17 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
                          "raise --train.steps to train further")
     _check_same_data(saved, cfg, cfg_file)
     return ckpt
+
+
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_targets")  # what the checkpoints' adapters were trained with
+
+
+def _check_same_lora(saved: TrainConfig, cfg: TrainConfig) -> None:
+    for key in LORA_KEYS:
+        was, now = getattr(saved.train, key), getattr(cfg.train, key)
+        if (sorted(was) != sorted(now)) if key == "lora_targets" else was != now:
+            raise ValueError(f"--resume: train.{key}={now!r} differs from the run's {was!r}; a run keeps its LoRA "
+                             "settings (start a new run with --init-from to change them)")
 
 
 def _check_same_data(saved: TrainConfig, cfg: TrainConfig, cfg_file: Path) -> None:
@@ -195,6 +209,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress:
         # Refuse bad input before touching the directory (no lock file is made for a refused command) ...
         if cfg.log.tensorboard:  # a missing optional package said now, not after the data is prepared
             require_tensorboard(quiet=not info.is_main)
+        lora.check_lora(cfg)
         check_run_dir(cfg, run_dir, resume, lambda m: None, check_hashes=False)
         with _writer_lock(run_dir, info):  # ... then decide again under the lock: another writer may have won
             return _train(cfg, run_dir, resume, on_checkpoint, info,
@@ -278,6 +293,16 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
     if ckpt is None and cfg.train.init_from:  # continued training: the source's weights (every rank, before wrap)
         from .init_from import load_source_weights
         raw.load_state_dict(load_source_weights(cfg))
+    t = cfg.train
+    if t.lora_rank:  # the source frozen, adapters on its target layers (loaded from the checkpoint on resume)
+        total = raw.num_parameters()
+        lora.apply_lora(raw, t.lora_rank, t.lora_alpha, t.lora_targets, t.lora_dropout, seed=t.seed)
+        if info.is_main:
+            _warn(f"LoRA rank {t.lora_rank}, alpha {t.lora_alpha:g} on {', '.join(t.lora_targets)}: "
+                  f"{lora.trainable_parameters(raw):,} trainable parameters; the model's {total:,} are frozen")
+            if t.v1_negative_warmup and cfg.model.v1_layout == "per_head":
+                _warn(f"train.v1_negative_warmup={t.v1_negative_warmup} is not applied: under LoRA the model "
+                      "stays as loaded, its DIFF V1 negative-branch weight included")
     model = wrap(raw, cfg.train.parallel, info)
     optimizer = build_optimizer(raw, cfg.train)
     sampler = WindowSampler(data.num_tokens["train"], cfg.data.seq_len, cfg.train.seed)
@@ -304,7 +329,8 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
         lr = lr_at(step, cfg.train)
         for g in optimizer.param_groups:
             g["lr"] = lr
-        raw.set_negative_weight(negative_weight_at(step, cfg.train))  # DIFF V1 per_head only; else a no-op
+        if not t.lora_rank:  # under LoRA the base model, this weight included, stays as loaded
+            raw.set_negative_weight(negative_weight_at(step, cfg.train))  # DIFF V1 per_head only; else a no-op
         t0 = time.perf_counter()
         starts = rank_slice(sampler.next_starts(cfg.train.batch_size), accum, info)
         loss, gnorm, ok = train_step(step_fn, raw, optimizer, data, starts, cfg, info, autocast)
@@ -338,6 +364,8 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
             path = ckpt_io.save_checkpoint(run_dir, raw, optimizer, cfg.model, state, data.tokenizer_file,
                                            info.is_main)
             if info.is_main:
+                if t.lora_rank:  # the newest checkpoint's adapters in PEFT's format
+                    lora.export_adapter(path, adapter_dir(run_dir), t)
                 ckpt_io.prune(run_dir, cfg.checkpoint.keep_last)
                 if on_checkpoint is not None:
                     on_checkpoint(done, path)
