@@ -202,3 +202,45 @@ def test_eager_maps_are_the_differential_maps():
     torch.testing.assert_close(maps.attn1.sum(-1), torch.ones_like(maps.attn1.sum(-1)))
     assert maps.logits.shape == (1, 2 * mod.n_heads, 7, 7)
     assert torch.isinf(maps.logits[0, 0, 0, 1])  # causal entries are masked
+
+
+def test_the_backend_is_stored_once_in_the_config():
+    """``attn.backend`` reads the layer's config; setting it (the model's set_backend does) replaces that config."""
+    from difftransformer.model import DiffTransformerLM
+
+    model = DiffTransformerLM(ModelConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=4, head_dim=8,
+                                          backend="sdpa"))
+    attn = model.layers[0].attn
+    assert attn.backend == attn.cfg.backend == "sdpa" and "backend" not in vars(attn)
+    model.set_backend("blocked")
+    assert model.cfg.backend == "blocked"
+    assert all(layer.attn.backend == layer.attn.cfg.backend == "blocked" for layer in model.layers)
+    attn.backend = "eager"
+    assert attn.cfg.backend == "eager"
+    with pytest.raises(ValueError, match="backend='flash' is not allowed"):
+        attn.backend = "flash"
+
+
+def test_which_path_each_backend_runs_on_cpu():
+    """The dispatcher's rules (model/attention/dispatch.py), for the cases that need no Triton."""
+    from difftransformer.model.attention.dispatch import diff_path
+
+    mod = make("diff_v1", 4, "sdpa")
+    x = torch.zeros(2, 5, D_MODEL, dtype=torch.float64)
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
+
+    def path(backend, x=x, mask=None, return_maps=False, fused=True):
+        mod.backend = backend
+        return diff_path(mod, x, HEAD_DIM, 2 * HEAD_DIM, mask, None, return_maps, fused)
+
+    assert [path(b) for b in ("auto", "sdpa", "eager", "blocked", "triton")] == [
+        "sdpa", "sdpa", "eager", "blocked", "sdpa"]  # triton: head_dim 8 is not built
+    assert path("sdpa", return_maps=True) == "eager" and path("blocked", return_maps=True) == "eager"
+    assert path("blocked", mask=mask) == "sdpa"  # a padding mask or a cache
+    assert path("blocked", fused=False) == "sdpa"  # V2's "halves" pairs cross GQA groups
+    mod.logits_hook = lambda z: z
+    assert path("sdpa") == "eager"
+    mod.logits_hook = None
+    mod.kv_cache = object()  # a decode step: one new token per row under a KV cache
+    assert path("blocked", x=x[:, :1], mask=mask[..., -1:, :]) == "decode"
+    assert path("eager", x=x[:, :1], mask=mask[..., -1:, :]) == "eager"

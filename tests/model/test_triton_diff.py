@@ -493,7 +493,7 @@ def test_auto_backend_and_the_fallback_line(capsys):
     back to sdpa; under a KV cache the triton backend's decode steps equal the full forward; auto never decodes with
     the (untimed) split-KV kernel."""
     from difftransformer.model import DiffTransformerLM, ModelConfig
-    from difftransformer.model.attention import base
+    from difftransformer.model.attention import dispatch, launches
 
     cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=32,
                       attention="diff_v1")
@@ -502,17 +502,20 @@ def test_auto_backend_and_the_fallback_line(capsys):
     ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(2))
     attn = model.layers[0].attn
     x = torch.zeros(1, 12, 64, dtype=torch.float64)
-    assert not attn.use_triton(x, False, 16)  # auto on CPU
+    use_triton = dispatch.use_triton
+    assert not use_triton(attn.backend, x, 16, 16)  # auto on CPU
     one = torch.ones(1, 1, 1, 12, dtype=torch.bool)
     with torch.no_grad():
-        assert not attn.use_triton_decode(x, one, 16)  # auto: the PyTorch decode step, on every device
+        # auto: the PyTorch decode step, on every device
+        assert not dispatch.use_triton_decode(attn.backend, x, one, 16, 16)
     model.set_backend("triton")
-    assert attn.use_triton(x, False, 16) == (os.environ.get("TRITON_INTERPRET") == "1")
-    assert not attn.use_triton(x, False, 24)  # a head size the kernel is not built for
+    assert attn.backend == "triton"  # the model's set_backend reaches every layer
+    assert use_triton(attn.backend, x, 16, 16) == (os.environ.get("TRITON_INTERPRET") == "1")
+    assert not use_triton(attn.backend, x, 24, 24)  # a head size the kernel is not built for
     saved = os.environ.pop("TRITON_INTERPRET", None)
     try:
-        base._SAID.clear()
-        assert not attn.use_triton(x, False, 16) and not attn.use_triton(x, False, 16)
+        launches._SAID.clear()
+        assert not use_triton(attn.backend, x, 16, 16) and not use_triton(attn.backend, x, 16, 16)
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "uses the sdpa path" in err[0]
     finally:

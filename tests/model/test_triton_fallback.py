@@ -17,7 +17,7 @@ from triton_interp import NEEDS_FRESH_PROCESS, run_in_fresh_process, skip_unless
 from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
 from difftransformer.model import DiffTransformerLM, ModelConfig  # noqa: E402
-from difftransformer.model.attention import base  # noqa: E402
+from difftransformer.model.attention import dispatch, launches  # noqa: E402
 
 td = importlib.import_module("difftransformer.model.attention.triton_diff")
 tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
@@ -27,9 +27,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture(autouse=True)
 def _interpreter_or_fresh_process(request):
     skip_unless_interpreting(request)
-    base._TRITON_FAILED.clear()
+    launches._TRITON_FAILED.clear()
     yield
-    base._TRITON_FAILED.clear()
+    launches._TRITON_FAILED.clear()
 
 
 @pytest.mark.skipif(not NEEDS_FRESH_PROCESS, reason="this process already runs the kernels directly")
@@ -132,7 +132,7 @@ def test_a_failed_launch_falls_back_once_with_one_warning(attention, opts, faili
     else:
         assert launched == 2  # both layers' forwards ran the kernel before the backward failed
     assert fwd.calls == launched  # the second step ran sdpa throughout
-    assert list(base._TRITON_FAILED) == [base.triton_kind(torch.device(DEVICE), torch.float64, 16,
+    assert list(launches._TRITON_FAILED) == [launches.triton_kind(torch.device(DEVICE), torch.float64, 16,
                                                          model.layers[0].attn.value_dim
                                                          if attention == "diff_v1" else 16, "train")]
 
@@ -185,35 +185,35 @@ def test_argument_errors_are_not_swallowed(monkeypatch):
     monkeypatch.setattr(td, "_diff_fwd_kernel", Failing(ValueError("a bug, not a launch failure")))
     with pytest.raises(ValueError, match="a bug"):
         model(torch.zeros(1, 5, dtype=torch.long, device=DEVICE))
-    assert not base._TRITON_FAILED
+    assert not launches._TRITON_FAILED
 
 
 def test_which_errors_are_launch_failures():
     from triton.compiler.errors import CompilationError
 
-    assert base.is_triton_launch_error(OutOfResources(1, 0, "shared memory"))
-    assert base.is_triton_launch_error(PTXASError("ptxas failed"))
-    assert base.is_triton_launch_error(CompilationError("def f(): pass", None, "unsupported"))
-    assert base.is_triton_launch_error(RuntimeError("Triton Error [CUDA]: invalid argument"))
-    assert not base.is_triton_launch_error(RuntimeError("CUDA out of memory"))
-    assert not base.is_triton_launch_error(ValueError("head dim d=24"))
+    assert launches.is_triton_launch_error(OutOfResources(1, 0, "shared memory"))
+    assert launches.is_triton_launch_error(PTXASError("ptxas failed"))
+    assert launches.is_triton_launch_error(CompilationError("def f(): pass", None, "unsupported"))
+    assert launches.is_triton_launch_error(RuntimeError("Triton Error [CUDA]: invalid argument"))
+    assert not launches.is_triton_launch_error(RuntimeError("CUDA out of memory"))
+    assert not launches.is_triton_launch_error(ValueError("head dim d=24"))
 
 
 def test_auto_runs_triton_only_where_measured(monkeypatch):
     """`auto` picks the kernel for a (GPU, dtype, pass) only when TRITON_AUTO_MEASURED lists it; every entry there is
     well formed; a bad pass is refused by name."""
-    for cap, dtype, pass_ in base.TRITON_AUTO_MEASURED:
-        assert isinstance(cap, tuple) and len(cap) == 2 and cap >= base.MIN_TRITON_CAPABILITY
-        assert dtype in (torch.float16, torch.bfloat16, torch.float32) and pass_ in base.TRITON_PASSES
-    if ((9, 0), torch.bfloat16, "train") not in base.TRITON_AUTO_MEASURED:
-        assert not base.auto_runs_triton((9, 0), torch.bfloat16, "train")
-    monkeypatch.setattr(base, "TRITON_AUTO_MEASURED", frozenset({((9, 0), torch.bfloat16, "train")}))
-    assert base.auto_runs_triton((9, 0), torch.bfloat16, "train")
-    assert not base.auto_runs_triton((9, 0), torch.bfloat16, "decode")
-    assert not base.auto_runs_triton((8, 0), torch.bfloat16, "train")
-    assert not base.auto_runs_triton((9, 0), torch.float32, "train")
+    for cap, dtype, pass_ in dispatch.TRITON_AUTO_MEASURED:
+        assert isinstance(cap, tuple) and len(cap) == 2 and cap >= dispatch.MIN_TRITON_CAPABILITY
+        assert dtype in (torch.float16, torch.bfloat16, torch.float32) and pass_ in launches.TRITON_PASSES
+    if ((9, 0), torch.bfloat16, "train") not in dispatch.TRITON_AUTO_MEASURED:
+        assert not dispatch.auto_runs_triton((9, 0), torch.bfloat16, "train")
+    monkeypatch.setattr(dispatch, "TRITON_AUTO_MEASURED", frozenset({((9, 0), torch.bfloat16, "train")}))
+    assert dispatch.auto_runs_triton((9, 0), torch.bfloat16, "train")
+    assert not dispatch.auto_runs_triton((9, 0), torch.bfloat16, "decode")
+    assert not dispatch.auto_runs_triton((8, 0), torch.bfloat16, "train")
+    assert not dispatch.auto_runs_triton((9, 0), torch.float32, "train")
     with pytest.raises(ValueError, match="pass_='backward' is not allowed"):
-        base.auto_runs_triton((9, 0), torch.bfloat16, "backward")
+        dispatch.auto_runs_triton((9, 0), torch.bfloat16, "backward")
 
 
 def test_default_configs_are_chosen_per_dtype_and_arch():
@@ -283,9 +283,10 @@ def test_kinds_use_the_dtype_the_attention_runs_in():
     """Under autocast the projections, and so the kernels, run in autocast's dtype: a kind (and auto's table) is keyed
     by it, so a backward failure (keyed by the kernel's inputs) disables the forward of the same kind."""
     x = torch.zeros(2, 3)
-    assert base.attention_dtype(x) == torch.float32
+    assert launches.attention_dtype(x) == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert base.attention_dtype(x) == torch.bfloat16
-    assert base.triton_kind(x.device, torch.bfloat16, 64, 128, "train") == ("cpu", torch.bfloat16, 64, 128, "train")
+        assert launches.attention_dtype(x) == torch.bfloat16
+    kind = launches.triton_kind(x.device, torch.bfloat16, 64, 128, "train")
+    assert kind == ("cpu", torch.bfloat16, 64, 128, "train")
     with pytest.raises(ValueError, match="pass_='fwd' is not allowed"):
-        base.triton_kind(x.device, torch.bfloat16, 64, 128, "fwd")
+        launches.triton_kind(x.device, torch.bfloat16, 64, 128, "fwd")

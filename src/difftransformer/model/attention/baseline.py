@@ -9,7 +9,8 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..rope import apply_rope
-from .base import Attention, AttentionMaps, eager_dtype, grouped_attention, repeat_kv, sdpa, softmax_maps
+from .base import Attention
+from .dispatch import softmax_attention
 
 
 class BaselineAttention(Attention):
@@ -35,18 +36,6 @@ class BaselineAttention(Attention):
         k = apply_rope(self.wk(x).view(B, T, Hkv, d), *rope).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
         k, v = self.update_cache(input_pos, k, v)
-        maps = None
-        if self.use_decode(T, return_maps):
-            out = grouped_attention(q, k, v, mask, self.scale)  # (B, H, 1, d), the cache read once
-            return self.wo(out.transpose(1, 2).reshape(B, T, H * d)), maps
-        k, v = repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv)  # (B, H, Tk, d)
-
-        if self.use_eager(return_maps):
-            probs, logits = softmax_maps(q, k, mask, self.scale, self.logits_hook)  # (B, H, T, Tk)
-            out = torch.matmul(probs, v.to(eager_dtype(x))).to(x.dtype)
-            if return_maps:
-                maps = AttentionMaps(attn=probs, logits=logits)
-        else:
-            out = sdpa(q, k, v, mask, self.scale)
+        out, maps = softmax_attention(self, x, q, k, v, mask, return_maps)  # (B, H, T, d)
         out = out.transpose(1, 2).reshape(B, T, H * d)  # (B, T, H*d)
         return self.wo(out), maps

@@ -36,8 +36,8 @@ from torch import nn
 from ..config import ModelConfig
 from ..norm import RMSNorm
 from ..rope import apply_rope
-from .base import (Attention, AttentionMaps, eager_dtype, grouped_probs, key_padding, repeat_kv, sdpa, softmax_maps,
-                   triton_pass)
+from .base import Attention
+from .dispatch import diff_attention
 
 
 class DiffV1Attention(Attention):
@@ -120,85 +120,16 @@ class DiffV1Attention(Attention):
                 input_pos: Optional[torch.Tensor] = None, return_maps: bool = False):
         B, T, _ = x.shape
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
-        rep = h // hkv
         q = apply_rope(self.wq(x).view(B, T, 2 * h, d), *rope).transpose(1, 2)  # (B, 2h, T, d)
         k = apply_rope(self.wk(x).view(B, T, 2 * hkv, d), *rope).transpose(1, 2)  # (B, 2hkv, T, d)
         v = self.wv(x).view(B, T, hkv, self.value_dim).transpose(1, 2)  # (B, hkv, T, 2d) (per_head: d)
         k, v = self.update_cache(input_pos, k, v)
-        # Eq. (1) pairing: half-heads (2i, 2i+1) -> (Q1, Q2) of head i, (K1, K2) of group g. Split, then repeat.
-        q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, h, T, d) each
-        k1, k2 = k[:, 0::2], k[:, 1::2]  # (B, hkv, Tk, d) each
-        lam = self.generation_lambda()
-
-        maps = None
-        if self.use_eager(return_maps):
-            a1, logits1 = softmax_maps(q1, repeat_kv(k1, rep), mask, self.scale, self.logits_hook)  # (B, h, T, Tk)
-            a2, logits2 = softmax_maps(q2, repeat_kv(k2, rep), mask, self.scale, self.logits_hook)
-            diff = a1 - lam * a2  # Eq. (1)
-            out = torch.matmul(diff, repeat_kv(v, rep).to(eager_dtype(x))).to(x.dtype)  # (B, h, T, 2d)
-            if return_maps:
-                logits = torch.stack((logits1, logits2), dim=2).flatten(1, 2)  # (B, 2h, T, Tk), projection order
-                maps = AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2, lam=lam.detach())
-        elif self.use_decode(T, return_maps) and self.use_triton_decode(x, mask, d, self.value_dim):
-            from .triton_decode import triton_diff_decode  # imported here: only this path needs triton
-
-            out = self.run_triton(  # (B, h, 1, 2d), split over the cache; the PyTorch step if a launch fails
-                x, "decode", d, self.value_dim,
-                lambda: triton_diff_decode(q1, q2, k1, k2, v, lam, self.scale, mask[:, 0, -1, :].expand(B, -1)),
-                lambda: self._decode_diff(q, k, v, lam, mask))
-        elif self.use_decode(T, return_maps):
-            out = self._decode_diff(q, k, v, lam, mask)
-        elif self.use_triton(x, return_maps, d, input_pos, self.value_dim):
-            from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
-
-            out = self.run_triton(  # (B, h, T, 2d); sdpa if a launch fails
-                x, triton_pass(x), d, self.value_dim,
-                lambda: triton_diff_attention(q1, q2, k1, k2, v, lam, self.scale, key_padding(mask, B, T)),
-                lambda: self._sdpa_diff(q1, q2, k1, k2, v, lam, mask, rep))
-        elif self.backend == "blocked" and mask is None and x.device.type == "cpu":  # no mask: no cache or a prefill
-            from .blocked import blocked_diff_attention  # imported here: only this path needs it
-
-            out = blocked_diff_attention(q1, q2, k1, k2, v, lam.to(x.dtype), scale=self.scale)  # (B, h, T, 2d)
-        else:
-            out = self._sdpa_diff(q1, q2, k1, k2, v, lam, mask, rep)
+        # Eq. (1): half-heads (2i, 2i+1) are (Q1, Q2) of head i and (K1, K2) of KV group g = i // (h / h_kv); Q1
+        # reads K1 and Q2 reads K2 of that group ("paired" keys: split, then repeat).
+        out, maps = diff_attention(self, x, q, k, v, self.generation_lambda(), mask, input_pos, return_maps,
+                                   keys="paired")  # (B, h, T, 2d) = (A1 - lambda A2) V
         if self.subln is not None:
             out = self.subln(out)  # Eq. (3): RMSNorm over each head's 2d channels
         out = out * (1.0 - self.lambda_init)  # Eq. (3): fixed multiplier aligns gradients with the baseline
         out = out.transpose(1, 2).reshape(B, T, h * self.value_dim)  # (B, T, h*2d): Concat(heads)
         return self.wo(out), maps
-
-    def _sdpa_diff(self, q1, q2, k1, k2, v, lam, mask, rep) -> torch.Tensor:
-        """Eq. (1) with standard fused attention: A1 V and A2 V in one SDPA call.
-
-        Fused CPU/CUDA kernels want value width == query width, so V (2d) is split into its two d-wide halves and
-        the four products (A1 Va, A1 Vb, A2 Va, A2 Vb) are stacked along the batch axis of a single call
-        (per_head layout, d-wide V: the two products A1 V and A2 V).
-        """
-        B, d = q1.shape[0], self.head_dim
-        vs = v.split(d, dim=-1)  # (va, vb) of (B, hkv, Tk, d); (v,) under per_head
-        n = len(vs)
-        qn = torch.cat((q1,) * n + (q2,) * n, dim=0)  # (2nB, h, T, d)
-        kn = repeat_kv(torch.cat((k1,) * n + (k2,) * n, dim=0), rep)  # (2nB, h, Tk, d)
-        vn = repeat_kv(torch.cat(vs + vs, dim=0), rep)  # (2nB, h, Tk, d)
-        if mask is not None and mask.shape[0] > 1:
-            mask = mask.repeat(2 * n, 1, 1, 1)
-        o = sdpa(qn, kn, vn, mask, self.scale).split(B, dim=0)  # 2n x (B, h, T, d)
-        a1v = torch.cat(o[:n], dim=-1)  # (B, h, T, 2d) = A1 V
-        a2v = torch.cat(o[n:], dim=-1)  # (B, h, T, 2d) = A2 V
-        return a1v - lam.to(a1v.dtype) * a2v
-
-    def _decode_diff(self, q, k, v, lam, mask) -> torch.Tensor:
-        """Eq. (1) for the KV-cache decode step, reading each cached key and value once.
-
-        Half-head 2i+s of the query (i = g*rep + r) meets key half-head 2g+s: arrange the queries as
-        (group g, half s, r) and both softmax maps of every group come from one batched product with the cache
-        viewed as (B, h_kv, 2, N, d). Then (A1 - lambda A2) V with V (B, h_kv, N, 2d), as in the blocked kernel.
-        """
-        B, _, T, d = q.shape
-        hkv, N = self.n_kv_heads, k.shape[2]
-        rep = self.n_heads // hkv
-        q = q.view(B, hkv, rep, 2, T, d).transpose(2, 3)  # (B, hkv, 2, rep, T, d)
-        p = grouped_probs(q, k.view(B, hkv, 2, N, d), mask, self.scale)  # (B, hkv, 2, rep, T, N)
-        diff = p[:, :, 0] - lam.to(p.dtype) * p[:, :, 1]  # (B, hkv, rep, T, N)
-        out = torch.matmul(diff.reshape(B, hkv, rep * T, N).to(v.dtype), v)  # (B, hkv, rep*T, 2d)
-        return out.view(B, self.n_heads, T, self.value_dim)

@@ -72,9 +72,9 @@ from torch.autograd.function import once_differentiable
 __all__ = ["triton_diff_attention", "triton_available", "default_config", "smem_limit", "dot_precision",
            "ALLOWED_HEAD_DIMS", "SMEM_LIMITS", "CONSUMER_SMEM_LIMIT"]
 
-from .base import TRITON_HEAD_DIMS as ALLOWED_HEAD_DIMS  # noqa: E402  (one list, shared with the backend)
-from .base import TRITON_MAX_BATCH as MAX_BATCH  # noqa: E402
-from .base import is_triton_launch_error, triton_failed, triton_kind, triton_kind_failed  # noqa: E402
+from .launches import TRITON_HEAD_DIMS as ALLOWED_HEAD_DIMS  # noqa: E402  (one list, shared with dispatch)
+from .launches import TRITON_MAX_BATCH as MAX_BATCH  # noqa: E402
+from .launches import is_triton_launch_error, triton_failed, triton_kind, triton_kind_failed  # noqa: E402
 _ALLOWED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Shared memory one program (thread block) may use, in bytes, by compute capability (major * 10 + minor): A100
 # (and Orin) 163 KB, H100 227 KB. Any other GPU (sm_86, sm_89 and sm_120 consumer and workstation cards) gets 99 KB.
@@ -593,7 +593,7 @@ class _TritonDiffAttention(torch.autograd.Function):
             except Exception as exc:
                 if not is_triton_launch_error(exc):
                     raise
-                # one warning; later training calls of this kind run sdpa from their forward (Attention.use_triton)
+                # one warning; later training calls of this kind run sdpa from their forward (dispatch.use_triton)
                 triton_failed(kind, exc)
         return _TritonDiffAttention._fallback_backward(ctx, dout)
 

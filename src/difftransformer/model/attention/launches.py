@@ -1,0 +1,104 @@
+"""What the Triton kernels (``triton_diff.py``, ``triton_decode.py``) and the dispatcher (``dispatch.py``) share:
+the sizes the kernels are built for, what makes two calls the same *kind* of launch, and the record of the kinds
+whose launch failed in this process (one warning each; their later calls run the PyTorch path).
+
+It imports neither triton nor a kernel, so the kernel files import it at their top while the dispatcher imports
+the kernels only when a Triton path runs (no import circle), and an install without triton imports it too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+
+import torch
+
+# head_dim values the Triton kernel is built for (triton_diff.py checks them too).
+TRITON_HEAD_DIMS = (16, 32, 64, 128)
+# The kernels put the batch on CUDA grid axis 2, at most 65,535 (triton_diff.py checks it too); more rows: sdpa.
+TRITON_MAX_BATCH = 65_535
+# What a Triton call computes: "train" (forward and backward: autograd records the call), "prefill" (forward only,
+# a prompt or an evaluation) or "decode" (one KV-cache step).
+TRITON_PASSES = ("train", "prefill", "decode")
+
+_SAID: set[str] = set()
+# Kinds of Triton call (``triton_kind``) whose launch failed in this process -> the reason (warned once, then sdpa).
+_TRITON_FAILED: dict[tuple, str] = {}
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def attention_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the attention runs in for the layer input ``x``: autocast's where it is on (the projections cast
+    to it), else x's own."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def triton_pass(x: torch.Tensor) -> str:
+    """The pass of a (non-decode) DIFF call on the attention input ``x``: "train" when autograd records it."""
+    return "train" if torch.is_grad_enabled() and x.requires_grad else "prefill"
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device, read once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        major, minor = torch.cuda.get_device_capability(index)
+        _CAPABILITY[index] = (major, minor)
+    return _CAPABILITY[index]
+
+
+def triton_kind(device: torch.device, dtype: torch.dtype, head_dim: int, value_dim: int, pass_: str) -> tuple:
+    """What makes two Triton calls launch the same kernels with the same tiles: the GPU (its compute capability),
+    dtype, head and value widths and the pass. A launch that fails for one call fails for all calls of its kind."""
+    if pass_ not in TRITON_PASSES:
+        raise ValueError(f"pass_={pass_!r} is not allowed; use one of {', '.join(TRITON_PASSES)}")
+    gpu = cuda_capability(device) if device.type == "cuda" else device.type
+    return gpu, dtype, head_dim, value_dim, pass_
+
+
+def describe_kind(kind: tuple) -> str:
+    gpu, dtype, head_dim, value_dim, pass_ = kind
+    where = f"sm_{gpu[0]}{gpu[1]}" if isinstance(gpu, tuple) else gpu
+    return f"{pass_}, {str(dtype).replace('torch.', '')}, head_dim {head_dim}, value_dim {value_dim} on {where}"
+
+
+def is_triton_launch_error(exc: BaseException) -> bool:
+    """A Triton kernel that cannot be compiled or launched here (out of shared memory or registers, a compile or
+    ptxas error, a launch the driver refuses), as opposed to a bug in the arguments (ValueError, TypeError)."""
+    for cls in type(exc).__mro__:
+        if cls.__module__.startswith("triton.") and cls.__name__ in ("TritonError", "CompilationError"):
+            return True
+    return isinstance(exc, RuntimeError) and str(exc).startswith("Triton Error")
+
+
+def triton_kind_failed(kind: tuple) -> bool:
+    """Whether a Triton launch of this kind already failed in this process (then its calls use the PyTorch path)."""
+    return kind in _TRITON_FAILED
+
+
+def triton_failed(kind: tuple, reason) -> None:
+    """Record that Triton calls of this kind cannot run here; the first time, ONE warning line names the reason."""
+    if kind in _TRITON_FAILED:
+        return
+    if isinstance(reason, BaseException):
+        text = str(reason).strip().splitlines()
+        reason = f"{type(reason).__name__}: {text[0][:300] if text else ''}"
+    _TRITON_FAILED[kind] = reason
+    pass_ = kind[-1]
+    fallback = "the PyTorch decode step" if pass_ == "decode" else "sdpa"
+    warnings.warn(f"difftransformer: the fused Triton kernel cannot run for {describe_kind(kind)} ({reason}); "
+                  f"this call and later ones of this kind use {fallback}", RuntimeWarning, stacklevel=3)
+
+
+def say_once(line: str) -> None:
+    """Print ``line`` to stderr the first time this process asks for it."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr)
