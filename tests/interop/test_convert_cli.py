@@ -124,8 +124,9 @@ def test_llama_to_diff_v1_keeps_the_function_and_prints_the_gaps(tmp_path, dirs,
                  "--out", str(tmp_path / "v1n")]) == 0
     gap = re.search(r"random tokens: (\S+) \(with the head-wise norm\)", capsys.readouterr().out)
     assert gap and float(gap.group(1)) > 1e-2
-    cli_fails(capsys, ["convert", "--to-hf", str(tmp_path / "v1"), "--out", str(tmp_path / "x")],
-              "v1_layout='per_head' cannot be exported")
+    # DiffLlama cannot hold the per_head layout: exported as remote code instead (tests/interop/test_remote_code.py)
+    assert main(["convert", "--to-hf", str(tmp_path / "v1"), "--out", str(tmp_path / "v1hf")]) == 0
+    assert "holds v1_layout='per_head': written as remote code" in capsys.readouterr().out
     cli_fails(capsys, ["convert", "--from-hf", str(dirs / "llama"), "--v1-headwise-norm",
                        "--out", str(tmp_path / "x")], "--attention diff_v1 only")
     assert not (tmp_path / "x").exists()
@@ -192,7 +193,8 @@ def test_wrong_architecture(tmp_path, dirs, capsys):
               "not the expected diff_v1")
     cli_fails(capsys, ["convert", "--to-hf", str(dirs / "ours_base"), "--out", str(out), "--expect", "diff_v1"],
               "not the expected diff_v1")
-    cli_fails(capsys, ["convert", "--to-hf", str(dirs / "ours_v2"), "--out", str(out)], "no Hugging Face class")
+    assert main(["convert", "--to-hf", str(dirs / "ours_v2"), "--out", str(tmp_path / "v2hf")]) == 0  # remote code
+    assert "holds attention='diff_v2': written as remote code" in capsys.readouterr().out
     cli_fails(capsys, ["convert", "--to-hf", str(dirs / "diffllama"), "--out", str(out)],
               "already a Hugging Face checkpoint (use --from-hf")
     cli_fails(capsys, ["convert", "--from-hf", str(dirs / "ours_v1"), "--out", str(out)],

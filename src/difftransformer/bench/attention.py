@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import queue as queue_module
 import statistics
 from typing import Callable
 
@@ -71,8 +72,9 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field} (the CPU memory measurement needs Linux)")
 
 
-def _peak_child(attention: str, backend: str, n: int, args, queue) -> None:
+def _peak_child(attention: str, backend: str, n: int, args, queue, known: tuple) -> None:
     """In a fresh process: the rise of peak memory over the first fwd+bwd step, from just after building."""
+    variants.adopt(known)
     step = _build(attention, backend, n, args)
     if args.device == "cuda":
         torch.cuda.synchronize()
@@ -94,11 +96,19 @@ def peak_memory(attention: str, backend: str, n: int, args) -> float:
     """Peak extra memory (bytes) of one step, measured in a spawned child so that it is this case's alone."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_peak_child, args=(attention, backend, n, args, q))
+    p = ctx.Process(target=_peak_child, args=(attention, backend, n, args, q, variants.variants()))
     p.start()
-    res = q.get()
-    p.join()
-    return res
+    try:
+        while True:  # polled: a child that dies (out of memory, an error) is an error here, not a hang
+            alive = p.is_alive()  # read before waiting: a result sent just before exiting is still read
+            try:
+                return q.get(timeout=1.0)
+            except queue_module.Empty:
+                if not alive:
+                    raise RuntimeError(f"the memory-measuring child for {attention}/{backend} at {n} tokens exited "
+                                       f"with {p.exitcode} without a result") from None
+    finally:
+        p.join(timeout=60)
 
 
 def run(args: argparse.Namespace) -> int:

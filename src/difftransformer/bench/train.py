@@ -29,6 +29,7 @@ from typing import Optional
 
 import torch
 
+from ..model import variants
 from ..model.config import ModelConfig
 from .common import (add_shape_flag, bench_cases, bench_config, diff_backends, hf_diff_variant, print_load,
                      resolve_shape, shape_config, shape_default_help, table_row)
@@ -86,11 +87,12 @@ def build_hf_difflama(cfg: ModelConfig, attn_implementation: str) -> torch.nn.Mo
     return model.float().train()
 
 
-def _measure(cfg: ModelConfig, hf: Optional[str], args: argparse.Namespace, queue) -> None:
+def _measure(cfg: ModelConfig, hf: Optional[str], args: argparse.Namespace, queue, known: tuple = ()) -> None:
     """Child process: build the model and optimizer, time training steps, send back ("ok", (seconds/step,
     parameters)) or ("error", message). ``hf``: transformers' DiffLlama with this attention implementation
-    instead of our model."""
+    instead of our model. ``known``: the parent's registered variants (``model.variants.adopt``)."""
     try:
+        variants.adopt(known)
         queue.put(("ok", _time_steps(cfg, hf, args)))
     except BaseException as e:  # the parent reads one message either way, instead of waiting for --timeout
         queue.put(("error", f"{type(e).__name__}: {e}"))
@@ -138,7 +140,7 @@ def measure(cfg: ModelConfig, args: argparse.Namespace, hf: Optional[str] = None
     what = f"{HF_LABEL} ({hf})" if hf else f"{cfg.attention}/{cfg.backend}"
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(cfg, hf, args, queue))
+    proc = ctx.Process(target=_measure, args=(cfg, hf, args, queue, variants.variants()))
     proc.start()
     deadline = time.monotonic() + args.timeout
     try:

@@ -193,10 +193,12 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 
 
 def _architecture_of(cfg: ModelConfig) -> str:
-    if cfg.attention == "diff_v2":
-        raise ValueError("attention='diff_v2' has no Hugging Face class; keep our own format "
-                         "(config.json + model.safetensors), which DiffTransformerLM.from_pretrained reloads")
-    return "diffllama" if cfg.attention == "diff_v1" else "llama"
+    """The native transformers model_type that holds ``cfg``'s variant (``ARCHITECTURES``), or a ValueError."""
+    for model_type, (_, ours, _) in ARCHITECTURES.items():
+        if ours == cfg.attention:
+            return model_type
+    raise ValueError(f"attention={cfg.attention!r} has no Hugging Face class; keep our own format "
+                     "(config.json + model.safetensors), which DiffTransformerLM.from_pretrained reloads")
 
 
 def _rope_parameters(cfg: ModelConfig) -> dict[str, Any]:

@@ -23,12 +23,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..extras import MissingExtra
+
 try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
     from lm_eval import utils as harness_utils
 except ImportError as e:  # an optional dependency: say how to get it
-    raise ImportError("the lm-evaluation-harness adapter needs the lm_eval package: pip install lm_eval") from e
+    raise MissingExtra("the lm-evaluation-harness adapter", ["lm_eval"], ["lmeval"], name="lm_eval") from e
 
 from ..data.tokenizer import EOS
 from ..inference.generate import SamplingConfig, generate

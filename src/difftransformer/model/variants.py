@@ -72,6 +72,14 @@ def registered(v: Variant) -> Iterator[Variant]:
         unregister(v.name)
 
 
+def adopt(vs: tuple[Variant, ...]) -> None:
+    """Register those of ``vs`` this process lacks: a spawned worker gets its parent's ``variants()`` this way (a
+    variant registered at run time, by a user's script or a test, is not known to a fresh interpreter)."""
+    for v in vs:
+        if v.name not in _REGISTRY:
+            register(v)
+
+
 def names() -> tuple[str, ...]:
     """Every registered variant's name, reference first, then in registration order."""
     return tuple(v.name for v in variants())

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Optional
 
 import multiprocessing as mp
 
+from ..model import variants as registry
 from .config import RetrievalConfig
 
 
@@ -141,7 +142,8 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
     test: dict[tuple[str, int, float], dict] = {}
     pending: dict[Future, tuple] = {}
     asked: set = set()
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if workers > 1 else _Inline()
+    pool = (ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=registry.adopt,
+                                initargs=(registry.variants(),)) if workers > 1 else _Inline())
 
     def submit(ex, kind: str, v: str, s: int, lr: float) -> None:
         key = (kind, v, s, lr)

@@ -130,7 +130,8 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
     bar = tqdm(total=len(jobs), desc="retrieval width sweep (jobs)", disable=not progress)
     runs: dict[tuple, dict] = {}
     if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=registry.adopt,
+                                 initargs=(registry.variants(),)) as ex:
             futs = {ex.submit(_sweep_job, cfgs[w].to_dict(), v, s): (w, v, s) for w, v, s in jobs}
             for f in as_completed(futs):
                 runs[futs[f]] = f.result()

@@ -32,6 +32,9 @@ REMOTE_MODEL_TYPE = "difftransformer"
 REMOTE_ARCHITECTURE = "DiffTransformerForCausalLM"
 AUTO_MAP = {"AutoConfig": "configuration_difftransformer.DiffTransformerConfig",
             "AutoModelForCausalLM": "modeling_difftransformer.DiffTransformerForCausalLM"}
+# The attention variants modeling_difftransformer.py implements (its configuration file's ATTENTION_KINDS; a test
+# checks the two agree). A variant registered elsewhere has no remote code: its export is refused.
+REMOTE_ATTENTION = ("baseline", "diff_v1", "diff_v2")
 PREFIX = "model."
 HEAD = ("output.weight", "lm_head.weight")  # (ours, the remote model's)
 
@@ -73,7 +76,11 @@ def is_remote_config(hf: dict[str, Any]) -> bool:
 
 
 def config_to_remote(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """The remote-code config.json for ``cfg`` (weights stored in ``dtype``)."""
+    """The remote-code config.json for ``cfg`` (weights stored in ``dtype``); a ValueError for a variant the
+    modeling file does not implement."""
+    if cfg.attention not in REMOTE_ATTENTION:
+        raise ValueError(f"attention={cfg.attention!r} has no Hugging Face remote code (the modeling file implements "
+                         f"{', '.join(REMOTE_ATTENTION)}); keep it in our format")
     out: dict[str, Any] = {"architectures": [REMOTE_ARCHITECTURE], "model_type": REMOTE_MODEL_TYPE,
                            "auto_map": dict(AUTO_MAP)}
     out.update({key: getattr(cfg, ours) for ours, key in CONFIG_KEYS.items()})
