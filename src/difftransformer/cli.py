@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Optional
 
 from . import demo, extras
 from .bench import cli as bench_cli

@@ -18,9 +18,10 @@ It sits above ``rundir`` and ``interop.hf`` (it reads both kinds of directory) a
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 from tokenizers import Tokenizer
@@ -29,8 +30,16 @@ from .interop.hf import config_from_hf, load_hf, read_hf_config
 from .model.config import ModelConfig
 from .model.pretrained import CONFIG_NAME, WEIGHTS_NAME
 from .model.transformer import DiffTransformerLM
-from .rundir import (CHECKPOINTS_DIR, DIR_KINDS, DirKind, dir_kind, find_tokenizer, read_tokenizer,
-                     resolve_checkpoint, run_of_checkpoint)
+from .rundir import (
+    CHECKPOINTS_DIR,
+    DIR_KINDS,
+    DirKind,
+    dir_kind,
+    find_tokenizer,
+    read_tokenizer,
+    resolve_checkpoint,
+    run_of_checkpoint,
+)
 
 PathLike = Union[str, Path]
 
@@ -83,7 +92,7 @@ class ModelSource:
                               require_eos=require_eos)
 
     def load(self, device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
-             backend: Optional[str] = None) -> "LoadedModel":
+             backend: Optional[str] = None) -> LoadedModel:
         """The model on ``device`` (in ``dtype``, else as stored; with ``backend``, else the config's), in eval
         mode, with where it came from."""
         if self.kind == "hf":

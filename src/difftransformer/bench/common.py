@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from ..model import config as model_config
 from ..model import variants

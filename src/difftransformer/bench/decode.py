@@ -25,8 +25,9 @@ import argparse
 import gc
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 

@@ -12,7 +12,7 @@ import argparse
 import copy
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

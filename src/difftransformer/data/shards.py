@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..fileio import atomic_copy, atomic_json, fault_point, parse_json
+from ..model.pretrained import TOKENIZER_NAME  # the one spelling of the file name; shards sit in a run
 from . import corpus
 from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents, short_sentences
-from ..model.pretrained import TOKENIZER_NAME  # the one spelling of the file name; shards sit in a run
-from ..fileio import atomic_copy, atomic_json, fault_point, parse_json
 from .tokenizer import eos_id, load_tokenizer, train_tokenizer
 
 META_NAME = "meta.json"

@@ -16,8 +16,8 @@ out of N among the filler -- the part DIFF claims to improve.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 CITIES: tuple[str, ...] = (
     "Paris", "London", "Berlin", "Madrid", "Rome", "Vienna", "Prague", "Warsaw", "Lisbon", "Dublin", "Oslo",

@@ -20,8 +20,9 @@ as JSON beside it (``FILE.json``).
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..extras import require_all
 from . import report
-from .report import verdicts as report_verdicts
 from .analyses import ANALYSES
 from .attnmap import AttnmapSettings
 from .icl import BOOKS, IclSettings
@@ -24,6 +24,7 @@ from .noise import NoiseSettings
 from .outliers import OutliersSettings
 from .positions import PositionsSettings
 from .quantized import QuantizedSettings, quantize_logits
+from .report import verdicts as report_verdicts
 from .spec import AnalysisSpec, check_positive
 
 

@@ -26,8 +26,9 @@ import functools
 import math
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from tqdm import tqdm
@@ -108,7 +109,7 @@ def label_words(tok, preferred: Sequence[str], vocab_size: int) -> tuple[list[st
                      "fallback lists); use fewer --classes")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def book_verses(book: str) -> tuple[str, ...]:
     """Every verse of one KJV book from the embedded corpus, KJV italics brackets removed."""
     from pythonbible import Book

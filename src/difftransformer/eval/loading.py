@@ -18,11 +18,11 @@ import torch
 from tokenizers import Tokenizer
 
 from .. import rundir
-from ..fileio import atomic_write
 from ..data import corpus
 from ..data.shards import read_prepared
 from ..data.synthetic import RETRIEVAL_MARKER
 from ..data.tokenizer import EOS
+from ..fileio import atomic_write
 from ..loading import load_model
 from ..model.transformer import DiffTransformerLM
 

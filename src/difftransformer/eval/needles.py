@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from tqdm import tqdm
@@ -35,7 +36,7 @@ class NeedleTask:
     digits: int = 2
 
     @classmethod
-    def for_model(cls, ev: EvalModel, **overrides: Optional[int]) -> "NeedleTask":
+    def for_model(cls, ev: EvalModel, **overrides: Optional[int]) -> NeedleTask:
         data = ev.run_config.get("data", {})
         task = cls()
         if data.get("retrieval_share", 0) > 0:

@@ -24,15 +24,16 @@ reports 0.27-0.40 (DIFF) vs 0.03-0.09 (baseline) on the answer and 0.01-0.02 vs 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from tqdm import tqdm
 
-from .attention_mass import attention_shares
 from ..data.tokenizer import EOS
 from ..model import variants
+from .attention_mass import attention_shares
 from .loading import EvalModel
 from .needles import EncodedHaystack, NeedleTask, TaskChoice, build_haystack, filler_sentences, padded_batch
 from .plotting import color, pyplot, save_figure

@@ -13,8 +13,9 @@ holds each window's own top-1 of both kinds, for an uncertainty over sequences (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

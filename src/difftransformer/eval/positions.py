@@ -24,9 +24,9 @@ refused.
 from __future__ import annotations
 
 import math
-import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F

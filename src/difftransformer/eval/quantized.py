@@ -12,9 +12,10 @@ width, so the difference is paired.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 

@@ -7,8 +7,9 @@ else, so adding an analysis means writing its module and adding its spec to that
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 # run(ev, settings, seed, progress) -> a JSON-ready result dict. ``ev`` is one EvalModel, or for a multi-run
 # analysis (attnmap) a sequence of them; ``settings`` is the module's own typed settings dataclass.

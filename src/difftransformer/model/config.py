@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, Union, get_args
 
@@ -180,7 +180,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         if not isinstance(data, dict):
             # a user's config.json holding a list or a number: bad input, not a programming error
             raise ValueError(f"ModelConfig.from_dict expects a dict (a JSON object), got {type(data).__name__}")
@@ -197,14 +197,14 @@ class ModelConfig:
         return text
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path) -> "ModelConfig":
+    def from_json(cls, text_or_path: str | Path) -> ModelConfig:
         p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
         text = p.read_text() if p is not None else str(text_or_path)
         data = parse_json(text, f"model config {p or 'text'}")
         return cls.from_dict(data)
 
     @classmethod
-    def from_flavour(cls, name: str, **changes: Any) -> "ModelConfig":
+    def from_flavour(cls, name: str, **changes: Any) -> ModelConfig:
         """The named shape of ``FLAVOURS`` with ``changes`` on top (e.g. ``attention="diff_v2"``)."""
         if name not in FLAVOURS:
             raise ValueError(f"ModelConfig flavour {name!r} is not defined; choose one of {', '.join(FLAVOURS)}")
@@ -213,7 +213,7 @@ class ModelConfig:
             raise ValueError(f"unknown ModelConfig key(s): {', '.join(unknown)}")
         return cls(**{**FLAVOURS[name], **changes})
 
-    def replace(self, **changes: Any) -> "ModelConfig":
+    def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated; unknown fields raise)."""
         d = self.to_dict()
         unknown = sorted(set(changes) - set(d))

@@ -17,9 +17,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Optional, Union
 
 import torch
 from safetensors import safe_open

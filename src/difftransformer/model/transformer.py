@@ -238,14 +238,14 @@ class DiffTransformerLM(nn.Module):
 
     # ------------------------------------------------------------------ our own format (see pretrained.py)
     @classmethod
-    def from_state_dict(cls, cfg: ModelConfig, state: dict, where: str = "weights") -> "DiffTransformerLM":
+    def from_state_dict(cls, cfg: ModelConfig, state: dict, where: str = "weights") -> DiffTransformerLM:
         """The model of ``cfg`` holding ``state``: built on the meta device, the tensors assigned (no init)."""
         with torch.device("meta"):
             model = cls(cfg)
         return assign_weights(model, state, where).eval()
 
     @classmethod
-    def from_pretrained(cls, path, device="cpu", dtype=None, backend=None) -> "DiffTransformerLM":
+    def from_pretrained(cls, path, device="cpu", dtype=None, backend=None) -> DiffTransformerLM:
         """Load config.json + model.safetensors from one model directory (a run's: ``rundir.resolve_checkpoint``)."""
         cfg, state = read_model_dir(path)
         if backend is not None:

@@ -57,8 +57,9 @@ variant; a ValueError naming the conversions there are for any other pair.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, Union, overload
+from typing import Optional, Union, overload
 
 import torch
 

@@ -262,7 +262,7 @@ class RetrievalConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RetrievalConfig":
+    def from_dict(cls, d: dict[str, Any]) -> RetrievalConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -270,7 +270,7 @@ class RetrievalConfig:
                              f"allowed: {', '.join(sorted(known))}")
         return cls(**d)
 
-    def replace(self, **changes: Any) -> "RetrievalConfig":
+    def replace(self, **changes: Any) -> RetrievalConfig:
         d = dataclasses.asdict(self)
         d["conditions"] = self.conditions
         unknown = sorted(set(changes) - set(d))

@@ -36,7 +36,7 @@ class Batch:
         pos = torch.arange(self.tokens.shape[1])
         return (pos >= 1) & (pos < self.context_end)
 
-    def rows(self, i: int, j: int) -> "Batch":
+    def rows(self, i: int, j: int) -> Batch:
         """Contexts i..j-1."""
         return Batch(self.tokens[i:j], self.targets[i:j], self.query_pos[i:j], self.answer_pos[i:j],
                      self.answers[i:j], self.pairs[i:j], self.context_end)

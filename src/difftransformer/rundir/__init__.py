@@ -23,17 +23,52 @@ It sits above ``model`` and ``data`` (it may import them, never the reverse) and
 
 from __future__ import annotations
 
-from .checkpoints import (leftover_temp_checkpoints, list_checkpoints, newest_complete_checkpoint,
-                          resolve_checkpoint, run_of_checkpoint)
-from .files import (CHECKPOINTS_DIR, CONFIG_NAME, DATA_DIR, LOCK_NAME, MANIFEST_NAME, METRICS_NAME, RUN_CONFIG_NAME,
-                    STATE_JSON, STATE_TENSORS, STEP_PREFIX, TENSORBOARD_DIR, TOKENIZER_NAME, WEIGHTS_NAME, PathLike,
-                    checkpoints_dir, data_dir, metrics_path, run_config_path, step_dir, tensorboard_dir,
-                    tokenizer_path)
+from .checkpoints import (
+    leftover_temp_checkpoints,
+    list_checkpoints,
+    newest_complete_checkpoint,
+    resolve_checkpoint,
+    run_of_checkpoint,
+)
+from .files import (
+    CHECKPOINTS_DIR,
+    CONFIG_NAME,
+    DATA_DIR,
+    LOCK_NAME,
+    MANIFEST_NAME,
+    METRICS_NAME,
+    RUN_CONFIG_NAME,
+    STATE_JSON,
+    STATE_TENSORS,
+    STEP_PREFIX,
+    TENSORBOARD_DIR,
+    TOKENIZER_NAME,
+    WEIGHTS_NAME,
+    PathLike,
+    checkpoints_dir,
+    data_dir,
+    metrics_path,
+    run_config_path,
+    step_dir,
+    tensorboard_dir,
+    tokenizer_path,
+)
 from .kinds import DIR_KINDS, DirKind, dir_kind, is_run_dir
 from .lock import RunLocked, lock_run
-from .metrics import (LAMBDA_KEYS, LAMBDA_V1, LAMBDA_V2, RESUMED_KEY, MetricsCurves, MetricsRecord,
-                      append_metrics, lambda_keys, parse_metrics, read_metric_records, read_metrics,
-                      truncate_metrics_after)
+from .metrics import (
+    LAMBDA_KEYS,
+    LAMBDA_V1,
+    LAMBDA_V2,
+    RESUMED_KEY,
+    MetricsCurves,
+    MetricsRecord,
+    append_metrics,
+    lambda_keys,
+    parse_metrics,
+    read_metric_records,
+    read_metrics,
+    truncate_metrics_after,
+)
 from .run_config import read_run_config, write_run_config
 from .tokenizer import check_tokenizer, find_tokenizer, read_tokenizer
 

@@ -4,8 +4,9 @@ directory to read for a path that is a run or a model directory."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from ..model.pretrained import temp_prefix, verify_manifest
 from .files import CHECKPOINTS_DIR, STEP_PREFIX, WEIGHTS_NAME, PathLike, checkpoints_dir

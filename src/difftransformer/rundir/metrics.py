@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Iterable, Optional, TypedDict
+from collections.abc import Iterable
+from typing import Optional, TypedDict
 
 from ..fileio import FAULT_ENV, fault_point
 from ..model.variants import variant, variants

@@ -16,7 +16,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .config import TrainConfig, parse_value, list_presets, load_config, merge, override_keys
+from .config import TrainConfig, list_presets, load_config, merge, override_keys, parse_value
 from .init_from import apply_init_from
 
 OVERRIDE_PREFIX = "override:"

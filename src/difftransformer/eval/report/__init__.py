@@ -15,6 +15,7 @@ from __future__ import annotations
 from ...rundir import read_metrics
 from .results import RunResults, Settings
 from .runner import evaluate_runs, run_analysis, write_report
+
 # The verdict entry point is ``verdicts.verdicts(runs)``; the module (not the function) is this package's
 # ``verdicts`` attribute, so the statistics can be swapped by replacing one module.
 from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, SMOKE

@@ -7,15 +7,16 @@ import datetime as _dt
 import html
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
+from ...model import variants as registry
+from ...model.variants import label
 from ..analyses import ANALYSES
 from ..spec import by_name
 from .results import RunResults, Settings
 from .training import TITLE as TRAINING_TITLE
-from ...model import variants as registry
-from ...model.variants import label
 from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULE, SMOKE, parameter_notes, summary_note
 
 # The page's sections after the training one: the attention map of Fig. 1 sits right after the retrieval results

@@ -21,12 +21,13 @@ from __future__ import annotations
 import html
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
-from .. import stats
 from ...model import variants as registry
 from ...model.variants import label as vlabel
+from .. import stats
 from .verdicts import row
 
 QUANT_BITS = 4

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from tqdm import tqdm
 
+from ...fileio import atomic_write, read_json
 from ..analyses import MULTI_RUN, PER_RUN
 from ..loading import EvalModel, load_for_eval
 from ..spec import AnalysisSpec
 from .html import analysis_section, image, render_html, table
 from .results import RunResults, Settings
+from .retrieval import retrieval_verdicts
+from .retrieval import section as retrieval_section
 from .training import TRAINING_HEADER, plot_training, training_summary, training_table
-from ...fileio import atomic_write, read_json
-from .retrieval import retrieval_verdicts, section as retrieval_section
 from .verdicts import verdicts
 
 # An analysis that raises one of these on one model is recorded on the page ("not measured because"), not fatal:

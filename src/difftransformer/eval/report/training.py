@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from ...rundir import read_metrics
 from ..loading import EvalModel
 from ..plotting import color, pyplot, save_figure
-from ...rundir import read_metrics
 from .results import RunResults
 
 TITLE = "Training: loss, validation loss, gradient norm"

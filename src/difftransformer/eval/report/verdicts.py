@@ -9,8 +9,9 @@ their training seed (seed s of every variant shares its initialisation and data)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 from ...model import variants as registry
 from ...model.variants import label
