@@ -95,7 +95,9 @@ def diff_v1(mod, x, layer_idx: int, pad=None, lambda_init=None):
 
 
 def diff_v2(mod, x, pad=None):
-    """Query heads 2i, 2i+1 share KV head (2i) // (2H / H_kv); out_i = attn_2i - sigmoid(x W_lambda_i) attn_2i+1."""
+    """Query heads 2i, 2i+1 share KV head (2i) // (2H / H_kv); out_i = attn_2i - sigmoid(x W_lambda_i) attn_2i+1.
+    Under ``v2_pairing="halves"`` (the ablation) head i pairs with head H + i, each reading its own KV head j //
+    (2H / H_kv) for its keys and its values."""
     B, T, _ = x.shape
     H, Hkv, d = mod.n_heads, mod.n_kv_heads, mod.head_dim
     outs = []
@@ -103,7 +105,7 @@ def diff_v2(mod, x, pad=None):
         vis, heads = visible(T, None if pad is None else pad[b]), []
         for i in range(H):
             pair = []
-            for j in (2 * i, 2 * i + 1):
+            for j in ((2 * i, 2 * i + 1) if mod.pairing == "interleaved" else (i, H + i)):
                 g = j // (2 * H // Hkv)
                 q = rope(x[b] @ rows(mod.wq.weight, j, d).T)
                 k = rope(x[b] @ rows(mod.wk.weight, g, d).T)

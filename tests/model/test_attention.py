@@ -163,6 +163,20 @@ def test_v2_pairing_stays_inside_gqa_group(backend):
     torch.testing.assert_close(after, ref.diff_v2(mod, x), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv", [1, 2, 4])
+def test_v2_halves_pairing_matches_the_equations(backend, kv):
+    """The "halves" ablation pairs heads of different GQA groups: each map must meet its own head's values
+    (the eager path once multiplied A1 - lambda A2 by the first head's values: off by ~0.4 with 2 KV heads)."""
+    mod = make("diff_v2", kv, backend, v2_pairing="halves")
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64, requires_grad=True)
+    out = run_module(mod, x, None)
+    torch.testing.assert_close(out, ref.diff_v2(mod, x), rtol=1e-10, atol=1e-10)
+    g, = torch.autograd.grad(out.square().sum(), x)
+    g_ref, = torch.autograd.grad(ref.diff_v2(mod, x).square().sum(), x)
+    torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9)
+
+
 def test_v2_wrong_grouping_ablation_differs():
     good = make("diff_v2", 2)
     bad = make("diff_v2", 2, v2_pairing="halves")

@@ -136,7 +136,12 @@ def eager_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[
         if want_maps:
             logits = torch.stack((logits1, logits2), dim=2).flatten(1, 2)  # (B, 2h, T, Tk), projection order
     diff = combine(a1, a2, None if lam is None else lam.to(acc))
-    out = torch.matmul(diff, repeat_kv(v, a1.shape[1] // v.shape[1]).to(acc)).to(out_dtype)  # (B, h, T, dv)
+    if keys == "shared" and pairing == "halves":  # the pair's heads read different KV heads: each map its own V
+        v1, v2 = split_pairs(repeat_kv(v, q.shape[1] // v.shape[1]).to(acc), pairing)  # (B, h, Tk, d) each
+        out = combine(torch.matmul(a1, v1), torch.matmul(a2, v2), None if lam is None else lam.to(acc))
+        out = out.to(out_dtype)
+    else:  # both maps of a pair meet the same values: (A1 - lam A2) V
+        out = torch.matmul(diff, repeat_kv(v, a1.shape[1] // v.shape[1]).to(acc)).to(out_dtype)  # (B, h, T, dv)
     if not want_maps:
         return out, None
     assert logits is not None
