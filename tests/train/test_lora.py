@@ -15,8 +15,9 @@ from difftransformer.cli import main
 from difftransformer.model.pretrained import load_state_dict
 from difftransformer.model.transformer import DiffTransformerLM
 from difftransformer.rundir.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_dir
-from difftransformer.train.lora import (LORA_TARGETS, LoRALinear, STATE_PREFIX, apply_lora, load_adapter,
-                                        lora_layers, merge_lora)
+from difftransformer.train.config import TrainConfig
+from difftransformer.train.lora import (LORA_TARGETS, LoRALinear, STATE_PREFIX, apply_lora, export_adapter,
+                                        load_adapter, lora_layers, merge_lora)
 from difftransformer.train.optim import build_optimizer
 from suite_helpers import cli_fails, tiny_model_config
 from train_helpers import tiny_config, weights
@@ -179,6 +180,8 @@ class _no_missing_keys:
 
 
 def test_resume_continues_the_adapters_exactly(lora_run, tmp_path):
+    """The copy keeps step 6's RUN/adapter without its checkpoint (a kill between the two writes): the resumed run
+    writes it again, bit for bit."""
     run = tmp_path / "resumed"
     shutil.copytree(lora_run, run, ignore=shutil.ignore_patterns("run.lock"))
     shutil.rmtree(rundir.step_dir(run, 6))
@@ -188,8 +191,11 @@ def test_resume_continues_the_adapters_exactly(lora_run, tmp_path):
     assert all(torch.equal(weights(a)[k], weights(b)[k]) for k in weights(a))
     sa, sb = (load_state_dict(d / "training_state.safetensors") for d in (a, b))
     assert all(torch.equal(sa[k], sb[k]) for k in sa if k.startswith(STATE_PREFIX))
+    cfg = TrainConfig.from_dict(rundir.read_run_config(lora_run))
+    exported = export_adapter(a, tmp_path / "exported", cfg.train)  # any checkpoint's, as the run writes it
     for name in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME):
         assert (adapter_dir(run) / name).read_bytes() == (adapter_dir(lora_run) / name).read_bytes()
+        assert (exported / name).read_bytes() == (adapter_dir(lora_run) / name).read_bytes()
 
 
 # ---------------------------------------------------------------------------------------------- (4) refusals

@@ -34,9 +34,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ..model.config import ModelConfig
 from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_state_dict, write_model_dir
-from .lora import lora_layers, split_state, unmerged_state
+from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state, write_adapter
 from ..rundir import (STATE_JSON, STATE_TENSORS, leftover_temp_checkpoints, list_checkpoints,
                       newest_complete_checkpoint, step_dir)
+from ..rundir.files import adapter_dir
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -64,8 +65,13 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: ModelConfig,
-                    state: TrainingState, tokenizer_file: Path, is_main: bool) -> Optional[Path]:
-    """Gather full weights and optimizer state (a collective under FSDP) and let rank 0 write them."""
+                    state: TrainingState, tokenizer_file: Path, is_main: bool,
+                    adapter_base: str = "") -> Optional[Path]:
+    """Gather full weights and optimizer state (a collective under FSDP) and let rank 0 write them.
+
+    A LoRA model's adapters also go to ``RUN/adapter`` (PEFT's format, ``adapter_base`` recorded as its base), just
+    before the checkpoint: a kill between the two leaves the adapter of a step that the resumed run, exact, writes
+    again bit for bit, never an adapter older than the newest checkpoint."""
     weights = get_model_state_dict(model, options=FULL)
     osd = get_optimizer_state_dict(model, optimizer, options=FULL)
     if not is_main:
@@ -73,8 +79,9 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     tensors, groups = _flatten_optimizer(osd)
     scalings = {name: m.scaling for name, m in lora_layers(model).items()}
     if scalings:  # LoRA: the merged model is the checkpoint's; adapters and the frozen weights go to the state
-        weights, adapters = split_state(weights, scalings)
-        tensors.update(adapters)
+        weights, unmerged = split_state(weights, scalings)
+        tensors.update(unmerged)
+        write_adapter(adapter_dir(run_dir), adapters_of(unmerged), *settings(model), base=adapter_base)
     tensors.update(_rng_tensors())
     tensors["sampler.generator"] = state.sampler["generator"]
     meta = {"step": state.step, "tokens_seen": state.tokens_seen, "param_groups": groups,

@@ -90,11 +90,13 @@ class OptimConfig:
     init_from: str = _field("", "start from this model's weights (set by train --init-from: one of our model or run "
                                 "directories, or a Hugging Face Llama/DiffLlama directory)")
     lora_rank: int = _field(0, "LoRA (with --init-from): rank of the low-rank adapters trained on the frozen source "
-                               "model; only the adapters train (0 = off: every weight trains)")
+                               "model; only the adapters train, the checkpoints hold the merged model and RUN/adapter "
+                               "the adapters in PEFT's format (0 = off: every weight trains)")
     lora_alpha: float = _field(8.0, "LoRA: the adapters' update is scaled by lora_alpha / lora_rank")
-    lora_targets: list[str] = _field(list(DEFAULT_TARGETS), "LoRA: the linear layers adapted, by name: "
+    lora_targets: list[str] = _field(list(DEFAULT_TARGETS), "LoRA: the linear layers adapted, a list of names from "
                                      f"{', '.join(LORA_TARGETS)} (wq..wo attention, wlambda DIFF V2's lambda, "
-                                     "w1..w3 the SwiGLU, output the head)")
+                                     "w1..w3 the SwiGLU, output the head), e.g. '[\"wq\", \"wv\"]'; default "
+                                     "the attention projections")
     lora_dropout: float = _field(0.0, "LoRA: dropout on the adapters' input, in [0, 1)")
 
 

@@ -15,11 +15,14 @@ What a LoRA run writes (``train.checkpoint`` and the trainer):
   that every command reads as the fine-tuned model. Its ``training_state.safetensors`` also holds, under the prefix
   ``lora.``, the adapters and the frozen W of each adapted layer, so ``--resume`` continues the unmerged model
   exactly;
-* ``RUN/adapter/`` (``adapter_config.json`` + ``adapter_model.safetensors``), rewritten atomically after every
-  checkpoint: the newest checkpoint's adapters in PEFT's format, under the module names of the remote-code model
-  that ``convert --to-hf SOURCE --remote-code`` writes (``model.`` + our name, ``output`` as ``lm_head``), so
+* ``RUN/adapter/`` (``adapter_config.json`` + ``adapter_model.safetensors``), rewritten atomically with every
+  checkpoint (just before it): the newest checkpoint's adapters in PEFT's format (after a kill between the two,
+  those of the next step, which the exact resume writes again bit for bit), under the module names of the
+  remote-code model that ``convert --to-hf SOURCE --remote-code`` writes (``model.`` + our name, ``output`` as
+  ``lm_head``), so
   ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(HF_DIR, trust_remote_code=True), RUN/adapter)``
-  is the fine-tuned model. ``load_adapter`` puts such an adapter back onto our own model, without peft.
+  is the fine-tuned model. ``load_adapter`` puts such an adapter back onto our own model, without peft;
+  ``export_adapter`` writes any checkpoint's.
 
 peft is not needed here: this module is torch, JSON and safetensors only.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -39,7 +43,7 @@ from torch import nn
 
 from ..fileio import read_json
 from ..interop.remote_code import HEAD, PREFIX
-from ..model.pretrained import atomic_directory, load_state_dict
+from ..model.pretrained import atomic_directory, load_state_dict, temp_prefix
 from ..model.transformer import DiffTransformerLM
 from ..rundir.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, STATE_TENSORS, PathLike
 
@@ -227,7 +231,8 @@ def adapter_config(rank: int, alpha: float, dropout: float, modules: Iterable[st
     """PEFT's ``adapter_config.json`` for adapters on ``modules`` (our names), plain LoRA (no rsLoRA/DoRA/bias)."""
     targets = sorted({remote_module(m).rpartition(".")[2] for m in modules})
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base or None,
-            "revision": None, "r": rank, "lora_alpha": alpha, "lora_dropout": dropout, "target_modules": targets,
+            "revision": None, "r": int(rank), "lora_alpha": float(alpha), "lora_dropout": float(dropout),
+            "target_modules": targets,
             "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
             "use_rslora": False, "use_dora": False, "modules_to_save": None, "layers_to_transform": None,
             "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}}
@@ -241,21 +246,34 @@ def write_adapter(directory: PathLike, adapters: dict[str, torch.Tensor], rank: 
     tensors = {PEFT_PREFIX + remote_module(m) + "." + k: adapters[f"{m}.{k}"].detach().contiguous().cpu()
                for m in modules for k in (_A, _B)}
     config = adapter_config(rank, alpha, dropout, modules, base)
-    with atomic_directory(directory) as tmp:
+    out = Path(directory)
+    for old in out.parent.glob(temp_prefix(out.name) + "*"):  # a killed earlier write's temporary directory
+        shutil.rmtree(old, ignore_errors=True)
+    with atomic_directory(out) as tmp:
         (tmp / ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
-    return Path(directory)
+    return out
+
+
+def settings(model: nn.Module) -> tuple[int, float, float]:
+    """(rank, alpha, dropout) of a LoRA model's adapters (``apply_lora`` gives them all the same)."""
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("the model has no LoRA adapters")
+    first = next(iter(layers.values()))
+    return first.rank, first.alpha, first.lora_dropout.p if isinstance(first.lora_dropout, nn.Dropout) else 0.0
 
 
 def save_adapter(model: nn.Module, directory: PathLike, base: str = "") -> Path:
     """The adapters of a LoRA model (not sharded) as a PEFT adapter directory."""
-    layers = lora_layers(model)
-    if not layers:
-        raise ValueError("the model has no LoRA adapters to save")
-    first = next(iter(layers.values()))
-    adapters = {f"{n}.{k}": getattr(m, k.split(".")[0]).weight for n, m in layers.items() for k in (_A, _B)}
-    dropout = first.lora_dropout.p if isinstance(first.lora_dropout, nn.Dropout) else 0.0
-    return write_adapter(directory, adapters, first.rank, first.alpha, dropout, base)
+    adapters = {f"{n}.{k}": getattr(m, k.split(".")[0]).weight for n, m in lora_layers(model).items()
+                for k in (_A, _B)}
+    return write_adapter(directory, adapters, *settings(model), base=base)
+
+
+def adapters_of(unmerged: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The A and B entries of ``split_state``'s ``lora.`` tensors (or of ``unmerged_state``'s), prefix removed."""
+    return {k.removeprefix(STATE_PREFIX): v for k, v in unmerged.items() if k.endswith((_A, _B))}
 
 
 def export_adapter(checkpoint: PathLike, directory: PathLike, train_cfg: Any) -> Path:
@@ -263,8 +281,8 @@ def export_adapter(checkpoint: PathLike, directory: PathLike, train_cfg: Any) ->
     run's ``[train]`` LoRA settings."""
     path = Path(checkpoint) / STATE_TENSORS
     with safe_open(str(path), framework="pt") as f:
-        adapters = {k[len(STATE_PREFIX):]: f.get_tensor(k) for k in f.keys()
-                    if k.startswith(STATE_PREFIX) and k.endswith((_A, _B))}
+        adapters = adapters_of({k: f.get_tensor(k) for k in f.keys() if k.startswith(STATE_PREFIX)
+                                and k.endswith((_A, _B))})
     if not adapters:
         raise ValueError(f"{path} holds no LoRA adapters (not a LoRA run's checkpoint)")
     t = train_cfg
@@ -313,4 +331,4 @@ def load_adapter(model: nn.Module, directory: PathLike) -> nn.Module:
 __all__ = ["LORA_TARGETS", "DEFAULT_TARGETS", "STATE_PREFIX", "LoRALinear", "merge_weight", "linear_layers",
            "check_targets", "check_lora", "apply_lora", "lora_layers", "trainable_parameters", "merge_lora",
            "split_state", "unmerged_state", "remote_module", "our_module", "adapter_config", "write_adapter",
-           "save_adapter", "export_adapter", "load_adapter"]
+           "settings", "save_adapter", "adapters_of", "export_adapter", "load_adapter"]

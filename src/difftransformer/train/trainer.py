@@ -23,7 +23,6 @@ from ..data.shards import (PreparedData, WindowSampler, check_fits, eval_starts,
                            prepare_data, read_prepared, windows)
 from .. import rundir
 from ..fileio import atomic_copy
-from ..rundir.files import adapter_dir
 from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
 from . import lora
@@ -362,10 +361,8 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
             check_finite_weights(raw, done, info)
             state = ckpt_io.TrainingState(done, tokens_seen, sampler.state_dict())
             path = ckpt_io.save_checkpoint(run_dir, raw, optimizer, cfg.model, state, data.tokenizer_file,
-                                           info.is_main)
+                                           info.is_main, adapter_base=t.init_from)  # LoRA: RUN/adapter too
             if info.is_main:
-                if t.lora_rank:  # the newest checkpoint's adapters in PEFT's format
-                    lora.export_adapter(path, adapter_dir(run_dir), t)
                 ckpt_io.prune(run_dir, cfg.checkpoint.keep_last)
                 if on_checkpoint is not None:
                     on_checkpoint(done, path)
