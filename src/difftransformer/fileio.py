@@ -14,6 +14,7 @@ would.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -76,10 +77,8 @@ def atomic_write(path: PathLike, data: Union[bytes, str]) -> Path:
         fault_point(p)  # the temp file is complete, the target not yet replaced
         os.replace(tmp, p)
     except BaseException as e:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(e, OSError) and e.filename is None:  # a full disk says so without a name: add it
             raise OSError(e.errno, e.strerror, str(p)) from None
         raise

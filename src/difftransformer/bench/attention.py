@@ -17,15 +17,23 @@ import argparse
 import multiprocessing as mp
 import queue as queue_module
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from ..model import variants
 from ..model.attention import build_attention
 from ..model.rope import rope_cos_sin, rope_frequencies
-from .common import (add_shape_flag, bench_cases, bench_config, diff_backends, hf_diff_variant, resolve_shape,
-                     shape_default_help, table_row)
+from .common import (
+    add_shape_flag,
+    bench_cases,
+    bench_config,
+    diff_backends,
+    hf_diff_variant,
+    resolve_shape,
+    shape_default_help,
+    table_row,
+)
 from .timing import median_ratio, paired_times
 
 DEFAULT_BACKENDS = ("blocked", "sdpa")
@@ -168,7 +176,8 @@ def register(sub) -> None:
     p.add_argument("--kv-heads", type=int, default=None,
                    help="the baseline's KV heads (default: the --shape's; as many as heads where it sets none)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds, median of per-round ratios reported (default 5)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed rounds, median of per-round ratios reported (default 5)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="device (default cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="dtype (default float32)")
     p.add_argument("--backends", nargs="+", choices=diff_backends(), default=list(DEFAULT_BACKENDS), metavar="B",

@@ -276,7 +276,8 @@ def run(args: argparse.Namespace) -> int:
         params = {label: DiffTransformerLM(cfg).num_parameters() for label, cfg in cfgs.items()}
     base = cfgs[variants.reference().short]
     print(f"# decode tokens/s (greedy, static KV cache, {args.decode_mode} step): {args.new_tokens} new tokens per "
-          f"row after a prefilled context; DIFF backend {args.backend}; d_model {args.d_model}, {args.layers} layers, {base.n_heads} baseline "
+          f"row after a prefilled context; DIFF backend {args.backend}; d_model {args.d_model}, {args.layers} layers, "
+          f"{base.n_heads} baseline "
           f"heads of {args.head_dim} (kv {base.n_kv_heads}), vocab {args.vocab_size}; {args.device} "
           f"{str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads", flush=True)
     print("# parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items())

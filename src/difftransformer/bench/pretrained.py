@@ -1,9 +1,9 @@
 """`difftransformer bench pretrained --hf-dir DIR`: a real pretrained Llama (e.g. SmolLM2-135M from
 `convert --from-gguf smollm2`) as our baseline and as DIFF V2 and DIFF V1 (per_head layout) with the same
-function, against transformers on the same weights: prefill time and end-to-end greedy generation (prefill included, transformers' static cache), the
-generated tokens checked identical. Prints ours / transformers as speed ratios (> 1: ours faster), median of
---rounds after one warm-up, all in one run. ``--decode-mode compile`` runs our per-token step under torch.compile
-(as ``generate --decode compile``; the warm-up round compiles it).
+function, against transformers on the same weights: prefill time and end-to-end greedy generation (prefill
+included, transformers' static cache), the generated tokens checked identical. Prints ours / transformers as
+speed ratios (> 1: ours faster), median of --rounds after one warm-up, all in one run. ``--decode-mode compile``
+runs our per-token step under torch.compile (as ``generate --decode compile``; the warm-up round compiles it).
 """
 
 from __future__ import annotations
@@ -63,25 +63,25 @@ def run(args: argparse.Namespace) -> int:
     for B in batches:
         ids = torch.randint(0, base.cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(B))
 
-        def hf_prefill():
+        def hf_prefill(ids=ids):  # the loop's values bound now (each closure is timed in its own step)
             with torch.no_grad():
                 return hf(ids, use_cache=True, logits_to_keep=1).logits
 
-        def hf_generate():  # exactly N tokens, no end token (ours runs without stop tokens too)
+        def hf_generate(ids=ids):  # exactly N tokens, no end token (ours runs without stop tokens too)
             with torch.no_grad():
                 return hf.generate(ids, generation_config=gen_cfg)[:, T:].tolist()
 
         t_hf_pre, _ = _median_time(hf_prefill, args.rounds)
         t_hf_gen, ref = _median_time(hf_generate, args.rounds)
         for name, model in ours.items():
-            def our_prefill(m=model):
+            def our_prefill(m=model, ids=ids, B=B):
                 m.setup_caches(B, T, dtype=torch.float32)
                 with torch.no_grad():
                     out = m(ids, input_pos=torch.arange(T), logits_to_keep=1).logits
                 m.clear_caches()
                 return out
 
-            def our_generate(m=model):
+            def our_generate(m=model, ids=ids):
                 return generate(m, ids.tolist(), SamplingConfig(max_new_tokens=N, temperature=0.0),
                                 decode=args.decode_mode).tokens
 

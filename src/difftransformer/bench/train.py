@@ -31,8 +31,18 @@ import torch
 
 from ..model import variants
 from ..model.config import ModelConfig
-from .common import (add_shape_flag, bench_cases, bench_config, diff_backends, hf_diff_variant, print_load,
-                     resolve_shape, shape_config, shape_default_help, table_row)
+from .common import (
+    add_shape_flag,
+    bench_cases,
+    bench_config,
+    diff_backends,
+    hf_diff_variant,
+    print_load,
+    resolve_shape,
+    shape_config,
+    shape_default_help,
+    table_row,
+)
 from .timing import median_time
 
 # The baseline has one attention path worth timing (SDPA); each of --backends is timed for V1 and V2.

@@ -118,7 +118,7 @@ def _encode(tok, docs: list[str], split: str, progress: bool) -> np.ndarray:
     bar = tqdm(total=len(docs), desc=f"tokenising {split}", unit="doc", disable=not progress, leave=False)
     for i in range(0, len(docs), ENCODE_CHUNK):
         for enc in tok.encode_batch(docs[i:i + ENCODE_CHUNK]):
-            parts.append(np.asarray(enc.ids + [eos], dtype=np.int64))
+            parts.append(np.asarray([*enc.ids, eos], dtype=np.int64))
         bar.update(min(ENCODE_CHUNK, len(docs) - i))
     bar.close()
     return np.concatenate(parts)

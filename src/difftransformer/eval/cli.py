@@ -41,8 +41,10 @@ def floats(text: str, flag: str) -> list[float]:
 
 def add_task_args(p: argparse.ArgumentParser) -> None:
     """The needle-haystack shape, shared by needles, noise, quantized and attnmap."""
-    p.add_argument("--needles", type=int, help="needles per haystack (default: the run's data.retrieval_n_needles, else 4)")
-    p.add_argument("--queries", type=int, help="questions per haystack, the last one scored (default: the run's, else 2)")
+    p.add_argument("--needles", type=int,
+                   help="needles per haystack (default: the run's data.retrieval_n_needles, else 4)")
+    p.add_argument("--queries", type=int,
+                   help="questions per haystack, the last one scored (default: the run's, else 2)")
     p.add_argument("--digits", type=int, help="digits of each pass number (default: the run's, else 2)")
 
 

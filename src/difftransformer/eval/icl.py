@@ -98,7 +98,7 @@ def _single(tok, word: str) -> Optional[int]:
 def label_words(tok, preferred: Sequence[str], vocab_size: int) -> tuple[list[str], list[int]]:
     """K label words that are one token each: ``preferred`` if possible, else the first fallback set that works."""
     k = len(preferred)
-    for n, words in enumerate((tuple(preferred),) + FALLBACK_LABELS):
+    for n, words in enumerate((tuple(preferred), *FALLBACK_LABELS)):
         ok = [(w, _single(tok, w)) for w in words]
         ok = [(w, i) for w, i in ok if i is not None and i < vocab_size]
         if n > 0:  # a fallback list: its first K single-token words (the preferred words only all together)

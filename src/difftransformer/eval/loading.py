@@ -89,7 +89,7 @@ def held_out_documents(ev: EvalModel, min_docs: int = 8) -> tuple[list[str], str
         eos = ev.tokenizer.token_to_id(EOS)
         cuts = np.flatnonzero(ids == eos)
         docs, start = [], 0
-        for c in list(cuts) + [len(ids)]:
+        for c in [*cuts, len(ids)]:
             if c > start:
                 docs.append(ev.tokenizer.decode(ids[start:c].tolist()))
             start = c + 1
@@ -106,7 +106,7 @@ def held_out_tokens(ev: EvalModel, docs: list[str]) -> torch.Tensor:
     eos = ev.tokenizer.token_to_id(EOS)
     out: list[int] = []
     for enc in ev.tokenizer.encode_batch(docs):
-        out.extend(enc.ids + [eos])
+        out.extend([*enc.ids, eos])
     return torch.tensor(out, dtype=torch.long)
 
 

@@ -189,7 +189,7 @@ def grid_lengths(ev: EvalModel, fractions: Sequence[float], task: NeedleTask) ->
     if lo > hi:
         raise ValueError(f"the model's max_seq_len {hi} cannot hold {task.n_needles} needles and {task.n_queries} "
                          f"questions ({lo - 8} tokens without filler); use fewer --needles/--queries")
-    return sorted({min(max(lo, int(round(f * ev.train_len))), hi) for f in fractions})
+    return sorted({min(max(lo, round(f * ev.train_len)), hi) for f in fractions})
 
 
 def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK.lengths, depths: Sequence[float] = QUICK.depths,

@@ -54,7 +54,8 @@ DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # target needle depths,
 MEASURES = ("answer_share", "noise_share", "answer_signed", "noise_signed")
 
 
-def shares(rows: torch.Tensor, answer_mask: torch.Tensor, context_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def shares(rows: torch.Tensor, answer_mask: torch.Tensor,
+           context_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale-free answer and noise shares of attention rows.
 
     rows (..., Tk); answer_mask, context_mask (Tk,) boolean, the answer span inside the context. Returns two (...)
@@ -93,7 +94,8 @@ def key_masks(e: EncodedHaystack, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def layer_measures(model, items: Sequence[EncodedHaystack], pad_id: int, batch_size: int = 8) -> dict[str, torch.Tensor]:
+def layer_measures(model, items: Sequence[EncodedHaystack], pad_id: int,
+                   batch_size: int = 8) -> dict[str, torch.Tensor]:
     """Per haystack and layer, the head-averaged ``MEASURES``: {name: (n_items, n_layers) tensor}."""
     out_all: dict[str, list[torch.Tensor]] = {k: [] for k in MEASURES}
     for i in range(0, len(items), batch_size):
@@ -109,7 +111,8 @@ def layer_measures(model, items: Sequence[EncodedHaystack], pad_id: int, batch_s
     return {k: torch.stack(v) for k, v in out_all.items()}
 
 
-def layer_masses(model, items: Sequence[EncodedHaystack], pad_id: int, batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_masses(model, items: Sequence[EncodedHaystack], pad_id: int,
+                 batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Per haystack and layer, the head-averaged signed masses: two (n_items, n_layers) tensors."""
     m = layer_measures(model, items, pad_id, batch_size)
     return m["answer_signed"], m["noise_signed"]
@@ -208,6 +211,7 @@ def run(ev: EvalModel, settings: NoiseSettings, seed: int = 0, progress: bool = 
 
 SPEC = AnalysisSpec(
     name="noise", title="Attention noise", paper="Table 3",
-    help="scale-free attention shares on the answer span vs the rest of the context, per layer and needle depth (Table 3)", doc=__doc__,
+    help="scale-free attention shares on the answer span vs the rest of the context, per layer and needle depth "
+         "(Table 3)", doc=__doc__,
     quick=QUICK, full=FULL, run=run, format=format_noise, plot=plot_noise,
     claims=("more attention on the answer span", "less attention noise"))

@@ -66,7 +66,7 @@ def eval_length(ev: EvalModel, factor: float = 2.0, length: Optional[int] = None
         return int(length), None
     if not factor > 0 or not math.isfinite(factor):
         raise ValueError(f"--factor must be a positive number, got {factor}")
-    want = max(2, int(round(factor * ev.train_len)))
+    want = max(2, round(factor * ev.train_len))
     if want > cap:
         return cap, (f"{factor:g} x the training length ({want} tokens) clipped to the model's max_seq_len {cap}: "
                      "the model has no positions past it")
@@ -153,7 +153,7 @@ def run_positions(ev: EvalModel, factor: float = QUICK.factor, sequences: int = 
     within, beyond, gain_note = _gains(nll_docs, ev.train_len)  # from the stored values: recomputable from them
     per_pos = nll.mean(0)  # (T,)
     cumulative = per_pos.cumsum(0) / torch.arange(1, T + 1, dtype=torch.float64)
-    tail_start = T - max(1, int(round(TAIL_FRACTION * T)))  # 0-based index of the first tail position
+    tail_start = T - max(1, round(TAIL_FRACTION * T))  # 0-based index of the first tail position
     per_doc_tail = nll[:, tail_start:].mean(1)  # (n,)
     n = nll.shape[0]
     train = min(ev.train_len, T)
@@ -244,6 +244,7 @@ def run(ev: EvalModel, settings: PositionsSettings, seed: int = 0, progress: boo
 
 SPEC = AnalysisSpec(
     name="positions", title="NLL by position", paper="Fig. 4",
-    help="NLL by position on long untrained texts up to 2x the training length: each model's gain from context within and beyond it (Fig. 4)", doc=__doc__,
+    help="NLL by position on long untrained texts up to 2x the training length: each model's gain from context "
+         "within and beyond it (Fig. 4)", doc=__doc__,
     quick=QUICK, full=FULL, run=run, format=format_positions, plot=plot_positions,
     claims=("lower NLL within the training length", "lower NLL beyond the training length"))

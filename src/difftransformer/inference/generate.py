@@ -240,9 +240,6 @@ def stream(model: DiffTransformerLM, prompts: Sequence[Sequence[int]], sampling:
         logits = prefill(model, ids, cache_mask)
         input_pos = torch.full((1,), P, dtype=torch.long, device=device)
         for step in range(sampling.max_new_tokens):
-            if step > 0:
-                logits = decode_fn(model, token[:, None], input_pos, cache_mask)
-                input_pos += 1
             token = sample_next(logits, sampling, gen)
             token = torch.where(done, torch.full_like(token, pad_id), token)
             if stop is not None:
@@ -250,6 +247,9 @@ def stream(model: DiffTransformerLM, prompts: Sequence[Sequence[int]], sampling:
             yield token, done
             if stop is not None and (step + 1) % stop_check_every == 0 and bool(done.all()):
                 return
+            if step + 1 < sampling.max_new_tokens:  # the next step's logits, from this step's token
+                logits = decode_fn(model, token[:, None], input_pos, cache_mask)
+                input_pos += 1
     finally:
         model.clear_caches()
         model.train(was_training)

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from ..extras import MissingExtra
 
 try:
+    from lm_eval import utils as harness_utils
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
-    from lm_eval import utils as harness_utils
 except ImportError as e:  # an optional dependency: say how to get it
     raise MissingExtra("the lm-evaluation-harness adapter", ["lm_eval"], ["lmeval"], name="lm_eval") from e
 
@@ -86,7 +86,7 @@ class DiffTransformerHarnessLM(LM):
             for r, x in enumerate(inps):  # right-padded: causal attention never reads the padding
                 ids[r, :len(x)] = torch.tensor(x)
             logp = F.log_softmax(self.model(ids.to(self.device)).logits.double(), dim=-1).cpu()
-            for r, ((ctx, cont), x) in enumerate(zip(chunk, inps)):
+            for r, ((_, cont), x) in enumerate(zip(chunk, inps)):
                 n = len(cont)
                 lp = logp[r, len(x) - n:len(x)]  # the positions that predict the continuation's tokens
                 target = torch.tensor(cont)

@@ -141,7 +141,8 @@ class ModelConfig:
         if self.lambda_init != "schedule":
             v = self.lambda_init
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
-                raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; use \"schedule\" or a number in (0, 1)")
+                raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; "
+                                 f"use \"schedule\" or a number in (0, 1)")
             self.lambda_init = float(v)
         if self.headwise_norm_weight and not self.headwise_norm:
             raise ValueError("ModelConfig.headwise_norm_weight=true needs headwise_norm=true")

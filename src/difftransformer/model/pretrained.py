@@ -171,7 +171,7 @@ def load_state_dict(path: PathLike) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{p} does not exist")
     try:
         with safe_open(str(p), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has keys(), no __iter__)
     except Exception as e:  # safetensors raises its own error types for malformed files
         raise ValueError(f"{p} is not a readable safetensors file: {e}") from None
 

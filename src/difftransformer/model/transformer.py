@@ -62,7 +62,8 @@ class LMOutput:
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """Mean next-token cross-entropy in float32; targets already shifted, ``ignore_index`` skipped."""
-    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
 
 
 class DiffTransformerLM(nn.Module):
@@ -130,7 +131,7 @@ class DiffTransformerLM(nn.Module):
             layer.attn.kv_cache = None
 
     def cache_nbytes(self) -> int:
-        return sum(l.attn.kv_cache.nbytes() for l in self.layers if l.attn.kv_cache is not None)
+        return sum(layer.attn.kv_cache.nbytes() for layer in self.layers if layer.attn.kv_cache is not None)
 
     # ------------------------------------------------------------------ forward
     def build_mask(self, B: int, T: int, input_pos: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor],
@@ -260,5 +261,5 @@ class DiffTransformerLM(nn.Module):
     def lambdas(self) -> list[float]:
         """DIFF V1's current lambda per layer (eq. 2); empty for other variants."""
         with torch.no_grad():
-            lams = (l.attn.static_lambda() for l in self.layers)
+            lams = (layer.attn.static_lambda() for layer in self.layers)
             return [float(x) for x in lams if x is not None]

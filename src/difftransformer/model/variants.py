@@ -13,8 +13,9 @@ registered when ``difftransformer.model`` is imported, which happens before any 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,15 @@ in this one (``workers=1``), so the numbers do not depend on the process layout 
 
 from __future__ import annotations
 
-import math
+import multiprocessing as mp
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
-
-import multiprocessing as mp
+from typing import Any, Optional
 
 from ..model import variants as registry
 from .config import RetrievalConfig

@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                           "(default 100)")
     p.add_argument("--steps", type=int, help="training steps per model (default 600)")
     p.add_argument("--batch", type=int, help="contexts per training step (default 32)")
-    p.add_argument("--lr-grid", help="comma-separated learning rates tried on the tuning seeds (default 1e-3,2e-3,4e-3)")
+    p.add_argument("--lr-grid",
+                   help="comma-separated learning rates tried on the tuning seeds (default 1e-3,2e-3,4e-3)")
     p.add_argument("--lr-widen", type=int, help="times a grid grows past an edge that was chosen (default 1)")
     p.add_argument("--train-pairs", help="LO,HI facts per training context, drawn per example (default 8,24)")
     p.add_argument("--train-context", help="LO,HI training context length (facts + filler), drawn per batch "

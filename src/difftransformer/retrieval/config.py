@@ -167,8 +167,9 @@ class RetrievalConfig:
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"RetrievalConfig.{n} must be an integer >= 0, got {v!r}")
-        if (not self.tuning_seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
-                                         for s in self.tuning_seeds) or len(set(self.tuning_seeds)) != len(self.tuning_seeds)):
+        if (not self.tuning_seeds
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.tuning_seeds)
+                or len(set(self.tuning_seeds)) != len(self.tuning_seeds)):
             raise ValueError(f"RetrievalConfig.tuning_seeds={self.tuning_seeds} must be distinct integers >= 0")
         clash = sorted(set(self.tuning_seeds) & set(self.test_seeds))
         if clash:

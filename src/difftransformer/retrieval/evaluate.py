@@ -65,13 +65,13 @@ def attention_metrics(model, batch: Batch) -> dict[str, Any]:
         if not per_layer:
             per_layer = [dict() for _ in out.maps]
         layer_best = []
-        for l, m in enumerate(out.maps):
+        for layer, m in enumerate(out.maps):
             # (b, heads, T, T) -> the query rows (b, heads, Q, T) -> (b, Q, heads, T)
             rows = m.attn.gather(2, c.query_pos[:, None, :, None].expand(-1, m.attn.shape[1], -1, T)).transpose(1, 2)
             s = attention_shares(rows, answer[:, :, None, :], c.context_mask)  # each (b, Q, heads)
             layer_best.append(s["answer_share"].nan_to_num(float("-inf")).amax(-1))  # (b, Q)
             for k, v in s.items():
-                per_layer[l].setdefault(k, []).append(v.mean(-1).flatten())  # head mean, one per query
+                per_layer[layer].setdefault(k, []).append(v.mean(-1).flatten())  # head mean, one per query
         best.append(torch.stack(layer_best, -1))
     b = torch.cat([x.flatten(0, 1) for x in best])  # (N, layers)
     b = torch.where(torch.isinf(b), torch.nan, b)

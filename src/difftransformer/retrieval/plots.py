@@ -86,11 +86,11 @@ def plot_attention_shares(results: dict[str, Any], path, condition: str | None =
     for k, v in enumerate(results["variants"]):
         runs = results["variants"][v]["runs"]
         n_layers = len(runs[0]["conditions"][cond]["attention"])
-        series = ([[r["conditions"][cond]["best_head_share_per_layer"][l] for r in runs] for l in range(n_layers)],
-                  [[r["conditions"][cond]["attention"][l]["answer_share"] for r in runs] for l in range(n_layers)])
+        series = ([[r["conditions"][cond]["best_head_share_per_layer"][i] for r in runs] for i in range(n_layers)],
+                  [[r["conditions"][cond]["attention"][i]["answer_share"] for r in runs] for i in range(n_layers)])
         for ax, per_layer in zip(axes, series):
             ms = [_ms(x) for x in per_layer]
-            ax.errorbar([l + 0.08 * (k - 1) for l in range(n_layers)], [m for m, _ in ms], yerr=[s for _, s in ms],
+            ax.errorbar([i + 0.08 * (k - 1) for i in range(n_layers)], [m for m, _ in ms], yerr=[s for _, s in ms],
                         marker="o", capsize=3, label=label(v), color=color(v))
     for ax, t in zip(axes, ("best head's answer share (the endpoint, per layer)", "head-mean answer share")):
         ax.set_title(t, fontsize=9)
@@ -135,15 +135,15 @@ def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) 
     fig, axes = plt.subplots(len(vs), 1, figsize=(9, 1.9 * len(vs)), squeeze=False)
     for ax, v in zip(axes[:, 0], vs):
         ex = results["variants"][v]["runs"][0]["example_row"]
-        l = retrieval_layer(results, v) if layer is None else layer
-        row = ex["rows"][l]
+        shown = retrieval_layer(results, v) if layer is None else layer
+        row = ex["rows"][shown]
         distract = set(ex.get("distractor_fact_pos", []))
         colors = ["tab:red" if i == ex["answer_pos"] else "tab:orange" if i in distract else
                   ("tab:gray" if i < ex["context_end"] else "tab:olive") for i in range(len(row))]
         ax.bar(range(len(row)), row, color=colors, width=1.0)
         ax.axhline(0, color="k", lw=0.5)
         verdict = {True: "answered right", False: "answered wrong"}.get(ex.get("correct"), "")
-        ax.set_title(f"{label(v)}, layer {l % len(ex['rows'])} (head mean), {verdict}: answer red, other "
+        ax.set_title(f"{label(v)}, layer {shown % len(ex['rows'])} (head mean), {verdict}: answer red, other "
                      f"facts orange, filler gray, earlier questions olive", fontsize=8)
         ax.set_ylabel("attention")
     axes[-1, 0].set_xlabel("key position")

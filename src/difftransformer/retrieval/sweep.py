@@ -8,19 +8,20 @@ would cost a tuning grid per width), and scored on the primary condition's test 
 baseline reaches at the config's default width (its fitted value there), over the baseline's parameters at that
 width -- below 1: DIFF reaches the baseline's accuracy with fewer parameters. The interval: a paired bootstrap
 over seeds (the same resampled seeds for every variant and width, 2000 draws, fixed generator), percentile 95%.
-A draw whose fitted slope is not positive (at most 1e-6: flat) has no ratio; more than 5% of such draws: inconclusive. Pre-registered
-in PROTOCOL.md ("The scaling sweep").
+A draw whose fitted slope is not positive (at most 1e-6: flat) has no ratio; more than 5% of such draws:
+inconclusive. Pre-registered in PROTOCOL.md ("The scaling sweep").
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-import multiprocessing as mp
 import numpy as np
 
 from ..model import variants as registry

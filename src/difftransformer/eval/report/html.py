@@ -119,7 +119,7 @@ def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figu
                         for v, c in counts.items() if sum(c.values()))
     rrows = extra.get("retrieval_rows", []) if "retrieval" in extra else []
     # The multiplicity note counts every verdict on the page, the retrieval benchmark's included.
-    notes = [summary_note(list(rrows) + list(rows))] + parameter_notes(runs)
+    notes = [summary_note(list(rrows) + list(rows)), *parameter_notes(runs)]
     if rrows:
         notes[0] += f" ({len(rrows)} of them in the retrieval benchmark above, {len(rows)} here.)"
     parts.append(f"<p><b>Summary.</b> {_esc(summary)}.</p>"

@@ -180,7 +180,8 @@ def accuracy_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]
     td = first["training_distribution"]["n_queries"]
     rows.append(["training distribution (floor)", "{}-{}".format(*cfg["train_pairs"]),
                  "{}-{}".format(*cfg["train_context"]), ""]
-                + [_interval([r["training_distribution"]["accuracy"] for r in _runs(results, v)], td) for v in variants])
+                + [_interval([r["training_distribution"]["accuracy"] for r in _runs(results, v)], td)
+                   for v in variants])
     for c in results["conditions"]:
         name = c["name"]
         fc = first["conditions"][name]

@@ -54,7 +54,7 @@ def plot_training(runs: Sequence[RunResults], path: Path) -> None:
         ax[0].plot(t["step"], t["loss"], color=c, lw=0.8, label=r.ev.label)
         sp = set(t["spikes"])
         xs = [s for s in t["step"] if s in sp]
-        ax[0].scatter(xs, [l for s, l in zip(t["step"], t["loss"]) if s in sp], color=c, marker="^", s=18)
+        ax[0].scatter(xs, [loss for s, loss in zip(t["step"], t["loss"]) if s in sp], color=c, marker="^", s=18)
         ax[1].plot(t["val_step"], t["val_loss"], color=c, marker="o", ms=3, label=r.ev.label)
         ax[2].plot(t["step"], t["grad_norm"], color=c, lw=0.8, label=r.ev.label)
     ax[0].set(title="training loss (triangles: spikes)", xlabel="step", ylabel="loss")
