@@ -38,12 +38,29 @@ from pathlib import Path
 from ..model.pretrained import is_model_dir, save_pretrained
 from ..model.transformer import DiffTransformerLM
 from ..model.upcycle import conversion, convert, step0_gap
+from ..model.variants import names, reference, variant
 from ..rundir import TOKENIZER_NAME, resolve_checkpoint
 from .hf import is_hf_dir, load_hf, save_hf, side_files_of
+from .hf_layout import ARCHITECTURES, native_model_type
 from .remote import native_obstacle, save_remote
 
-EXPECT = {"diff_v1": "diff_v1", "diff_v2": "diff_v2", "baseline": "baseline", "diffllama": "diff_v1",
-          "llama": "baseline"}
+
+def expect_choices() -> dict[str, str]:
+    """--expect's values -> our variant: every registered variant's name, and each native model_type."""
+    return {**{n: n for n in names()}, **{mt: ours for mt, (_, ours, _) in ARCHITECTURES.items()}}
+
+
+def conversion_targets() -> list[str]:
+    """--attention's values: the variants a reference (Llama-like) model converts to keeping its function."""
+    ref = reference().name
+    out = []
+    for n in names():
+        try:
+            if conversion(ref, n) is not None:
+                out.append(n)
+        except ValueError:
+            pass
+    return out
 
 
 def register(sub) -> None:
@@ -66,7 +83,7 @@ def register(sub) -> None:
                    help="with --to-hf: write the remote-code directory (DiffTransformerForCausalLM, loaded with "
                         "trust_remote_code=True, our weights as they are) even where DiffLlama / Llama could hold "
                         "the model")
-    p.add_argument("--attention", choices=("diff_v1", "diff_v2"), default=None,
+    p.add_argument("--attention", choices=conversion_targets(), default=None,
                    help="with --from-hf of a Llama: convert it to DIFF V2 (the second query of each pair and W_lambda "
                         "are added) or DIFF V1 in the per_head layout (a second query and key map per head and the "
                         "lambda vectors are added), computing the same function")
@@ -77,7 +94,7 @@ def register(sub) -> None:
                         "the step-0 gap is printed)")
     p.add_argument("--seed", type=int, default=0,
                    help="with --attention diff_v1: seed of the negative branch and lambda vectors (default 0)")
-    p.add_argument("--expect", choices=sorted(EXPECT), default=None,
+    p.add_argument("--expect", choices=sorted(expect_choices()), default=None,
                    help="refuse any other architecture (e.g. --expect diffllama)")
     p.set_defaults(func=run)
 
@@ -105,12 +122,12 @@ def _check_out(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_out(args.out)
-    expect = EXPECT[args.expect] if args.expect else None
+    expect = expect_choices()[args.expect] if args.expect else None
     if args.remote_code and args.to_hf is None:
         raise ValueError("--remote-code applies to --to-hf only")
     if args.attention is not None and args.from_hf is None:
         raise ValueError("--attention applies to --from-hf only (export keeps the model's own attention)")
-    if args.v1_headwise_norm and args.attention != "diff_v1":
+    if args.v1_headwise_norm and (args.attention is None or "headwise_norm" not in variant(args.attention).options):
         raise ValueError("--v1-headwise-norm applies to --attention diff_v1 only")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
@@ -147,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             args.out.rmdir()
         save_pretrained(model, args.out, tokenizer_file=tok if tok.is_file() else None,
                         extra_files=side_files_of(args.from_hf))  # end tokens, chat template: kept for export
-        kind = {"diff_v2": "DIFF V2", "diff_v1": "DIFF V1"}.get(model.cfg.attention, model.cfg.attention)
+        kind = variant(model.cfg.attention).label
     else:
         if args.to_hf.is_dir() and is_hf_dir(args.to_hf):
             raise ValueError(f"{args.to_hf} is already a Hugging Face checkpoint (use --from-hf to import it)")
@@ -166,6 +183,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             save_hf(model, args.out, tokenizer_file=tok if tok.is_file() else None,
                     side_files=side_files_of(model_dir))
-            kind, added = "DiffLlamaForCausalLM" if model.cfg.attention == "diff_v1" else "LlamaForCausalLM", ""
+            kind, added = ARCHITECTURES[native_model_type(model.cfg)][0], ""
     print(f"wrote {kind} ({model.num_parameters():,} parameters{added}) to {args.out}")
     return 0
