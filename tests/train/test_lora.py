@@ -9,6 +9,8 @@ import shutil
 
 import pytest
 import torch
+from suite_helpers import cli_fails, tiny_model_config
+from train_helpers import tiny_config, weights
 
 from difftransformer import rundir
 from difftransformer.cli import main
@@ -16,11 +18,17 @@ from difftransformer.model.pretrained import load_state_dict
 from difftransformer.model.transformer import DiffTransformerLM
 from difftransformer.rundir.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_dir
 from difftransformer.train.config import TrainConfig
-from difftransformer.train.lora import (LORA_TARGETS, LoRALinear, STATE_PREFIX, apply_lora, export_adapter,
-                                        load_adapter, lora_layers, merge_lora)
+from difftransformer.train.lora import (
+    LORA_TARGETS,
+    STATE_PREFIX,
+    LoRALinear,
+    apply_lora,
+    export_adapter,
+    load_adapter,
+    lora_layers,
+    merge_lora,
+)
 from difftransformer.train.optim import build_optimizer
-from suite_helpers import cli_fails, tiny_model_config
-from train_helpers import tiny_config, weights
 
 QUIET = ["--no-progress", "--log.tensorboard", "false"]
 TOL = 1e-5

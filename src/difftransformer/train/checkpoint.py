@@ -34,10 +34,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ..model.config import ModelConfig
 from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_state_dict, write_model_dir
-from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state, write_adapter
 from ..rundir import (STATE_JSON, STATE_TENSORS, leftover_temp_checkpoints, list_checkpoints,
                       newest_complete_checkpoint, step_dir)
 from ..rundir.files import adapter_dir
+from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state, write_adapter
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

@@ -32,8 +32,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -281,8 +282,8 @@ def export_adapter(checkpoint: PathLike, directory: PathLike, train_cfg: Any) ->
     run's ``[train]`` LoRA settings."""
     path = Path(checkpoint) / STATE_TENSORS
     with safe_open(str(path), framework="pt") as f:
-        adapters = adapters_of({k: f.get_tensor(k) for k in f.keys() if k.startswith(STATE_PREFIX)
-                                and k.endswith((_A, _B))})
+        names = [k for k in f.keys() if k.startswith(STATE_PREFIX) and k.endswith((_A, _B))]  # noqa: SIM118
+        adapters = adapters_of({k: f.get_tensor(k) for k in names})
     if not adapters:
         raise ValueError(f"{path} holds no LoRA adapters (not a LoRA run's checkpoint)")
     t = train_cfg
