@@ -16,6 +16,7 @@ from .eval import cli as eval_cli
 from .inference import cli as inference_cli
 from .interop import cli as interop_cli
 from .interop import lm_eval_cli
+from .log import setup_cli_logging
 from .retrieval import cli as retrieval_cli
 from .train import cli as train_cli
 
@@ -75,6 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
+    setup_cli_logging()  # the package's log records as one stderr line each (difftransformer/log.py)
     if extra:  # named by the subcommand that refused them, not by the top-level parser
         _deepest_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extra)}")
     try:

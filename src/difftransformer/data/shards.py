@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,8 @@ from ..model.pretrained import TOKENIZER_NAME  # the one spelling of the file na
 from . import corpus
 from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents, short_sentences
 from .tokenizer import eos_id, load_tokenizer, train_tokenizer
+
+logger = logging.getLogger(__name__)
 
 META_NAME = "meta.json"
 SPLITS = ("train", "val")
@@ -175,9 +177,9 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
     if data_cfg.retrieval_share > 0:
         meta["retrieval_doc_tokens"] = n = retrieval_doc_tokens(tok, split_docs["train"])
         if n > data_cfg.seq_len:
-            tqdm.write(f"note: retrieval documents are {n} tokens (median), longer than data.seq_len="
-                       f"{data_cfg.seq_len}: few training windows hold a needle and its question; lower "
-                       "data.retrieval_n_filler", file=sys.stderr)
+            logger.warning(f"retrieval documents are {n} tokens (median), longer than data.seq_len="
+                           f"{data_cfg.seq_len}: few training windows hold a needle and its question; lower "
+                           "data.retrieval_n_filler")
     atomic_json(out / META_NAME, meta)  # last, atomically: it marks the folder complete
     return PreparedData(out, dtype, data_cfg.vocab_size, counts)
 

@@ -3,7 +3,7 @@ directory to read for a path that is a run or a model directory."""
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
@@ -48,8 +48,11 @@ def newest_complete_checkpoint(run_dir: PathLike, check_hashes: bool = True, war
     raise FileNotFoundError(f"no complete checkpoint in {checkpoints_dir(run_dir)}: " + "; ".join(problems))
 
 
+logger = logging.getLogger(__name__)
+
+
 def _stderr(line: str) -> None:
-    print(f"difftransformer: warning: {line}", file=sys.stderr, flush=True)
+    logger.warning(line)
 
 
 def resolve_checkpoint(path: PathLike, check_hashes: bool = True,

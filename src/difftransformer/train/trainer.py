@@ -8,26 +8,46 @@ starts from one seeded generator on every rank and each rank reads its slice, so
 
 from __future__ import annotations
 
+import logging
 import math
-import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from tqdm import tqdm
 
-from ..data.shards import (PreparedData, WindowSampler, check_fits, eval_starts, fingerprint, link_prepared,
-                           prepare_data, read_prepared, windows)
 from .. import rundir
+from ..data.shards import (
+    PreparedData,
+    WindowSampler,
+    check_fits,
+    eval_starts,
+    fingerprint,
+    link_prepared,
+    prepare_data,
+    read_prepared,
+    windows,
+)
 from ..fileio import atomic_copy
 from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
 from . import lora
 from .config import TrainConfig
-from .distributed import DistInfo, RankZeroFailed, all_ok, barrier, init_distributed, mean_across, no_grad_sync, shutdown, wrap
+from .distributed import (
+    DistInfo,
+    RankZeroFailed,
+    all_ok,
+    barrier,
+    init_distributed,
+    mean_across,
+    no_grad_sync,
+    shutdown,
+    wrap,
+)
 from .metrics import LambdaProbe, MetricsLogger, require_tensorboard
 from .optim import build_optimizer, lr_at, negative_weight_at
 
@@ -232,8 +252,12 @@ def _writer_lock(run_dir: Path, info: DistInfo):
         yield
 
 
-def _warn(msg: str) -> None:
-    print(f"difftransformer train: {msg}", file=sys.stderr, flush=True)
+log = logging.getLogger(__name__)
+
+
+def _say(msg: str) -> None:
+    """What rank 0 reports while training (the CLI shows it on stderr: ``difftransformer.log``)."""
+    log.info(msg)
 
 
 TRAIN_BYTES_PER_PARAM = 16  # float32 weights, gradients and AdamW's two moments; activations come on top
@@ -278,10 +302,10 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
         e.quiet = not info.is_main  # type: ignore[attr-defined]  # the same refusal on every rank: rank 0 says it
         raise
     if info.world_size > 1 and info.is_main:
-        _warn(f"global batch {cfg.train.batch_size} = {info.world_size} processes x {micro} sequences x {accum} "
-              f"micro-step(s) (train.micro_batch_size={cfg.train.micro_batch_size} caps the micro-batch)")
+        _say(f"global batch {cfg.train.batch_size} = {info.world_size} processes x {micro} sequences x {accum} "
+             f"micro-step(s) (train.micro_batch_size={cfg.train.micro_batch_size} caps the micro-batch)")
     check_fits_memory(cfg.model, info, cfg.train.parallel)
-    ckpt = check_run_dir(cfg, run_dir, resume, _warn if info.is_main else (lambda m: None))
+    ckpt = check_run_dir(cfg, run_dir, resume, log.warning if info.is_main else (lambda m: None))
     data = setup_data(cfg, run_dir, info, progress and info.is_main)
     if info.is_main:
         rundir.write_run_config(run_dir, cfg.to_json())
@@ -297,11 +321,11 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
         total = raw.num_parameters()
         lora.apply_lora(raw, t.lora_rank, t.lora_alpha, t.lora_targets, t.lora_dropout, seed=t.seed)
         if info.is_main:
-            _warn(f"LoRA rank {t.lora_rank}, alpha {t.lora_alpha:g} on {', '.join(t.lora_targets)}: "
-                  f"{lora.trainable_parameters(raw):,} trainable parameters; the model's {total:,} are frozen")
+            _say(f"LoRA rank {t.lora_rank}, alpha {t.lora_alpha:g} on {', '.join(t.lora_targets)}: "
+                 f"{lora.trainable_parameters(raw):,} trainable parameters; the model's {total:,} are frozen")
             if t.v1_negative_warmup and cfg.model.v1_layout == "per_head":
-                _warn(f"train.v1_negative_warmup={t.v1_negative_warmup} is not applied: under LoRA the model "
-                      "stays as loaded, its DIFF V1 negative-branch weight included")
+                _say(f"train.v1_negative_warmup={t.v1_negative_warmup} is not applied: under LoRA the model "
+                     "stays as loaded, its DIFF V1 negative-branch weight included")
     model = wrap(raw, cfg.train.parallel, info)
     optimizer = build_optimizer(raw, cfg.train)
     sampler = WindowSampler(data.num_tokens["train"], cfg.data.seq_len, cfg.train.seed)
@@ -311,7 +335,7 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
         sampler.load_state_dict(state.sampler)
         start, tokens_seen = state.step, state.tokens_seen
         if info.is_main:
-            _warn(f"resuming from {ckpt} (step {start})")
+            _say(f"resuming from {ckpt} (step {start})")
     step_fn = torch.compile(model) if cfg.train.compile else model
     autocast = autocast_for(info.device, cfg.train.precision)
     # a resume with no checkpoint restarts at 0: the metrics the killed attempt logged are dropped as well

@@ -35,16 +35,39 @@ DIFF V2's "halves" ablation runs the PyTorch paths. The baseline runs eager, dec
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 
 from .base import Attention, AttentionMaps, prefill_from_start
-from .launches import (TRITON_HEAD_DIMS, TRITON_MAX_BATCH, TRITON_PASSES, attention_dtype, cuda_capability,
-                       is_triton_launch_error, say_once, triton_failed, triton_importable, triton_kind,
-                       triton_kind_failed, triton_pass)
-from .torch_paths import (KEY_LAYOUTS, PAIRINGS, decode_diff, eager_attention, eager_diff, grouped_attention,
-                          repeat_kv, sdpa, sdpa_diff, split_keys, split_pairs)
+from .launches import (
+    TRITON_HEAD_DIMS,
+    TRITON_MAX_BATCH,
+    TRITON_PASSES,
+    attention_dtype,
+    cuda_capability,
+    is_triton_launch_error,
+    say_once,
+    triton_failed,
+    triton_importable,
+    triton_kind,
+    triton_kind_failed,
+    triton_pass,
+)
+from .torch_paths import (
+    KEY_LAYOUTS,
+    PAIRINGS,
+    decode_diff,
+    eager_attention,
+    eager_diff,
+    grouped_attention,
+    repeat_kv,
+    sdpa,
+    sdpa_diff,
+    split_keys,
+    split_pairs,
+)
 
 # The oldest GPU the kernels are compiled for and checked against (tests/model/test_triton_aot.py: sm_80, sm_90).
 MIN_TRITON_CAPABILITY = (8, 0)
@@ -188,7 +211,7 @@ def _triton_runs(backend: str, x: torch.Tensor, pass_: str, head_dim: int, value
             return False
     usable = triton_importable() and (on_cuda or os.environ.get("TRITON_INTERPRET") == "1")
     if not usable:
-        say_once(f"difftransformer: backend {backend!r}: Triton "
+        say_once(f"backend {backend!r}: Triton "
                  f"{'cannot run on ' + x.device.type if triton_importable() else 'is not installed'}; "
                  "DIFF attention uses the sdpa path (pip install triton, on a CUDA machine, for the fused kernel)")
         return False

@@ -9,7 +9,7 @@ the kernels only when a Triton path runs (no import circle), and an install with
 from __future__ import annotations
 
 import importlib.util
-import sys
+import logging
 import warnings
 
 import torch
@@ -22,6 +22,7 @@ TRITON_MAX_BATCH = 65_535
 # a prompt or an evaluation) or "decode" (one KV-cache step).
 TRITON_PASSES = ("train", "prefill", "decode")
 
+logger = logging.getLogger(__name__)
 _SAID: set[str] = set()
 # Kinds of Triton call (``triton_kind``) whose launch failed in this process -> the reason (warned once, then sdpa).
 _TRITON_FAILED: dict[tuple, str] = {}
@@ -98,7 +99,7 @@ def triton_failed(kind: tuple, reason) -> None:
 
 
 def say_once(line: str) -> None:
-    """Print ``line`` to stderr the first time this process asks for it."""
+    """Log ``line`` as a warning (``difftransformer.log``) the first time this process asks for it."""
     if line not in _SAID:
         _SAID.add(line)
-        print(line, file=sys.stderr)
+        logger.warning(line)
