@@ -62,11 +62,12 @@ class ModelConfig:
     d_model: int = 512
     n_layers: int = 8
     n_heads: int = 8  # the baseline's query heads H; DIFF V1 uses H/2, DIFF V2 2H
-    n_kv_heads: int | None = None  # the baseline's KV heads H_kv (GQA); default H
-    head_dim: int | None = None  # d; default d_model // n_heads
+    # Typed as what they hold once built: None at construction means "derive it", done in __post_init__.
+    n_kv_heads: int = None  # type: ignore[assignment]  # the baseline's KV heads H_kv (GQA); default H
+    head_dim: int = None  # type: ignore[assignment]  # d; default d_model // n_heads
     attention: AttentionKind = "diff_v1"
     backend: Backend = "auto"  # sdpa; Triton only where measured faster on a GPU (none yet: model/attention/base.py)
-    ffn_hidden: int | None = None  # SwiGLU width; default ~8/3 d_model rounded up to ffn_multiple_of
+    ffn_hidden: int = None  # type: ignore[assignment]  # SwiGLU width; default ~8/3 d_model, a multiple of ffn_multiple_of
     ffn_multiple_of: int = 64
     rope_theta: float = 10000.0
     # RoPE frequency scaling: "default" (none) or "llama3" (Llama 3.1/3.2's; the four numbers below are its own)

@@ -11,6 +11,9 @@ from torch import nn
 
 
 class KVCache(nn.Module):
+    k: torch.Tensor  # (B, Hk, max_seq_len, dk), a buffer (not saved with the model)
+    v: torch.Tensor  # (B, Hv, max_seq_len, dv)
+
     def __init__(self, batch_size: int, max_seq_len: int, k_heads: int, k_dim: int, v_heads: int, v_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
         super().__init__()

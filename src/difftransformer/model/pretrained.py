@@ -20,15 +20,17 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch import nn
 
 from ..fileio import fault_point, fsync_dir, parse_json
 from .config import ModelConfig
+
+if TYPE_CHECKING:  # transformer.py imports this module
+    from .transformer import DiffTransformerLM
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -159,7 +161,7 @@ def write_model_dir(directory: PathLike, cfg: ModelConfig, state: dict[str, torc
     return Path(directory)
 
 
-def save_pretrained(model: nn.Module, directory: PathLike, tokenizer_file: Optional[PathLike] = None,
+def save_pretrained(model: DiffTransformerLM, directory: PathLike, tokenizer_file: Optional[PathLike] = None,
                     extra_files: Optional[dict[str, bytes]] = None) -> Path:
     """``write_model_dir`` for a ``DiffTransformerLM`` (its ``cfg`` and ``state_dict()``)."""
     return write_model_dir(directory, model.cfg, model.state_dict(), tokenizer_file, extra_files)
@@ -209,7 +211,7 @@ def read_model_dir(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]
     return ModelConfig.from_json(cfg_path), load_state_dict(d / WEIGHTS_NAME)
 
 
-def assign_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> nn.Module:
+def assign_weights(model: DiffTransformerLM, state: dict[str, torch.Tensor], where: str) -> DiffTransformerLM:
     """Assign ``state`` to a model built on the meta device: keys and shapes checked, tied weights re-tied.
 
     No random init and no second copy of the weights. ``where`` names the source in error messages.

@@ -8,9 +8,10 @@ training machinery: parallelism, compile, quantisation and checkpoint I/O are ap
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +74,8 @@ class DiffTransformerLM(nn.Module):
             raise TypeError(f"DiffTransformerLM expects a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        # A ModuleList, typed by what it holds (a type checker sees its items as plain Modules).
+        self.layers = cast("Sequence[Block]", nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers)))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -221,13 +223,13 @@ class DiffTransformerLM(nn.Module):
         mask = self.build_mask(B, T, input_pos, attention_mask, idx.device)
 
         x = self.tok_embeddings(idx)  # (B, T, d_model)
-        hidden = [x] if return_hidden else None
-        maps = [] if return_maps else None
+        hidden: Optional[list[torch.Tensor]] = [x] if return_hidden else None
+        maps: Optional[list[AttentionMaps]] = [] if return_maps else None
         for layer in self.layers:
             x, m = layer(x, rope, mask, input_pos, return_maps)
-            if return_maps:
+            if maps is not None:
                 maps.append(m)
-            if return_hidden:
+            if hidden is not None:
                 hidden.append(x)
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # the output layer (B, T, vocab) only where it is read
