@@ -260,11 +260,28 @@ def test_readme_commands_run(tmp_path, monkeypatch):
     assert ran, "no README command ran"
 
 
+def _tiny_remote_code_dir(path: Path) -> None:
+    """What the transformers block loads: a tiny DIFF V2 exported as the README's command writes it."""
+    from difftransformer.cli import main
+    from difftransformer.model import DiffTransformerLM, ModelConfig
+
+    from difftransformer.data.tokenizer import train_tokenizer
+
+    torch.manual_seed(0)
+    ours = path.parent / "ours-v2"
+    DiffTransformerLM(ModelConfig.from_flavour("tiny", attention="diff_v2", vocab_size=512)).save_pretrained(ours)
+    train_tokenizer(["In the beginning God created the heaven and the earth."] * 4, 300).save(str(ours / "tokenizer.json"))
+    assert main(["convert", "--to-hf", str(ours), "--out", str(path)]) == 0
+
+
 def test_readme_python_blocks_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     blocks = python_blocks(README)
     assert blocks, "README.md shows no Python"
     for code in blocks:
+        if "trust_remote_code" in code:  # the directory `convert --to-hf runs/v2 --out hf-v2` writes
+            pytest.importorskip("transformers")
+            _tiny_remote_code_dir(tmp_path / "hf-v2")
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102 (the README's own code)
 
 
