@@ -124,7 +124,8 @@ def test_run_file_names_are_spelled_once():
     names (a checkpoint is one, a Hugging Face directory uses the same) in model/pretrained.py; each variant's
     metrics key in its own class."""
     run = [rundir.RUN_CONFIG_NAME, rundir.METRICS_NAME, rundir.CHECKPOINTS_DIR, rundir.TENSORBOARD_DIR,
-           rundir.STATE_TENSORS, rundir.STATE_JSON, rundir.LOCK_NAME]
+           rundir.STATE_TENSORS, rundir.STATE_JSON, rundir.LOCK_NAME, rundir.ADAPTER_DIR, rundir.ADAPTER_CONFIG_NAME,
+           rundir.ADAPTER_WEIGHTS_NAME]
     model = [rundir.CONFIG_NAME, rundir.WEIGHTS_NAME, rundir.TOKENIZER_NAME, rundir.MANIFEST_NAME, *SIDE_FILES]
     where = spelled_in([*run, *model, *rundir.LAMBDA_KEYS])
     assert {n: w for n, w in where.items() if len(w) != 1} == {}

@@ -31,6 +31,9 @@ from .checkpoints import (
     run_of_checkpoint,
 )
 from .files import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_DIR,
+    ADAPTER_WEIGHTS_NAME,
     CHECKPOINTS_DIR,
     CONFIG_NAME,
     DATA_DIR,
@@ -45,6 +48,7 @@ from .files import (
     TOKENIZER_NAME,
     WEIGHTS_NAME,
     PathLike,
+    adapter_dir,
     checkpoints_dir,
     data_dir,
     metrics_path,
@@ -80,4 +84,5 @@ __all__ = ["RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CH
            "list_checkpoints", "leftover_temp_checkpoints", "newest_complete_checkpoint", "resolve_checkpoint",
            "run_of_checkpoint", "read_run_config", "write_run_config", "parse_metrics", "read_metric_records",
            "append_metrics", "truncate_metrics_after", "read_metrics", "lambda_keys", "find_tokenizer",
-           "check_tokenizer", "read_tokenizer"]
+           "check_tokenizer", "read_tokenizer", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME", "ADAPTER_WEIGHTS_NAME",
+           "adapter_dir"]

@@ -7,7 +7,8 @@
 
 Every config key is also a flag --section.key VALUE (VALUE read as TOML: 3e-4, true, '["a.txt", "b/"]', or a
 bare word). The run directory receives run_config.json, tokenizer.json, data/, metrics.jsonl, tb/ and
-checkpoints/step_XXXXXXXX/. Under torchrun the same command runs DDP (or --train.parallel fsdp).
+checkpoints/step_XXXXXXXX/ (and adapter/ for a LoRA run). Under torchrun the same command runs DDP (or
+--train.parallel fsdp).
 """
 
 from __future__ import annotations
