@@ -123,8 +123,8 @@ def test_remote_code_imports_only_torch_and_transformers():
             if isinstance(node, ast.Import):
                 roots = {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom):
-                if node.level:  # the relative import of the configuration, copied beside it
-                    assert node.module == "configuration_difftransformer", (name, node.module)
+                if node.level:  # a relative import: one of the code files, copied beside it
+                    assert f"{node.module}.py" in CODE_FILES, (name, node.module)
                     continue
                 roots = {node.module.split(".")[0]}
             else:
@@ -185,7 +185,7 @@ def test_a_wrong_rope_layout_or_lambda_breaks_the_logits(exported):
     module move the logits by far more than the tolerance."""
     model, _, rc = exported["v1_paper"]
     hf = load(rc)
-    module = sys.modules[type(hf).__module__]
+    module = sys.modules[type(hf.model.layers[0].attn).__module__]  # the layers file, where apply_rope lives
     ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
         want = model(ids).logits

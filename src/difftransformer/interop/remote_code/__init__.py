@@ -1,4 +1,4 @@
-"""The Hugging Face remote-code model (``trust_remote_code=True``): its two source files and its layout.
+"""The Hugging Face remote-code model (``trust_remote_code=True``): its three source files and its layout.
 
 ``configuration_difftransformer.py`` and ``modeling_difftransformer.py`` are what `difftransformer convert --to-hf`
 copies into an exported directory. Both import only torch and transformers (never ``difftransformer``), so that the
@@ -7,7 +7,7 @@ directory runs wherever transformers does; they are modules of this package too,
 This file says how our model maps onto them, with neither transformers nor the interop readers (``interop/hf.py``
 and ``interop/remote.py`` both use it):
 
-* ``config.json``: ``model_type`` "difftransformer", ``auto_map`` naming the two files, transformers' names for the
+* ``config.json``: ``model_type`` "difftransformer", ``auto_map`` naming the configuration and modeling files, transformers' names for the
   shared sizes (hidden_size, num_attention_heads, ...) and ours for the rest (attention, v1_layout, ...);
 * the weights: our state dict renamed, nothing else: ``model.`` + our name, ``output.weight`` as
   ``lm_head.weight`` (left out when tied). Import and export are therefore bitwise.
@@ -26,7 +26,7 @@ import torch
 from ...model.config import ModelConfig
 
 CODE_DIR = Path(__file__).resolve().parent
-CODE_FILES = ("configuration_difftransformer.py", "modeling_difftransformer.py")
+CODE_FILES = ("configuration_difftransformer.py", "layers_difftransformer.py", "modeling_difftransformer.py")
 
 REMOTE_MODEL_TYPE = "difftransformer"
 REMOTE_ARCHITECTURE = "DiffTransformerForCausalLM"
