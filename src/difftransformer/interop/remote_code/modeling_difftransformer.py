@@ -225,7 +225,10 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, logits_to_keep=0, cache=None, cache_position=None, **kwargs):
+                return_dict=None, logits_to_keep=0, cache=None, **kwargs):
+        # cache_position arrives in kwargs from transformers 4's generate (its static cache needs it); not a named
+        # parameter, so that transformers 5 does not warn that this remote model still expects it
+        cache_position = kwargs.pop("cache_position", None)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
