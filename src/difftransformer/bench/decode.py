@@ -170,7 +170,7 @@ def export_to_hf(model: DiffTransformerLM, directory: Path, device: str, dtype: 
     finally:
         if bar:
             hf_logging.enable_progress_bar()
-    return hf.to(device).eval()
+    return hf.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapped to() hides its self binding
 
 
 class HFDecoder:
@@ -228,7 +228,7 @@ def measure(args: argparse.Namespace, emit: Optional[Callable[[dict], None]] = N
                 g = torch.Generator().manual_seed(B * 100003 + C)
                 prompt = torch.randint(0, args.vocab_size, (B, C), generator=g).to(device)
                 first = torch.randint(0, args.vocab_size, (B,), generator=g).to(device)
-                fns: dict[str, Callable[[], object]] = {}
+                fns: dict[str, OurDecoder | HFDecoder] = {}
                 for label, model in models.items():
                     fns[label] = OurDecoder(model, prompt, first, args.new_tokens, args.decode_mode)
                 hf_diff = None

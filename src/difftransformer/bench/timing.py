@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -26,7 +26,7 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(times)
 
 
-def paired_times(fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1) -> dict[str, list[float]]:
+def paired_times(fns: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1) -> dict[str, list[float]]:
     """Wall times of several functions measured round-robin: repeat ``i`` runs every function once, in turn.
 
     Ratios taken within one round (``times[x][i] / times[ref][i]``) cancel slow drifts of machine load, which

@@ -17,10 +17,12 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from ..extras import require
 
 EMBEDDED = ("kjv",)
+T = TypeVar("T")  # what split_documents splits: documents, or their indices
 TEXT_SUFFIXES = (".txt", ".jsonl")
 
 
@@ -94,9 +96,10 @@ def load_corpus(sources: list[str]) -> list[str]:
     return docs
 
 
-def split_documents(docs: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
+def split_documents(docs: list[T], val_fraction: float) -> tuple[list[T], list[T]]:
     """Deterministic split: every ~1/val_fraction-th document goes to validation, spread through the corpus."""
-    train, val = [], []
+    train: list[T] = []
+    val: list[T] = []
     for i, doc in enumerate(docs):
         # document i is held out when the running count of held-out documents would step up
         (val if int((i + 1) * val_fraction) > int(i * val_fraction) else train).append(doc)

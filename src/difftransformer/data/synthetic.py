@@ -110,7 +110,7 @@ def needle_haystack(rng: random.Random, filler: Sequence[str], *, n_filler: int,
     needles = [Needle(c, "".join(rng.choice("0123456789") for _ in range(digits)))
                for c in rng.sample(CITIES, n_needles)]
     target = needles[0]
-    parts: list[object] = [rng.choice(filler) for _ in range(n_filler)] if filler else []
+    parts: list[Needle | str] = [rng.choice(filler) for _ in range(n_filler)] if filler else []
     parts.insert(round(depth * len(parts)), target)
     for nd in needles[1:]:  # at depth 0 (1) the target stays the first (last) needle
         at = parts.index(target)

@@ -195,7 +195,8 @@ def run_analysis(spec: AnalysisSpec, args: argparse.Namespace) -> int:
     if args.out and spec.multi_run:  # a figure, the JSON beside it
         png = Path(args.out)
         png.parent.mkdir(parents=True, exist_ok=True)
-        spec.plot(r, png)
+        if spec.plot is not None:  # every multi-run analysis has one (attnmap)
+            spec.plot(r, png)
         write_json(r, png.with_suffix(".json"))
     elif args.out:
         write_json(r, args.out)

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import torch
 from tqdm import tqdm
 
-from ..data.tokenizer import EOS
+from ..data.tokenizer import eos_id
 from .loading import EvalModel
 from .plotting import color, pyplot
 from .spec import AnalysisSpec
@@ -99,8 +99,7 @@ def label_words(tok, preferred: Sequence[str], vocab_size: int) -> tuple[list[st
     """K label words that are one token each: ``preferred`` if possible, else the first fallback set that works."""
     k = len(preferred)
     for n, words in enumerate((tuple(preferred), *FALLBACK_LABELS)):
-        ok = [(w, _single(tok, w)) for w in words]
-        ok = [(w, i) for w, i in ok if i is not None and i < vocab_size]
+        ok = [(w, i) for w, i in ((w, _single(tok, w)) for w in words) if i is not None and i < vocab_size]
         if n > 0:  # a fallback list: its first K single-token words (the preferred words only all together)
             ok = ok[:k]
         if len(ok) == k and len({i for _, i in ok}) == k:
@@ -141,8 +140,8 @@ def build_task(ev: EvalModel, classes: int, words: int, seed: int) -> IclTask:
     rng = random.Random(f"icl-task-{seed}")
     per_book = [{snippet(v, words) for v in book_verses(book) if len(v.split()) >= words} for book, _ in books]
     pools = []
-    for c, snips in enumerate(per_book):  # a snippet found in two of the books has no single answer: dropped
-        snips = sorted(snips.difference(*(s for i, s in enumerate(per_book) if i != c)))
+    for c, found in enumerate(per_book):  # a snippet found in two of the books has no single answer: dropped
+        snips = sorted(found.difference(*(s for i, s in enumerate(per_book) if i != c)))
         rng.shuffle(snips)
         pools.append(snips[:POOL_PER_BOOK])
     sizes = {s: len(e.ids) for pool in pools for s, e in zip(pool, ev.tokenizer.encode_batch(pool))}
@@ -163,7 +162,7 @@ class Encoder:
 
     def __init__(self, ev: EvalModel, task: IclTask) -> None:
         self.tok, self.task = ev.tokenizer, task
-        self.eos = ev.tokenizer.token_to_id(EOS)
+        self.eos = eos_id(ev.tokenizer)
         self._cache: dict[tuple[str, int, bool], list[int]] = {}
 
     def piece(self, text: str, label: int, demo: bool) -> list[int]:

@@ -21,7 +21,7 @@ from .. import rundir
 from ..data import corpus
 from ..data.shards import read_prepared
 from ..data.synthetic import RETRIEVAL_MARKER
-from ..data.tokenizer import EOS
+from ..data.tokenizer import eos_id
 from ..fileio import atomic_write
 from ..loading import load_model
 from ..model.transformer import DiffTransformerLM
@@ -86,7 +86,7 @@ def held_out_documents(ev: EvalModel, min_docs: int = 8) -> tuple[list[str], str
     """Validation documents (prose only) and a one-line note of where they came from."""
     ids = _run_val_tokens(ev)
     if ids is not None:
-        eos = ev.tokenizer.token_to_id(EOS)
+        eos = eos_id(ev.tokenizer)
         cuts = np.flatnonzero(ids == eos)
         docs, start = [], 0
         for c in [*cuts, len(ids)]:
@@ -103,7 +103,7 @@ def held_out_documents(ev: EvalModel, min_docs: int = 8) -> tuple[list[str], str
 
 def held_out_tokens(ev: EvalModel, docs: list[str]) -> torch.Tensor:
     """The documents as one token stream, separated by the EOS token: (N,) long."""
-    eos = ev.tokenizer.token_to_id(EOS)
+    eos = eos_id(ev.tokenizer)
     out: list[int] = []
     for enc in ev.tokenizer.encode_batch(docs):
         out.extend([*enc.ids, eos])

@@ -119,7 +119,7 @@ def context_gains(nll, train_len: int, level: float = LEVEL) -> dict:
     """One model's gains from context (see the module docstring) as {"within": (mean, low, high, n_docs),
     "beyond": ... or None when fewer than 2L positions were evaluated}; t-interval over documents."""
     a = _curves(nll, train_len, "nll")
-    out = {}
+    out: dict[str, Optional[tuple[float, float, float, int]]] = {}
     for key, g in zip(("within", "beyond"), _per_doc(a, train_len)):
         if g is None:
             out[key] = None
@@ -143,17 +143,19 @@ def compare_context_gains(base: Sequence, diff: Sequence, train_len: int, min_ef
     gd = [_per_doc(_curves(x, train_len, f"diff[{i}]"), train_len) for i, x in enumerate(diff)]
     out: dict[str, Optional[Verdict]] = {}
     for k, key in enumerate(("within", "beyond")):
-        if any(g[k] is None for g in gb + gd):
+        pb = [x for x in (g[k] for g in gb) if x is not None]  # per seed, the per-document gains
+        pd = [x for x in (g[k] for g in gd) if x is not None]
+        if len(pb) < len(gb) or len(pd) < len(gd):
             out[key] = None
             continue
         se = None
-        if len(gb) == 1 and len(gd) == 1:
-            b, d = gb[0][k], gd[0][k]
+        if len(pb) == 1 and len(pd) == 1:
+            b, d = pb[0], pd[0]
             if b.size != d.size:
                 raise ValueError(f"base and diff must be read on the same documents, got {b.size} and {d.size}")
             se = float((d - b).std(ddof=1) / math.sqrt(b.size)) if b.size > 1 else None
-        v = compare_seeds([float(g[k].mean()) for g in gb], [float(g[k].mean()) for g in gd], False,
-                          min_effect, len(gb) == len(gd), se, level)
+        v = compare_seeds([float(x.mean()) for x in pb], [float(x.mean()) for x in pd], False,
+                          min_effect, len(pb) == len(pd), se, level)
         lo, hi = (train_len // 2, train_len) if key == "within" else (train_len, 2 * train_len)
         level_b, level_d = (float(np.mean([np.asarray(x, dtype=float)[:, lo:hi].mean() for x in xs]))
                             for xs in (base, diff))

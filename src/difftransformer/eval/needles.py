@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..data.corpus import sentences
 from ..data.synthetic import Haystack, needle_haystack, short_sentences
-from ..data.tokenizer import EOS
+from ..data.tokenizer import eos_id
 from .loading import EvalModel, held_out_documents
 from .plotting import pyplot
 from .spec import AnalysisSpec
@@ -199,7 +199,7 @@ def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK.lengths, depths:
     task = task or NeedleTask.for_model(ev)
     filler, note = filler_sentences(ev)
     toks = grid_lengths(ev, lengths, task)
-    pad = ev.tokenizer.token_to_id(EOS)
+    pad = eos_id(ev.tokenizer)
     acc = [[0.0] * len(depths) for _ in toks]
     first_ok = first_any = first_last = 0
     actual = [[0.0] * len(depths) for _ in toks]

@@ -31,7 +31,7 @@ from typing import Any, Optional
 import torch
 from tqdm import tqdm
 
-from ..data.tokenizer import EOS
+from ..data.tokenizer import eos_id
 from ..model import variants
 from .attention_mass import attention_shares
 from .loading import EvalModel
@@ -148,7 +148,7 @@ def run_noise(ev: EvalModel, samples: int = QUICK_SAMPLES, seed: int = 0, task: 
     depths = [DEPTHS[i % len(DEPTHS)] for i in range(samples)]
     items = [build_haystack(ev, filler, task, L, depths[i], rng)
              for i in tqdm(range(samples), desc=f"noise {ev.label}", disable=not progress, leave=False)]
-    s = summarise(layer_measures(ev.model, items, ev.tokenizer.token_to_id(EOS)), depths)
+    s = summarise(layer_measures(ev.model, items, eos_id(ev.tokenizer)), depths)
     a, n = s["answer_share"], s["noise_share"]
     return {"analysis": "noise", "model": ev.describe(), "task": task.to_dict(), "held_out": note, "seed": seed,
             "samples": samples, "length": L, **s,

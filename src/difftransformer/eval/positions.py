@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..data.tokenizer import EOS
+from ..data.tokenizer import eos_id
 from .loading import DEFAULT_VAL_FRACTION, EvalModel
 from .long_context import context_gains, long_held_out_texts, text_tokens
 from .plotting import color, pyplot
@@ -101,8 +101,9 @@ def long_documents(ev: EvalModel, length: int, count: int) -> tuple[torch.Tensor
     probe = long_held_out_texts(**texts_args, min_chars=200, max_texts=16)
     min_chars = int(1.25 * (length + 1) * chars_per_token(ev, [p for t in probe for p in t.paragraphs]))
     texts = long_held_out_texts(**texts_args, min_chars=min_chars, max_texts=max(2 * count, count + 8))
-    eos = ev.tokenizer.token_to_id(EOS)
-    rows, kinds = [], {}
+    eos = eos_id(ev.tokenizer)
+    rows: list[list[int]] = []
+    kinds: dict[str, int] = {}
     for t in texts:
         ids = text_tokens([e.ids for e in ev.tokenizer.encode_batch(list(t.paragraphs))], eos, length)
         if ids is None:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..data.tokenizer import EOS
+from ..data.tokenizer import eos_id
 from .loading import EvalModel, held_out_documents, text_windows
 from .needles import NeedleTask, TaskChoice, answers_correct, build_haystack, filler_sentences
 from .plotting import color, pyplot, save_figure
@@ -99,8 +99,8 @@ def run_quantized(ev: EvalModel, widths: Sequence[int] = WIDTHS, sequences: int 
     filler, _ = filler_sentences(ev)
     rng = random.Random(f"quantized-{seed}")
     items = [build_haystack(ev, filler, task, ev.train_len, rng.random(), rng) for _ in range(samples)]
-    pad = ev.tokenizer.token_to_id(EOS)
-    rows = []
+    pad = eos_id(ev.tokenizer)
+    rows: list[dict[str, Any]] = []
     for bits in [None, *widths]:
         with quantized_attention(ev.model, bits):
             losses = sequence_losses(ev.model, windows)

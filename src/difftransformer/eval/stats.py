@@ -259,7 +259,8 @@ def compare_spread(base_orders: Sequence[Sequence[float]], diff_orders: Sequence
         rows = [_accs(o, f"{name}[{i}]", 2) for i, o in enumerate(orders)]
         spreads.append([float(r.max() - r.min()) for r in rows])
         means.append([float(r.mean()) for r in rows])
-    ses = tuple(spread_se_binomial(o[0], n_queries, seed=seed) for o in (base_orders, diff_orders))
+    ses = (spread_se_binomial(base_orders[0], n_queries, seed=seed),
+           spread_se_binomial(diff_orders[0], n_queries, seed=seed))
     v = compare_seeds(spreads[0], spreads[1], False, min_effect, len(spreads[0]) == len(spreads[1]), ses, level)
     ok = all(above_chance(m, n_queries, chance, level) for m in means)
     return v if ok else replace(v, verdict=INCONCLUSIVE, reason=f"not both models above chance ({chance:.3g}): "

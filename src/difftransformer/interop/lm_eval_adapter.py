@@ -50,10 +50,11 @@ class DiffTransformerHarnessLM(LM):
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         self.max_length = int(max_length or self.model.cfg.max_seq_len)
         self.max_gen_toks = int(max_gen_toks)
-        self.eot_token_id = self.tok.token_to_id(EOS)
-        if self.eot_token_id is None:
+        eot = self.tok.token_to_id(EOS)
+        if eot is None:
             raise ValueError(f"{pretrained}: its tokenizer has no {EOS} token (the harness conditions empty "
                              "contexts on it)")
+        self.eot_token_id: int = eot
 
     # ---------------------------------------------------------------------------------------------- helpers
     @property

@@ -17,11 +17,12 @@ import torch
 
 from ..model import DiffTransformerLM, ModelConfig
 from ..model import variants as registry
+from ..model.config import Backend
 from .config import RetrievalConfig
 from .task import train_stream
 
 
-def model_config(cfg: RetrievalConfig, variant: str, backend: str = "sdpa") -> ModelConfig:
+def model_config(cfg: RetrievalConfig, variant: str, backend: Backend = "sdpa") -> ModelConfig:
     return ModelConfig(vocab_size=cfg.layout.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
                        n_heads=cfg.n_heads, attention=variant, backend=backend, max_seq_len=cfg.max_len())
 

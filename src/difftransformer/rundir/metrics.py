@@ -12,7 +12,7 @@ import json
 import math
 import os
 from collections.abc import Iterable
-from typing import Optional, TypedDict
+from typing import Any, Optional, TypedDict
 
 from ..fileio import FAULT_ENV, fault_point
 from ..model.variants import variant, variants
@@ -43,19 +43,17 @@ LAMBDA_V1 = _lambda_key("diff_v1")
 LAMBDA_V2 = _lambda_key("diff_v2")
 
 
-# One line of metrics.jsonl: a training record (step, loss, lr, grad_norm, tokens, tokens_per_s, skipped_steps: the
-# steps so far in this process whose loss or gradient was not finite and made no update) or an evaluation
-# record (step, val_loss and the variant's lambda per layer). Functional form: the lambda keys are computed.
-MetricsRecord = TypedDict("MetricsRecord", {
-    "step": int, "loss": float, "lr": float, "grad_norm": float, "tokens": int, "tokens_per_s": float,
-    "skipped_steps": int,
-    "val_loss": float, **{k: list for k in LAMBDA_KEYS}}, total=False)
+# One line of metrics.jsonl: a training record (step: int, loss, lr, grad_norm: float, tokens: int, tokens_per_s:
+# float, skipped_steps: int, the steps so far in this process whose loss or gradient was not finite and made no
+# update) or an evaluation record (step, val_loss: float and the variant's lambda per layer, a list of floats under
+# its key in LAMBDA_KEYS). A plain dict: the lambda keys come from the registry, which no TypedDict can list.
+MetricsRecord = dict[str, Any]
 
 
 def parse_metrics(lines: Iterable[str]) -> list[MetricsRecord]:
     """Records of metrics.jsonl lines as one run: a line cut by a kill (or blank) is skipped, and a resume marker
     drops the records logged before it past its step (the killed run's tail, logged again after the resume)."""
-    out = []
+    out: list[MetricsRecord] = []
     for line in lines:
         try:
             rec = json.loads(line)

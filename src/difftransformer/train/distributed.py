@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..model.transformer import DiffTransformerLM
 
 
 @dataclass
@@ -68,7 +72,7 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-def wrap(model: nn.Module, parallel: str, info: DistInfo) -> nn.Module:
+def wrap(model: DiffTransformerLM, parallel: str, info: DistInfo) -> nn.Module:
     """DDP (default) or FSDP2 over ``model``; the model itself when single-process.
 
     FSDP2 shards each block, then the root (embeddings, final norm, head), as torchtitan does.
@@ -90,17 +94,18 @@ def wrap(model: nn.Module, parallel: str, info: DistInfo) -> nn.Module:
 @contextmanager
 def no_grad_sync(model: nn.Module, skip: bool):
     """Skip the gradient all-reduce on accumulation micro-steps that are not the last."""
+    wrapped: Any = model  # DDP, an FSDP2-sharded module or the model itself: told apart by their methods
     if not skip:
         yield
-    elif hasattr(model, "no_sync"):  # DDP
-        with model.no_sync():
+    elif hasattr(wrapped, "no_sync"):  # DDP
+        with wrapped.no_sync():
             yield
-    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(False)
+    elif hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
+        wrapped.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            wrapped.set_requires_gradient_sync(True)
     else:
         with nullcontext():
             yield

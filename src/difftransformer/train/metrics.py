@@ -5,14 +5,15 @@ its attention variant names (``rundir.LAMBDA_KEYS``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
 import torch
-from torch import nn
 
 from .. import rundir
 from ..extras import require_all
+from ..model.transformer import Block
 
 
 def require_tensorboard(quiet: bool = False) -> None:
@@ -63,7 +64,7 @@ class LambdaProbe:
     parameters are only whole while their block runs.
     """
 
-    def __init__(self, layers: nn.ModuleList) -> None:
+    def __init__(self, layers: Sequence[Block]) -> None:
         self.values: dict[str, dict[int, float]] = {}
         self.handles = [layer.attn.register_forward_pre_hook(self._hook(i)) for i, layer in enumerate(layers)
                         if layer.attn.lambda_summary_name is not None]

@@ -25,7 +25,8 @@ def decays(p: nn.Parameter, lambda_ids: set[int]) -> bool:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     lambda_ids = lambda_parameter_ids(model)
     for p in model.parameters():
         if p.requires_grad:

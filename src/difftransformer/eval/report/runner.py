@@ -61,8 +61,9 @@ def _multi_run(runs: Sequence[RunResults], settings: Settings, out: Path,
         try:
             res = run_analysis(spec, list(first.values()), settings)
             results[spec.name] = res
-            spec.plot(res, out / f"{spec.name}.png")
-            figures[spec.name] = out / f"{spec.name}.png"
+            if spec.plot is not None:
+                spec.plot(res, out / f"{spec.name}.png")
+                figures[spec.name] = out / f"{spec.name}.png"
         except ANALYSIS_ERRORS as e:
             if runs:
                 runs[0].errors[spec.name] = f"{type(e).__name__}: {e}"
@@ -107,8 +108,8 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     rows = verdicts(runs)
     sections = {spec.name: analysis_section(runs, spec.name) for spec in PER_RUN}
     sections["training"] = table(TRAINING_HEADER, training_table(runs))
-    extra = {"version": __version__, "sections": sections, "preface": html.escape(preface)}
-    if bench is not None:
+    extra: dict[str, Any] = {"version": __version__, "sections": sections, "preface": html.escape(preface)}
+    if bench is not None and retrieval_dir is not None:  # one is None only when the other is
         extra["retrieval_rows"] = retrieval_verdicts(bench)
         extra["retrieval"] = retrieval_section(bench, Path(retrieval_dir), table, image)
     page = render_html(runs, rows, figures, settings, extra)

@@ -27,7 +27,7 @@ def loss_spikes(loss: Sequence[float], skip: int = 0, window: int = 10, factor: 
 
 
 def training_summary(ev: EvalModel) -> dict[str, Any]:
-    m = read_metrics(ev.run_dir)
+    m: dict[str, Any] = dict(read_metrics(ev.run_dir))  # the curves, and the summary keys added below
     warmup = ev.run_config.get("train", {}).get("warmup_steps", 0)
     every = ev.run_config.get("log", {}).get("every", 1)
     skip = sum(1 for s in m["step"] if s <= warmup)

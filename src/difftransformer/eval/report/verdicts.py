@@ -74,7 +74,7 @@ def _quant_row(x: dict, bits: int) -> dict[str, Any]:
 def _needles_answered(runs: Sequence[RunResults]) -> bool:
     """Whether any model retrieves prose needles above the random-needle level: the attention measures are taken
     at the answering query, which means little when no model answers."""
-    accs = {r.attention: [] for r in runs}
+    accs: dict[str, list[float]] = {r.attention: [] for r in runs}
     for r in runs:
         accs[r.attention].append(r.results["needles"]["mean_accuracy"])
     x = runs[0].results["needles"]
@@ -108,10 +108,10 @@ def _outlier(kind: str) -> Judge:
 def _quant_loss(bits: int) -> Judge:
     def judge(b: list[RunResults], d: list[RunResults]) -> stats.Verdict:
         rows = [_quant_row(r.results["quantized"], bits) for r in b + d]
-        se = (rows[0].get("loss_increase_se"), rows[len(b)].get("loss_increase_se"))
+        b_se, d_se = rows[0].get("loss_increase_se"), rows[len(b)].get("loss_increase_se")
         return stats.compare_seeds([x["loss_increase"] for x in rows[:len(b)]],
                                    [x["loss_increase"] for x in rows[len(b):]], False, 0.005,
-                                   within_se=se if None not in se else None)
+                                   within_se=(b_se, d_se) if b_se is not None and d_se is not None else None)
     return judge
 
 
@@ -129,7 +129,7 @@ def _long_context(part: str) -> Judge:
 
 
 def _spread(b: list[RunResults], d: list[RunResults]) -> stats.Verdict:
-    x = b[0].results["icl"]
+    x: Any = b[0].results["icl"]  # JSON
     orders = lambda rs: [r.results["icl"]["order"]["accuracies"] for r in rs]  # noqa: E731
     n = x["order"].get("samples") or x.get("max_shot_samples")
     return stats.compare_spread(orders(b), orders(d), n, x["task"]["chance"] if "task" in x else x["chance"], 0.05)
