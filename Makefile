@@ -30,7 +30,10 @@ chromium:
 	    $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "warning: could not install chromium; the report rendering test will fail" >&2
 
+# Lint and type-check first (configured in pyproject.toml; both must report nothing), then the tests.
 test: install chromium
+	$(VENV)/bin/ruff check src
+	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q tests
 
 bench: install

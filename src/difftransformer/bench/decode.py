@@ -27,7 +27,7 @@ import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -166,11 +166,12 @@ def export_to_hf(model: DiffTransformerLM, directory: Path, device: str, dtype: 
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        hf = DiffLlamaForCausalLM.from_pretrained(str(directory), dtype=dtype, local_files_only=True)
+        # Any: transformers types its to() through functools.wraps, which a type checker sees unbound
+        hf: Any = DiffLlamaForCausalLM.from_pretrained(str(directory), dtype=dtype, local_files_only=True)
     finally:
         if bar:
             hf_logging.enable_progress_bar()
-    return hf.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapped to() hides its self binding
+    return hf.to(device).eval()
 
 
 class HFDecoder:
