@@ -13,8 +13,9 @@ path (eager with maps, sdpa, blocked, the fused Triton kernels, the KV-cache dec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn

@@ -73,14 +73,14 @@ def _group_rows(x: torch.Tensor, hk: int) -> torch.Tensor:
 
 def _ungroup_rows(x: torch.Tensor, b: int, hk: int) -> torch.Tensor:
     """(B*Hk, T, r, c) -> (B, Hq, T, c): inverse of _group_rows."""
-    g, t, r, c = x.shape
+    _, t, r, c = x.shape
     return x.transpose(1, 2).reshape(b, hk * r, t, c)
 
 
 class _Workspace:
     """Buffers reused by every block: allocating them per block costs page faults on CPU (~4x slower ops)."""
 
-    def __init__(self, maps: int, g: int, rows: int, t: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, maps: tuple[int, ...], g: int, rows: int, t: int, dtype: torch.dtype, device: torch.device):
         self.g, self.rows = g, rows
         self.flat = [torch.empty(n * g * rows * t, dtype=dtype, device=device) for n in maps]
 
@@ -200,10 +200,10 @@ class _BlockedDiffAttention(torch.autograd.Function):
                 torch.bmm(dob, vm.transpose(1, 2), out=dd)  # dD = dO v^T, (G, nr, m)
             else:
                 dd.copy_(torch.bmm(dob, vm.transpose(1, 2)))
-            if need_v:
+            if dvg is not None:  # need_v
                 dmap = torch.addcmul(p[0], p[1], neg_lam, out=ws.get(1, 1, nr, m)[0])  # D = P1 - lam * P2
                 _acc_bmm(dvg[:, :m], dmap.transpose(1, 2).to(pb.dtype), dob)  # dv += D^T dO
-            if need_lam:
+            if dlam_rows is not None:  # need_lam
                 # dlam = -rowsum(dD * P2); the D buffer is free again and serves as scratch.
                 prod = torch.mul(dd, p[1], out=ws.get(1, 1, nr, m)[0])
                 torch.sum(prod, dim=-1, out=dlam_rows[:, i0 * r: i1 * r])
@@ -214,29 +214,29 @@ class _BlockedDiffAttention(torch.autograd.Function):
             for j in range(2):
                 torch.ops.aten._softmax_backward_data.out(dd, p[j], -1, acc, grad_input=p[j])
             ds = p.to(pb.dtype)  # (2, G, nr, m)
-            if need_q:
+            if dq is not None:  # need_q
                 dqb = dq[:, :, i0:i1].view(2, g, nr, d)  # rows of this block, no copy
                 for j in range(2):
                     dqb[j].copy_(torch.bmm(ds[j], pb.k[j][:, :m]))  # dq = dS k (times s at the end)
                 dqb[1].mul_(neg_lam)
-            if need_k:
+            if dk is not None:  # need_k
                 q2_lam = (qb[1] * neg_lam.to(pb.dtype))  # (G, nr, d): -lam folded into q2's rows
                 _acc_bmm(dk[0, :, :m], ds[0].transpose(1, 2), qb[0])  # dk1 += dS1^T q1 s (q is pre-scaled)
                 _acc_bmm(dk[n_k - 1, :, :m], ds[1].transpose(1, 2), q2_lam)  # dk2 += dS2^T q2 s
 
         b, hk = pb.b, pb.hk
-        grads = [None] * 6
-        if need_q:
+        grads: list[Optional[torch.Tensor]] = [None] * 6
+        if dq is not None:  # need_q
             dq.mul_(pb.scale)
             grads[0] = _ungroup_rows(dq[0], b, hk).to(q1.dtype) if need_q1 else None
             grads[1] = _ungroup_rows(dq[1], b, hk).to(q2.dtype) if need_q2 else None
-        if need_k:
+        if dk is not None:  # need_k
             grads[2] = dk[0].view(b, hk, t, d).to(k1.dtype)
             # Shared keys came in one slot; the sum of both maps' contributions is in dk[0].
             grads[3] = None if pb.shared_k else dk[1].view(b, hk, t, d).to(k2.dtype)
-        if need_v:
+        if dvg is not None:  # need_v
             grads[4] = dvg.view(b, hk, t, dv).to(v.dtype)
-        if need_lam:
+        if dlam_rows is not None:  # need_lam
             dlam = -_ungroup_rows(dlam_rows.view(g, t, r, 1), b, hk)  # (B, Hq, T, 1)
             grads[5] = dlam.sum_to_size(lam.shape).to(lam.dtype)
         return (*grads, None, None)

@@ -21,9 +21,22 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_diff import (ALLOWED_HEAD_DIMS, _ALLOWED_DTYPES, _NEG_INIT, _acc_dtype, _check_pow2_block, _device_arch,
-                          _is_shared_k, _load_kv_tile, _online_softmax_step, _scale_tensor, _strides, _unit_last,
-                          default_config, dot_precision)
+from .triton_diff import (
+    _ALLOWED_DTYPES,
+    _NEG_INIT,
+    ALLOWED_HEAD_DIMS,
+    _acc_dtype,
+    _check_pow2_block,
+    _device_arch,
+    _is_shared_k,
+    _load_kv_tile,
+    _online_softmax_step,
+    _scale_tensor,
+    _strides,
+    _unit_last,
+    default_config,
+    dot_precision,
+)
 
 __all__ = ["triton_diff_decode", "DECODE_TARGET_PROGRAMS", "MERGE_BLOCK_S", "MERGE_NUM_WARPS"]
 

@@ -72,9 +72,10 @@ from torch.autograd.function import once_differentiable
 __all__ = ["triton_diff_attention", "triton_available", "default_config", "smem_limit", "dot_precision",
            "ALLOWED_HEAD_DIMS", "SMEM_LIMITS", "CONSUMER_SMEM_LIMIT"]
 
-from .launches import TRITON_HEAD_DIMS as ALLOWED_HEAD_DIMS  # noqa: E402  (one list, shared with dispatch)
-from .launches import TRITON_MAX_BATCH as MAX_BATCH  # noqa: E402
-from .launches import is_triton_launch_error, triton_failed, triton_kind, triton_kind_failed  # noqa: E402
+from .launches import TRITON_HEAD_DIMS as ALLOWED_HEAD_DIMS
+from .launches import TRITON_MAX_BATCH as MAX_BATCH
+from .launches import is_triton_launch_error, triton_failed, triton_kind, triton_kind_failed
+
 _ALLOWED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Shared memory one program (thread block) may use, in bytes, by compute capability (major * 10 + minor): A100
 # (and Orin) 163 KB, H100 227 KB. Any other GPU (sm_86, sm_89 and sm_120 consumer and workstation cards) gets 99 KB.
@@ -503,7 +504,7 @@ def dot_precision(dtype: torch.dtype, allow_tf32: Optional[bool]) -> Optional[st
 def _torch_diff_attention(q1, q2, k1, k2, v, lam, scale: float, km, first) -> torch.Tensor:
     """The same function in PyTorch (SDPA per map, GQA by repeating the kv heads, the kernels' visibility rule): the
     backward's fallback when a backward kernel cannot launch. lam: 1 entry or (B, Hq, T, 1); km (B, T) int8 or None."""
-    B, HQ, T, _ = q1.shape
+    _, HQ, T, _ = q1.shape
     r = HQ // k1.shape[1]
     k1, k2, v = (x.repeat_interleave(r, dim=1) if r > 1 else x for x in (k1, k2, v))
     mask = None
@@ -607,10 +608,11 @@ class _TritonDiffAttention(torch.autograd.Function):
             leaves = [x.detach().requires_grad_(True) for x in (q1, q2, k1, k2, v, lam_acc.reshape(ctx.lam_shape))]
             if ctx.shared_k:
                 leaves[3] = leaves[2]
-            out = _torch_diff_attention(*leaves[:5], leaves[5], ctx.scale, km, first)
+            lq1, lq2, lk1, lk2, lv, llam = leaves
+            out = _torch_diff_attention(lq1, lq2, lk1, lk2, lv, llam, ctx.scale, km, first)
             want = [i for i in range(6) if needs[i] and not (ctx.shared_k and i == 3)]
             grads = torch.autograd.grad(out, [leaves[i] for i in want], dout.to(out.dtype))
-        res = [None] * 6
+        res: list[Optional[torch.Tensor]] = [None] * 6
         for i, g in zip(want, grads):
             res[i] = g.to(ctx.lam_dtype) if i == 5 else g
         return (*res, None, None, None, None)
