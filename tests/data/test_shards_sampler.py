@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -75,7 +76,29 @@ def test_eval_starts_are_fixed_and_in_range():
     assert s[0] == 0 and s[-1] == 1000 - 33 and torch.equal(s, eval_starts(1000, 32, 8))
 
 
-def test_retrieval_document_length_is_recorded_and_long_ones_get_a_note(tmp_path, capsys):
+class _Records(logging.Handler):
+    """The package's log records, whatever handlers the CLI or pytest installed elsewhere."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.levelname, record.getMessage()))
+
+    def said(self, text: str) -> bool:
+        return any(level == "WARNING" and text in msg for level, msg in self.lines)
+
+
+@pytest.fixture
+def records():
+    h = _Records()
+    logging.getLogger("difftransformer").addHandler(h)
+    yield h
+    logging.getLogger("difftransformer").removeHandler(h)
+
+
+def test_retrieval_document_length_is_recorded_and_long_ones_get_a_note(tmp_path, records):
     from difftransformer.data.shards import retrieval_doc_tokens
     from difftransformer.data.synthetic import RETRIEVAL_MARKER
 
@@ -85,9 +108,9 @@ def test_retrieval_document_length_is_recorded_and_long_ones_get_a_note(tmp_path
     doc = f"{RETRIEVAL_MARKER} Paris 12. And it was so."
     assert retrieval_doc_tokens(tok, [doc, "prose without the marker"]) == len(tok.encode(doc).ids)
     assert retrieval_doc_tokens(tok, ["prose only"]) == 0
-    assert n_short > 0 and "note: retrieval documents" not in capsys.readouterr().err
-    # More filler per document: longer documents, and a note on stderr once they outgrow data.seq_len.
+    assert n_short > 0 and not records.said("retrieval documents are")
+    # More filler per document: longer documents, and a warning (stderr under the CLI) once they outgrow seq_len.
     long = prepare_data(_cfg(retrieval_n_filler=8), tmp_path / "long", progress=False)
     n_long = json.loads((long.directory / "meta.json").read_text())["retrieval_doc_tokens"]
     assert n_long > max(n_short, 32)  # 32 = data.seq_len of _cfg
-    assert "note: retrieval documents" in capsys.readouterr().err
+    assert records.said("retrieval documents are")
