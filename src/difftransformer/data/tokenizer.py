@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist (expected a tokenizer.json)")

@@ -29,8 +29,17 @@ from safetensors.torch import save_file
 from ..model.pretrained import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME, atomic_directory
 from ..model.transformer import DiffTransformerLM
 from .hf import _token_ids, config_to_hf, read_hf_config, read_hf_weights, side_files_for
-from .remote_code import (AUTO_MAP, CODE_DIR, CODE_FILES, REMOTE_MODEL_TYPE, config_from_remote, config_to_remote,
-                          is_remote_config, state_from_remote, state_to_remote)
+from .remote_code import (
+    AUTO_MAP,
+    CODE_DIR,
+    CODE_FILES,
+    REMOTE_MODEL_TYPE,
+    config_from_remote,
+    config_to_remote,
+    is_remote_config,
+    state_from_remote,
+    state_to_remote,
+)
 
 PathLike = Union[str, os.PathLike]
 

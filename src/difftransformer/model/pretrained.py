@@ -20,17 +20,18 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, TypeVar, Union, cast
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from ..fileio import fault_point, fsync_dir, parse_json
 from .config import ModelConfig
 
-if TYPE_CHECKING:  # transformer.py imports this module
-    from .transformer import DiffTransformerLM
+# A DiffTransformerLM (its ``cfg`` a ModelConfig), named by its base class: model.transformer imports this module.
+M = TypeVar("M", bound=nn.Module)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -161,10 +162,10 @@ def write_model_dir(directory: PathLike, cfg: ModelConfig, state: dict[str, torc
     return Path(directory)
 
 
-def save_pretrained(model: DiffTransformerLM, directory: PathLike, tokenizer_file: Optional[PathLike] = None,
+def save_pretrained(model: nn.Module, directory: PathLike, tokenizer_file: Optional[PathLike] = None,
                     extra_files: Optional[dict[str, bytes]] = None) -> Path:
     """``write_model_dir`` for a ``DiffTransformerLM`` (its ``cfg`` and ``state_dict()``)."""
-    return write_model_dir(directory, model.cfg, model.state_dict(), tokenizer_file, extra_files)
+    return write_model_dir(directory, cast(ModelConfig, model.cfg), model.state_dict(), tokenizer_file, extra_files)
 
 
 def load_state_dict(path: PathLike) -> dict[str, torch.Tensor]:
@@ -211,12 +212,12 @@ def read_model_dir(path: PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]
     return ModelConfig.from_json(cfg_path), load_state_dict(d / WEIGHTS_NAME)
 
 
-def assign_weights(model: DiffTransformerLM, state: dict[str, torch.Tensor], where: str) -> DiffTransformerLM:
+def assign_weights(model: M, state: dict[str, torch.Tensor], where: str) -> M:
     """Assign ``state`` to a model built on the meta device: keys and shapes checked, tied weights re-tied.
 
     No random init and no second copy of the weights. ``where`` names the source in error messages.
     """
-    tied = TIED if model.cfg.tie_embeddings else {}
+    tied = TIED if cast(ModelConfig, model.cfg).tie_embeddings else {}
     expected = {k: v for k, v in model.state_dict().items() if k not in tied}
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:

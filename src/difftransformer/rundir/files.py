@@ -6,12 +6,13 @@ are ``model.pretrained``'s; a checkpoint is one such directory, and the run keep
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Union
 
 from ..model.pretrained import CONFIG_NAME, MANIFEST_NAME, TOKENIZER_NAME, WEIGHTS_NAME
 
-PathLike = Union[str, Path]
+PathLike = Union[str, os.PathLike]  # what Path() takes, as model.pretrained's
 
 RUN_CONFIG_NAME = "run_config.json"
 METRICS_NAME = "metrics.jsonl"

@@ -23,19 +23,29 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, cast
 
 import torch
 from safetensors.torch import save as save_tensors
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from ..model.config import ModelConfig
 from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_state_dict, write_model_dir
-from ..rundir import (STATE_JSON, STATE_TENSORS, leftover_temp_checkpoints, list_checkpoints,
-                      newest_complete_checkpoint, step_dir)
+from ..rundir import (
+    STATE_JSON,
+    STATE_TENSORS,
+    leftover_temp_checkpoints,
+    list_checkpoints,
+    newest_complete_checkpoint,
+    step_dir,
+)
 from ..rundir.files import adapter_dir
 from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state, write_adapter
 
@@ -72,7 +82,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     A LoRA model's adapters also go to ``RUN/adapter`` (PEFT's format, ``adapter_base`` recorded as its base), just
     before the checkpoint: a kill between the two leaves the adapter of a step that the resumed run, exact, writes
     again bit for bit, never an adapter older than the newest checkpoint."""
-    weights = get_model_state_dict(model, options=FULL)
+    weights = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=FULL))  # full: plain tensors
     osd = get_optimizer_state_dict(model, optimizer, options=FULL)
     if not is_main:
         return None
@@ -132,12 +142,13 @@ def checkpoint_step(ckpt: Path) -> int:
 def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     cfg: ModelConfig) -> TrainingState:
     """Restore weights, optimizer, RNG states; return the step and sampler state to continue from."""
-    weights = _with_tied(load_state_dict(ckpt / WEIGHTS_NAME), cfg)
+    # Any: torch's state-dict functions take the union of every value kind (DTensor, ...), and a dict is invariant
+    weights: dict[str, Any] = _with_tied(load_state_dict(ckpt / WEIGHTS_NAME), cfg)
     tensors = load_state_dict(ckpt / STATE_TENSORS)
     weights.update(unmerged_state(tensors))  # LoRA: the frozen weights and the adapters, in place of the merged
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
     meta = json.loads((ckpt / STATE_JSON).read_text())
-    state: dict[str, dict] = {}
+    state: dict[str, Any] = {}
     for key, v in tensors.items():
         if key.startswith("optim."):
             name, _, field = key[len("optim."):].rpartition(".")

@@ -13,10 +13,15 @@ import json
 import math
 import os
 import re
-import tomllib
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args, get_origin
+from typing import Any, Literal, Optional, get_args
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as the tomli package (a dependency there only)
+    import tomli as tomllib
 
 from ..data.synthetic import CITIES
 from ..model.config import ModelConfig
@@ -135,7 +140,7 @@ class TrainConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         unknown = sorted(set(data) - {"model", *SECTIONS})
         if unknown:
             raise ValueError(f"unknown config section(s) [{'], ['.join(unknown)}]; allowed: model, "
@@ -254,9 +259,9 @@ def _section(name: str, typ: type, values: Any):
     return typ(**values)
 
 
-def _check_type(name: str, annotation: str, value: Any) -> None:
-    """Type check against the (string) annotation: TOML gives int/float/bool/str/list, nothing else."""
-    ann = annotation.replace(" ", "")
+def _check_type(name: str, annotation: object, value: Any) -> None:
+    """Type check against the (string: postponed evaluation) annotation: TOML gives int/float/bool/str/list."""
+    ann = str(annotation).replace(" ", "")
     ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
           "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           "bool": lambda v: isinstance(v, bool),

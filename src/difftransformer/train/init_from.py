@@ -17,8 +17,9 @@ then be the source as it is (no ``--model.attention`` conversion), so that the s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .. import rundir
 from ..loading import ModelSource, locate

@@ -174,12 +174,12 @@ def train_step(model, raw, optimizer, data: PreparedData, starts: torch.Tensor, 
     norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
         norm = norm.full_tensor()
-    loss, norm = mean_across(float(loss_sum) / accum, info), float(norm)
-    ok = math.isfinite(loss) and math.isfinite(norm)
+    mean_loss, grad_norm = mean_across(float(loss_sum) / accum, info), float(norm)
+    ok = math.isfinite(mean_loss) and math.isfinite(grad_norm)
     if ok:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss, norm, ok
+    return mean_loss, grad_norm, ok
 
 
 def check_finite_weights(raw, step: int, info: DistInfo) -> None:

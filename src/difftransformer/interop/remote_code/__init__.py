@@ -7,8 +7,9 @@ directory runs wherever transformers does; they are modules of this package too,
 This file says how our model maps onto them, with neither transformers nor the interop readers (``interop/hf.py``
 and ``interop/remote.py`` both use it):
 
-* ``config.json``: ``model_type`` "difftransformer", ``auto_map`` naming the configuration and modeling files, transformers' names for the
-  shared sizes (hidden_size, num_attention_heads, ...) and ours for the rest (attention, v1_layout, ...);
+* ``config.json``: ``model_type`` "difftransformer", ``auto_map`` naming the configuration and modeling files,
+  transformers' names for the shared sizes (hidden_size, num_attention_heads, ...) and ours for the rest
+  (attention, v1_layout, ...);
 * the weights: our state dict renamed, nothing else: ``model.`` + our name, ``output.weight`` as
   ``lm_head.weight`` (left out when tied). Import and export are therefore bitwise.
 

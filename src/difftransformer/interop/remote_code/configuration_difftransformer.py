@@ -69,7 +69,7 @@ class DiffTransformerConfig(PretrainedConfig):
     """
 
     model_type = "difftransformer"
-    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # noqa: RUF012 (transformers' attribute, a list)
 
     def __init__(
         self,
@@ -127,7 +127,8 @@ class DiffTransformerConfig(PretrainedConfig):
         self.v2_pairing = v2_pairing
         self.use_cache = use_cache
         self.check()
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        # transformers 5 types its config's __init__ by its dataclass fields; the keyword is accepted (4 needs it)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)  # type: ignore[call-arg]
 
     def check(self):
         """Raise ValueError naming the field for a configuration the model cannot be built from."""

@@ -165,10 +165,7 @@ class DiffTransformerAttention(nn.Module):
             if mask is None:
                 tq, tk = scores.shape[-2:]
                 mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-            if mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            else:
-                scores = scores + mask.to(acc)
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(acc)
             return torch.matmul(torch.softmax(scores, dim=-1), v.to(acc)).to(q.dtype)
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)

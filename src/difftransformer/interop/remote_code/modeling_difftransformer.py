@@ -29,7 +29,7 @@ half-heads and its h_kv values as 2 h_kv heads of half their width.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,7 @@ from .layers_difftransformer import (
     rope_inv_freq,
 )
 
+_init: Any  # one of two modules of the same init functions
 try:  # transformers 5: init functions that leave weights loaded from the checkpoint alone
     from transformers import initialization as _init
 except ImportError:  # transformers 4: _init_weights only ever sees weights the checkpoint lacks
@@ -74,10 +75,11 @@ class DiffTransformerBlock(nn.Module):
 
 
 class DiffTransformerPreTrainedModel(PreTrainedModel):
+    config: DiffTransformerConfig  # the type of self.config (transformers declares the base configuration)
     config_class = DiffTransformerConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["DiffTransformerBlock"]
+    _no_split_modules = ["DiffTransformerBlock"]  # noqa: RUF012 (transformers' attribute, a list)
     _supports_sdpa = True
     _supports_flash_attn = False
     _supports_flash_attn_2 = False
@@ -114,7 +116,7 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.tok_embeddings
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
+    def set_input_embeddings(self, value: nn.Embedding) -> None:  # type: ignore[override]  # base: any Module
         self.tok_embeddings = value
 
     def build_mask(self, attention_mask: Optional[torch.Tensor], batch: int, q_len: int, past: int,
@@ -171,16 +173,16 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             position_ids = torch.arange(past, past + T, device=x.device)[None].expand(B, -1)
         cos, sin = rope_cos_sin(position_ids.to(x.device), rope_inv_freq(self.config, x.device))
         mask = self.build_mask(attention_mask, B, T, past, x.device)
-        hidden = () if output_hidden_states else None
+        hidden: Optional[tuple[torch.Tensor, ...]] = () if output_hidden_states else None
         for layer in self.layers:
-            if output_hidden_states:
+            if hidden is not None:  # output_hidden_states
                 hidden += (x,)
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = self._gradient_checkpointing_func(layer.__call__, x, cos, sin, mask)
             else:
                 x = layer(x, cos, sin, mask, cache, cache_position)
         x = self.norm(x)
-        if output_hidden_states:
+        if hidden is not None:
             hidden += (x,)
         out = BaseModelOutputWithPast(last_hidden_state=x, hidden_states=hidden, **{_CACHE_FIELD: cache})
         return out if return_dict else out.to_tuple()
@@ -198,8 +200,8 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
 
     if _TRANSFORMERS_MAJOR >= 5:
         _tied_weights_keys = {"lm_head.weight": "model.tok_embeddings.weight"}
-    else:
-        _tied_weights_keys = ["lm_head.weight"]
+    else:  # transformers 4 lists the tied weights (5 types the attribute as this mapping)
+        _tied_weights_keys = ["lm_head.weight"]  # type: ignore[assignment]
 
     def __init__(self, config: DiffTransformerConfig) -> None:
         super().__init__(config)
@@ -211,7 +213,7 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.tok_embeddings
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
+    def set_input_embeddings(self, value: nn.Embedding) -> None:  # type: ignore[override]  # base: any Module
         self.model.tok_embeddings = value
 
     def get_output_embeddings(self) -> nn.Linear:
