@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from difftransformer.cli import main
 from difftransformer.model.config import ModelConfig
 
@@ -9,6 +11,21 @@ from difftransformer.model.config import ModelConfig
 def tiny_model_config(attention: str = "diff_v1", **changes) -> ModelConfig:
     """The ``tiny`` flavour (4 heads of 16, 2 KV heads, 2 layers, vocab 64) with ``changes`` on top."""
     return ModelConfig.from_flavour("tiny", attention=attention, **changes)
+
+
+def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Weights far from their initialisation (matrices N(0, 0.1), lambda vectors N(0, 0.3), norm weights in
+    [0.5, 1.5): a dropped or misplaced weight shows) from one seeded generator; the model in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif "lambda" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            else:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    return model.eval()
 
 
 def cli_fails(capsys, argv: list[str], *expected: str, stdout_empty: bool = False) -> str:

@@ -17,23 +17,10 @@ from difftransformer.cli import main  # noqa: E402
 from difftransformer.interop.hf import read_hf_weights  # noqa: E402
 from difftransformer.model import DiffTransformerLM, ModelConfig  # noqa: E402
 from difftransformer.model.pretrained import save_pretrained  # noqa: E402
-from suite_helpers import cli_fails
+from suite_helpers import cli_fails, randomise
 
 VOCAB = 80
 IDS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
-
-
-def randomise(model: torch.nn.Module) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            elif "lambda" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-            else:
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-    return model.eval()
 
 
 def hf_model(kind: str):

@@ -17,25 +17,13 @@ from difftransformer.inference.generate import SamplingConfig, generate
 from difftransformer.interop.hf import (interleaved_to_neox, load_hf, neox_to_interleaved, read_hf_weights,
                                         save_hf)
 from difftransformer.model import DiffTransformerLM, ModelConfig
+from suite_helpers import randomise
 
 VOCAB = 96
 
 
 def width(heads: int) -> int:
     return 96 if heads % 3 == 0 else 64  # transformers wants hidden_size divisible by the head count
-
-
-def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            elif "lambda" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-            else:  # norm weights: away from 1 so that a dropped or misplaced weight is visible
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-    return model.eval()
 
 
 def hf_model(kind: str, heads: int, kv_heads: int, tie: bool = False, theta: float = 500.0):

@@ -32,7 +32,7 @@ from difftransformer.interop.remote_code import (CODE_DIR, CODE_FILES, REMOTE_DE
                                                  config_from_remote, state_to_remote)
 from difftransformer.model import DiffTransformerLM, ModelConfig  # noqa: E402
 from difftransformer.model.pretrained import save_pretrained  # noqa: E402
-from suite_helpers import cli_fails  # noqa: E402
+from suite_helpers import cli_fails, randomise  # noqa: E402
 
 VOCAB = 80
 # The four variants the issue names, then ablations that no native class holds either (logits only).
@@ -53,16 +53,8 @@ TOL = 1e-5
 TRANSFORMERS_4 = int(transformers.__version__.split(".")[0]) < 5
 
 
-def randomise(model: DiffTransformerLM, seed: int = 0) -> DiffTransformerLM:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            elif "lambda" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-            else:  # norm weights away from 1: a dropped or misplaced weight shows
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+def randomised(model: DiffTransformerLM, seed: int = 0) -> DiffTransformerLM:
+    randomise(model, seed)
     if model.cfg.attention == "diff_v1" and model.cfg.v1_layout == "per_head":
         model.set_negative_weight(0.6)  # a warm-up weight that the export must carry (the buffer)
     return model.eval()
@@ -72,7 +64,7 @@ def ours(name: str) -> DiffTransformerLM:
     kw = {**VARIANTS, **ABLATIONS}[name]
     cfg = ModelConfig.from_flavour("tiny", vocab_size=VOCAB, ffn_hidden=96, max_seq_len=48, **kw)
     torch.manual_seed(0)
-    return randomise(DiffTransformerLM(cfg))
+    return randomised(DiffTransformerLM(cfg))
 
 
 def padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

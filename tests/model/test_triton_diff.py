@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from triton_interp import NEEDS_FRESH_PROCESS, run_in_fresh_process, skip_unless_interpreting
+from triton_interp import NEEDS_FRESH_PROCESS, kernel_test_model, run_in_fresh_process, skip_unless_interpreting
 
 td = importlib.import_module("difftransformer.model.attention.triton_diff")
 tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
@@ -318,16 +318,7 @@ MODEL_CASES = [  # (attention, options): every DIFF form the backend serves
 def test_triton_backend_in_the_model_matches_eager(attention, opts, padded):
     """The `triton` backend inside the whole LM (float64, GQA 2, head_dim 16, odd length, left padding) against the
     eager backend: logits and every parameter's gradient."""
-    from difftransformer.model import DiffTransformerLM, ModelConfig
-
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
-                      attention=attention, backend="triton", **opts)
-    model = DiffTransformerLM(cfg).double().to(DEVICE)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
+    model = kernel_test_model(attention, opts, DEVICE)
     ids = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     pad = torch.ones(2, 21, dtype=torch.bool, device=DEVICE)
     if padded:

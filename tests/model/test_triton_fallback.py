@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from triton_interp import NEEDS_FRESH_PROCESS, run_in_fresh_process, skip_unless_interpreting
+from triton_interp import NEEDS_FRESH_PROCESS, kernel_test_model, run_in_fresh_process, skip_unless_interpreting
 
 from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
@@ -64,15 +64,7 @@ class Counting:
 
 
 def model_for(attention: str, opts: dict) -> DiffTransformerLM:
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
-                      attention=attention, backend="triton", **opts)
-    model = DiffTransformerLM(cfg).double().to(DEVICE)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
-    return model
+    return kernel_test_model(attention, opts, DEVICE)
 
 
 def step(model, backend: str, ids, pad):

@@ -41,3 +41,19 @@ def run_in_fresh_process(test_file: str) -> None:
                          cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+
+
+def kernel_test_model(attention: str, opts: dict, device: str):
+    """The LM both Triton test files run the kernels in: float64, 4 heads of 16 over 2 KV heads, 2 layers, the
+    `triton` backend, matrices drawn N(0, 0.2) after seed 0 (sharp enough maps that a kernel error shows)."""
+    from difftransformer.model import DiffTransformerLM, ModelConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
+                      attention=attention, backend="triton", **opts)
+    model = DiffTransformerLM(cfg).double().to(device)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    return model
