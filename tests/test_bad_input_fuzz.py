@@ -1,12 +1,19 @@
 """Table-driven bad input across every subcommand: every case exits 2 with exactly one
 ``difftransformer COMMAND: error:`` line naming the field or path, no traceback, and no file changed anywhere in
-the workspace (a trained run, model directories, Hugging Face directories). Driven in-process (``cli.main``)."""
+the workspace (a trained run, model directories, Hugging Face directories). Driven in-process (``cli.main``).
+
+Text that is not UTF-8, in every flag and file that carries text: a non-UTF-8 byte of a command-line argument
+reaches Python as a lone surrogate (``surrogateescape``: byte 0xff is U+DCFF), which the rows pass as such; one
+test passes the real bytes to a real process. Files get Latin-1 bytes (``caf\xe9``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +25,8 @@ from difftransformer.train.trainer import train
 
 DEEP = "[" * 200_000 + "]" * 200_000  # deeper than Python's JSON parser can recurse
 TRAIN = ["train", "--config", "tiny", "--no-progress"]
+BAD = "\udcff"  # byte 0xff of a command-line argument, as Python receives it (surrogateescape)
+LATIN1 = b"caf\xe9"  # not UTF-8: 0xe9 starts a three-byte sequence that does not follow
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +66,24 @@ def ws(tmp_path_factory) -> Path:
     (root / "hf_notdict" / "config.json").write_text("[1, 2]")
     (root / "bad.toml").write_text("[train\nlr = ")
     (root / "afile").write_text("x")
+    # --- text that is not UTF-8, in every kind of file that carries text ------------------------------------------
+    (root / "latin1.toml").write_bytes(b"[train]\nlr = 1e-3  # " + LATIN1 + b"\n")
+    (root / "latin1.txt").write_bytes(b"In the beginning " + LATIN1 + b"\n\nAnd the earth was without form\n")
+    (root / "latin1.jsonl").write_bytes(b'{"text": "' + LATIN1 + b'"}\n')
+    (root / "latin1_dir").mkdir()
+    (root / "latin1_dir" / "a.txt").write_bytes(LATIN1 + b" au lait\n")
+    tok = (ckpt / rundir.TOKENIZER_NAME).read_bytes()
+    (root / "latin1_tok.json").write_bytes(tok.replace(b'"version"', b'"v' + LATIN1 + b'"', 1))
+    for name, file, data in [("tok_latin1", rundir.TOKENIZER_NAME, (root / "latin1_tok.json").read_bytes()),
+                             ("chat_latin1", "chat_template.jinja", b"{{ messages[0].content }} " + LATIN1),
+                             ("tokcfg_latin1", "tokenizer_config.json", b'{"eos_token": "' + LATIN1 + b'"}')]:
+        shutil.copytree(ckpt, root / name)
+        (root / name / file).write_bytes(data)
+    (root / "hf_chat_latin1").mkdir()
+    (root / "hf_chat_latin1" / "config.json").write_text(json.dumps(good_hf))
+    (root / "hf_chat_latin1" / "chat_template.jinja").write_bytes(b"{{ bos_token }}" + LATIN1)
+    (root / "tasks").mkdir()
+    (root / "tasks" / "my_task.yaml").write_bytes(b"task: " + LATIN1 + b"\n")
     return root
 
 
@@ -203,6 +230,44 @@ CASES: list[tuple[list[str], str]] = [
     (["demo", "--out", "{ws}/o", "--steps", "-3"], "--steps"),
     (["demo", "--out", "{ws}/o", "--init-from", "{ws}/nothing"], "not a directory"),
     (["demo", "--out", "{ws}/o", "--init-from", "{ws}/plain", "--retrieval-seeds", "2"], "--retrieval-seeds"),
+    # --- text that is not UTF-8: every text flag (named by the parser) and every text file (the flag and the file)
+    (["generate", "--run", "{ws}/run", "--prompt", f"In the {BAD}\udcfe beginning"],
+     "argument --prompt: not valid UTF-8 text (byte 0xff at character 8)"),
+    (["generate", "--run", "{ws}/run", "--prompt", "a", "--prompt", f"b{BAD}"], "argument --prompt: not valid"),
+    (["generate", "--run", "{ws}/run", "--prompt", "In the", "--stop", BAD], "argument --stop: not valid UTF-8"),
+    (["generate", "--run", "{ws}/run", "--prompt", "In", "--tokenizer", "{ws}/latin1_tok.json"],
+     "--tokenizer: {ws}/latin1_tok.json is not UTF-8 text"),
+    (["generate", "--checkpoint", "{ws}/tok_latin1", "--prompt", "In"], "tokenizer.json is not UTF-8 text"),
+    (["generate", "--checkpoint", "{ws}/chat_latin1", "--chat", "--prompt", "In"],
+     "--chat: {ws}/chat_latin1/chat_template.jinja is not UTF-8 text"),
+    (["generate", "--checkpoint", "{ws}/tokcfg_latin1", "--prompt", "In"],
+     "--checkpoint: {ws}/tokcfg_latin1/tokenizer_config.json is not UTF-8 text"),
+    (["train", "--config", "{ws}/latin1.toml", "--out", "{ws}/new"], "--config: {ws}/latin1.toml is not UTF-8 text"),
+    (["demo", "--config", "{ws}/latin1.toml", "--out", "{ws}/o"], "--config: {ws}/latin1.toml is not UTF-8 text"),
+    ([*TRAIN, "--out", "{ws}/new", "--data.sources", f'["{BAD}.txt"]'], "argument --data.sources: not valid UTF-8"),
+    ([*TRAIN, "--out", "{ws}/new", "--model.attention", f"diff_v{BAD}"], "argument --model.attention: not valid"),
+    ([*TRAIN, "--out", "{ws}/new", "--train.lora_base", f"me/{BAD}"], "argument --train.lora_base: not valid"),
+    *[([*TRAIN, "--out", "{ws}/new", "--data.sources", f'["{{ws}}/{src}"]'],
+       f"data.sources: {{ws}}/{file} is not UTF-8 text")
+      for src, file in [("latin1.txt", "latin1.txt"), ("latin1.jsonl", "latin1.jsonl"),
+                        ("latin1_dir", "latin1_dir/a.txt")]],
+    ([*TRAIN, "--out", "{ws}/new", "--data.tokenizer", "{ws}/latin1_tok.json"],
+     "data.tokenizer: {ws}/latin1_tok.json is not UTF-8 text"),
+    ([*TRAIN, "--out", "{ws}/new", "--init-from", "{ws}/tok_latin1"], "--init-from {ws}/tok_latin1: "),
+    (["convert", "--from-hf", "{ws}/hf_chat_latin1", "--out", "{ws}/o"],
+     "--from-hf: {ws}/hf_chat_latin1/chat_template.jinja is not UTF-8 text"),
+    (["convert", "--to-hf", "{ws}/tok_latin1", "--out", "{ws}/o"], "--to-hf: {ws}/tok_latin1/tokenizer.json is not"),
+    (["convert", "--to-hf", "{ws}/run", "--out", "{ws}/o", "--base-model", f"me/m{BAD}"],
+     "argument --base-model: not valid UTF-8"),
+    (["convert", "--to-hf", "{ws}/run", "--out", "{ws}/o", "--license", f"mit{BAD}"], "argument --license: not valid"),
+    (["lm-eval", "--model", "{ws}/run", "--tasks", f"kjv_cloze,{BAD}"], "argument --tasks: not valid UTF-8"),
+    (["lm-eval", "--model", "{ws}/run", "--include-path", "{ws}/tasks"],
+     "--include-path: {ws}/tasks/my_task.yaml is not UTF-8 text"),
+    # --- the model card's metadata and the LoRA base -------------------------------------------------------------
+    (["convert", "--to-hf", "{ws}/run", "--out", "{ws}/o", "--license", "MIT License"], "--license 'MIT License'"),
+    (["convert", "--to-hf", "{ws}/run", "--out", "{ws}/o", "--base-model", "a b"], "--base-model 'a b'"),
+    (["convert", "--from-hf", "{ws}/hf_heads0", "--out", "{ws}/o", "--license", "mit"], "--to-hf only"),
+    ([*TRAIN, "--out", "{ws}/new", "--train.lora_base", " me/m"], "train.lora_base"),
 ]
 
 
@@ -216,12 +281,28 @@ def test_bad_input_is_one_line_and_changes_nothing(ws, capsys, monkeypatch, argv
     argv = [a.replace("{ws}", str(ws)) for a in argv]
     before = snapshot(ws)
     capsys.readouterr()
-    assert main(argv) == 2
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # the parser's own refusals (a flag's type) exit from inside argparse
+        rc = e.code
+    assert rc == 2
     out = capsys.readouterr()
     lines = out.err.strip().splitlines()
     command = argv[0]
     assert len(lines) == 1 and lines[0].startswith(f"difftransformer {command}: error: "), out.err
-    assert text in lines[0], lines[0]
+    assert text.replace("{ws}", str(ws)) in lines[0], lines[0]
     assert "Traceback" not in out.err + out.out
     assert snapshot(ws) == before
     assert not (ws / "new").exists() and not (ws / "o").exists()
+
+
+def test_non_utf8_bytes_on_a_real_command_line_are_one_line(ws):
+    """The issue's command, with the real bytes in argv (no shell, no in-process shortcut): one error line."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    env.pop("DIFFTRANSFORMER_DEBUG", None)
+    r = subprocess.run([sys.executable, "-m", "difftransformer", "generate", "--run", str(ws / "run"), "--prompt",
+                        b"In the \xff\xfe beginning"], capture_output=True, env=env, timeout=300)
+    err = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1, r.stderr
+    assert err[0].startswith("difftransformer generate: error: argument --prompt: not valid UTF-8 text (byte 0xff")
+    assert r.stdout == b""

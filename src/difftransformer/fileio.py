@@ -5,6 +5,11 @@ target and fsyncs the directory: a kill at any point leaves either the old file 
 empty one. ``read_json`` turns every way a JSON file can be unreadable (bad syntax, nesting deep enough to
 exhaust the parser's recursion) into a ``ValueError`` naming the file.
 
+Text is UTF-8 everywhere: ``read_text`` reads a text file as UTF-8 and turns a bad byte into a ``ValueError`` naming
+the file (and the flag or field that named it); ``check_text`` and ``text_arg`` (an argparse ``type=``) refuse
+command-line text that is not UTF-8. On POSIX such an argument reaches Python with each bad byte as a lone
+surrogate (U+DC80..U+DCFF, the ``surrogateescape`` error handler), which no tokenizer or JSON writer takes.
+
 ``fault_point`` is the fault-injection hook of the tests: with ``DIFFTRANSFORMER_FAULT_AT=k`` in the environment
 the process exits (``os._exit``, no cleanup, as a SIGKILL would) at the k-th write it makes; every atomic file,
 checkpoint directory and metrics line is one such point. ``DIFFTRANSFORMER_FAULT_AT=k:ENOSPC`` (any errno name,
@@ -14,6 +19,7 @@ would.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -105,6 +111,52 @@ def parse_json(text: str, where: object) -> Any:
         raise ValueError(f"{where} is nested too deeply to be a configuration file") from None
 
 
-def read_json(path: PathLike) -> Any:
-    """The JSON value in ``path``; ValueError naming the file when it is not JSON (or absurdly nested)."""
-    return parse_json(Path(path).read_text(), path)
+def read_json(path: PathLike, where: Optional[str] = None) -> Any:
+    """The JSON value in ``path``; ValueError naming the file when it is not UTF-8, not JSON (or absurdly nested),
+    and ``where`` (the flag or field that led to it), when given."""
+    return parse_json(read_text(path, where), f"{where}: {path}" if where else path)
+
+
+def utf8_problem(text: str) -> Optional[str]:
+    """None when ``text`` encodes as UTF-8; else where it does not, e.g. "byte 0xff at character 8" (a lone
+    surrogate U+DC80..U+DCFF is an undecodable byte of a command-line argument)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(text[e.start])
+        what = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"lone surrogate U+{c:04X}"
+        return f"{what} at character {e.start + 1}"
+    return None
+
+
+def check_text(text: str, where: str) -> str:
+    """``text``, or a ValueError naming ``where`` (a flag or config field) when it is not valid UTF-8."""
+    problem = utf8_problem(text)
+    if problem is not None:
+        raise ValueError(f"{where}: not valid UTF-8 text ({problem}); give UTF-8")
+    return text
+
+
+def text_arg(text: str) -> str:
+    """argparse ``type=`` for a flag that carries text: the parser then says ``argument --FLAG: not valid UTF-8
+    text (byte 0xff at character 8)`` in its one error line."""
+    problem = utf8_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text ({problem}); give UTF-8")
+    return text
+
+
+def decode_text(raw: bytes, path: PathLike, where: Optional[str] = None) -> str:
+    """``raw`` (the bytes of ``path``) as UTF-8; a ValueError naming ``where`` (a flag or field) and the file."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        prefix = f"{where}: " if where else ""
+        raise ValueError(f"{prefix}{path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                         "give UTF-8") from None
+
+
+def read_text(path: PathLike, where: Optional[str] = None) -> str:
+    """The text of ``path`` read as UTF-8 whatever the locale, newlines translated as ``Path.read_text`` does; a
+    bad byte is a ValueError naming ``where`` (the flag or field that named the file, when given) and the file."""
+    return decode_text(Path(path).read_bytes(), path, where).replace("\r\n", "\n").replace("\r", "\n")

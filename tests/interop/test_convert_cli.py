@@ -257,3 +257,89 @@ def test_our_run_exports_its_end_token(tmp_path):
         rundir.tokenizer_path(tmp_path / "run"), 512).encode("In the beginning").ids
     model = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert model.generation_config.eos_token_id == eos
+
+
+# ---------------------------------------------------------------------------------------------- the model card
+def _card(directory) -> tuple[dict, str]:
+    """(front matter, body) of ``directory/README.md``, the front matter parsed by YAML and by huggingface_hub's
+    model card reader (what a hub shows)."""
+    yaml = pytest.importorskip("yaml")
+    from huggingface_hub import ModelCard
+
+    text = (directory / "README.md").read_text(encoding="utf-8")
+    assert text.startswith("---\n") and text.count("---\n") >= 2
+    _, head, body = text.split("---\n", 2)
+    meta = yaml.safe_load(head)
+    assert ModelCard.load(directory / "README.md").data.to_dict() == meta
+    return meta, body
+
+
+@pytest.mark.parametrize("source, remote", [("ours_v1", False), ("ours_base", False), ("ours_v2", False),
+                                            ("ours_v1", True)])
+def test_every_export_has_a_model_card_and_loads_in_transformers(tmp_path, dirs, capsys, source, remote):
+    """The card's front matter parses (YAML and huggingface_hub), says what the model is, and the directory loads
+    in transformers computing our logits; --from-hf ignores the card: the round trip is bitwise."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    ours_model = DiffTransformerLM.from_pretrained(dirs / source)
+    attention = ours_model.cfg.attention
+    assert main(["convert", "--to-hf", str(dirs / source), "--out", str(out), "--license", "Apache-2.0",
+                 *(["--remote-code"] if remote else [])]) == 0
+    as_remote = remote or attention == "diff_v2"
+    meta, body = _card(out)
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert attention.replace("_", "-") in meta["tags"] and "difftransformer" in meta["tags"]
+    assert ("differential-attention" in meta["tags"]) == (attention != "baseline")
+    assert ("custom_code" in meta["tags"]) == as_remote
+    assert meta["license"] == "apache-2.0" and "base_model" not in meta  # no source: no base model
+    n = ours_model.num_parameters()
+    for text in ("## Model", f"{n:,}", "## Where it came from", "ours_" + source.split("_")[1], "## How to load",
+                 f'AutoModelForCausalLM.from_pretrained("{out}"', "2410.05258", "@inproceedings"):
+        assert text in body, text
+    assert ("trust_remote_code=True" in body) == as_remote
+    assert ("lambda_init" in body) == (attention == "diff_v1") and ("v2_lambda" in body) == (attention == "diff_v2")
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=as_remote, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (hf(IDS).logits - ours_model(IDS).logits).abs().max() <= 1e-5
+    assert main(["convert", "--from-hf", str(out), "--out", str(tmp_path / "back")]) == 0
+    assert not (tmp_path / "back" / "README.md").exists()
+    back = DiffTransformerLM.from_pretrained(tmp_path / "back")
+    a, b = ours_model.state_dict(), back.state_dict()
+    assert back.cfg == ours_model.cfg and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_runs_card_says_where_it_came_from(tmp_path, capsys):
+    """A run continued from a source: the card gives the step and validation loss, names the source, inherits the
+    source card's licence (the source's README.md is ignored by every loader), and takes --base-model."""
+    from difftransformer import rundir
+
+    quiet = ["--no-progress", "--log.tensorboard", "false"]
+    assert main(["train", "--config", "tiny", "--model.attention", "diff_v2", "--train.steps", "1",
+                 "--out", str(tmp_path / "first"), *quiet]) == 0
+    src = tmp_path / "source"
+    shutil.copytree(rundir.resolve_checkpoint(tmp_path / "first"), src)
+    (src / "README.md").write_text("---\nlicense: apache-2.0\ntags:\n- x\n---\n\n# a source with a card\n")
+    assert main(["train", "--config", "tiny", "--init-from", str(src), "--train.steps", "2",
+                 "--train.eval_every", "2", "--out", str(tmp_path / "run"), *quiet]) == 0
+    val = [r["val_loss"] for r in rundir.read_metric_records(tmp_path / "run") if "val_loss" in r][-1]
+    assert main(["convert", "--to-hf", str(tmp_path / "run"), "--out", str(tmp_path / "hf"),
+                 "--base-model", "me/diff-v2-source"]) == 0
+    meta, body = _card(tmp_path / "hf")
+    assert meta["base_model"] == "me/diff-v2-source" and meta["license"] == "apache-2.0"
+    assert "custom_code" in meta["tags"]
+    for text in ("in the run `run`: step 2 of 2", f"Validation loss {val:.4f} at step 2", "Continued from `source`",
+                 'AutoTokenizer.from_pretrained("' + str(tmp_path / "hf") + '", trust_remote_code=True)'):
+        assert text in body, text
+
+
+def test_source_metadata_reads_a_hub_name_never_a_path(tmp_path):
+    from difftransformer.interop.model_card import source_metadata
+
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "config.json").write_text(json.dumps({"_name_or_path": "HuggingFaceTB/SmolLM2-135M"}))
+    (tmp_path / "hub" / "README.md").write_text('---\nlicense: "Apache-2.0"\n---\n')
+    assert source_metadata(tmp_path / "hub") == ("HuggingFaceTB/SmolLM2-135M", "apache-2.0")
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "config.json").write_text(json.dumps({"_name_or_path": str(tmp_path / "hub")}))
+    assert source_metadata(tmp_path / "local") == (None, None)

@@ -5,6 +5,7 @@ computing our LoRA model's logits and the merged model's; bad settings are one e
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -16,7 +17,13 @@ from difftransformer import rundir
 from difftransformer.cli import main
 from difftransformer.model.pretrained import load_state_dict
 from difftransformer.model.transformer import DiffTransformerLM
-from difftransformer.rundir.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, adapter_dir
+from difftransformer.rundir.files import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    MODEL_CARD_NAME,
+    adapter_base_dir,
+    adapter_dir,
+)
 from difftransformer.train.config import TrainConfig
 from difftransformer.train.lora import (
     LORA_TARGETS,
@@ -170,6 +177,54 @@ def test_peft_on_the_remote_code_export_computes_our_lora_model(lora_run, source
     assert moved > 1e-3  # the adapters changed the function: the comparison can fail
 
 
+def test_auto_peft_loads_the_run_adapter_onto_the_base_written_beside_it(lora_run, sources):
+    """``AutoPeftModelForCausalLM.from_pretrained(RUN/adapter)``: adapter_config.json names RUN/adapter_base, the
+    remote-code export of the frozen source (its weights the source's, bitwise), and the result computes our LoRA
+    model's logits. The adapter's card says what it is."""
+    peft = pytest.importorskip("peft")
+    yaml = pytest.importorskip("yaml")
+    from difftransformer.interop.hf import load_hf
+
+    adapter, base = adapter_dir(lora_run), adapter_base_dir(lora_run)
+    config = json.loads((adapter / ADAPTER_CONFIG_NAME).read_text())
+    assert config["base_model_name_or_path"] == str(base.resolve())
+    source = DiffTransformerLM.from_pretrained(sources["v2"]).state_dict()
+    exported = load_hf(base).state_dict()  # convert --from-hf's reader: the source, bit for bit
+    assert source.keys() == exported.keys() and all(torch.equal(source[k], exported[k]) for k in source)
+    with _no_missing_keys():
+        tuned = peft.AutoPeftModelForCausalLM.from_pretrained(adapter, trust_remote_code=True,
+                                                              dtype=torch.float32).eval()
+    ours = load_adapter(DiffTransformerLM.from_pretrained(sources["v2"]), adapter).eval()
+    x = _tokens()
+    with torch.no_grad():
+        want = ours(x).logits
+        gap = float((tuned(input_ids=x).logits - want).abs().max())
+    print(f"max |logit gap|: AutoPeftModelForCausalLM(RUN/adapter) vs our LoRA model {gap:.2e}")
+    assert gap <= TOL
+    head, body = (adapter / MODEL_CARD_NAME).read_text(encoding="utf-8").split("---\n", 2)[1:]
+    meta = yaml.safe_load(head)
+    assert meta["library_name"] == "peft" and {"lora", "diff-v2", "differential-attention"} <= set(meta["tags"])
+    assert "base_model" not in meta  # a local source: named in the text, never as hub metadata
+    for text in ("rank 4, alpha 8", "step 6 of 6", "Validation loss", "of `v2` (`--init-from`)", "adapter_base",
+                 f'AutoPeftModelForCausalLM.from_pretrained("{adapter}", trust_remote_code=True)', "2410.05258"):
+        assert text in body, text
+    assert (base / MODEL_CARD_NAME).is_file()
+
+
+def test_lora_base_names_the_adapters_base_and_no_export_is_written(sources, tmp_path):
+    """--train.lora_base NAME: adapter_config.json names it (a hub name: also the card's base_model), and the run
+    writes no base of its own."""
+    yaml = pytest.importorskip("yaml")
+    run = tmp_path / "named"
+    assert main(["train", "--config", "tiny", "--init-from", str(sources["v2"]), "--train.lora_rank", "2",
+                 "--train.lora_base", "me/my-diff-v2", "--train.steps", "1", "--out", str(run), *QUIET]) == 0
+    assert json.loads((adapter_dir(run) / ADAPTER_CONFIG_NAME).read_text())["base_model_name_or_path"] == \
+        "me/my-diff-v2"
+    assert not adapter_base_dir(run).exists()
+    meta = yaml.safe_load((adapter_dir(run) / MODEL_CARD_NAME).read_text(encoding="utf-8").split("---\n")[1])
+    assert meta["base_model"] == "me/my-diff-v2"
+
+
 class _no_missing_keys:
     """peft warns about adapter tensors it found no place for, or places it found no tensor for: none allowed."""
 
@@ -202,8 +257,14 @@ def test_resume_continues_the_adapters_exactly(lora_run, tmp_path):
     cfg = TrainConfig.from_dict(rundir.read_run_config(lora_run))
     exported = export_adapter(a, tmp_path / "exported", cfg.train)  # any checkpoint's, as the run writes it
     for name in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME):
-        assert (adapter_dir(run) / name).read_bytes() == (adapter_dir(lora_run) / name).read_bytes()
         assert (exported / name).read_bytes() == (adapter_dir(lora_run) / name).read_bytes()
+    assert (adapter_dir(run) / ADAPTER_WEIGHTS_NAME).read_bytes() == (adapter_dir(lora_run) / ADAPTER_WEIGHTS_NAME
+                                                                      ).read_bytes()
+    # the copy's adapter names the copy's own base export (an absolute path), otherwise the same config
+    moved, original = (json.loads((adapter_dir(r) / ADAPTER_CONFIG_NAME).read_text()) for r in (run, lora_run))
+    assert moved.pop("base_model_name_or_path") == str(adapter_base_dir(run).resolve())
+    assert original.pop("base_model_name_or_path") == str(adapter_base_dir(lora_run).resolve())
+    assert moved == original
 
 
 # ---------------------------------------------------------------------------------------------- (4) refusals

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..extras import require
+from ..fileio import check_text, decode_text
 
 EMBEDDED = ("kjv",)
 T = TypeVar("T")  # what split_documents splits: documents, or their indices
@@ -41,10 +42,7 @@ def _read_text(path: Path) -> str:
         raise ValueError(f"data.sources: {path} is empty")
     if b"\x00" in raw[:1 << 16]:
         raise ValueError(f"data.sources: {path} looks binary (it holds NUL bytes); give UTF-8 text")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"data.sources: {path} is not UTF-8 text (byte {e.start}); give UTF-8 text") from None
+    return decode_text(raw, path, "data.sources")
 
 
 def read_txt(path: Path) -> list[str]:
@@ -84,6 +82,7 @@ def load_corpus(sources: list[str]) -> list[str]:
     """All documents of ``sources`` in order (an embedded name, or files/folders); clear errors for bad input."""
     docs: list[str] = []
     for src in sources:
+        check_text(src, "data.sources")  # a path from a non-UTF-8 command line: refused by name
         if src in EMBEDDED:
             docs.extend(embedded_corpus(src))
             continue

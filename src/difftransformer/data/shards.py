@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..fileio import atomic_copy, atomic_json, fault_point, parse_json
+from ..fileio import atomic_copy, atomic_json, fault_point, read_json
 from ..model.pretrained import TOKENIZER_NAME  # the one spelling of the file name; shards sit in a run
 from . import corpus
 from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents, short_sentences
@@ -69,7 +69,7 @@ def read_prepared(directory: Path, data_cfg=None) -> PreparedData | None:
     if not meta_path.is_file():
         return None
     try:
-        meta = parse_json(meta_path.read_text(), meta_path)
+        meta = read_json(meta_path)
         int(meta["num_tokens"]["train"]), int(meta["num_tokens"]["val"]), str(meta["dtype"])
     except (ValueError, KeyError, TypeError):
         return None  # unreadable (e.g. left empty by an older version killed mid-write): prepared again
@@ -137,7 +137,7 @@ def prepare_data(data_cfg, directory: str | Path, progress: bool = True) -> Prep
     split_docs = {"train": mix_retrieval(train_docs, data_cfg, data_cfg.seed),
                   "val": mix_retrieval(val_docs, data_cfg, data_cfg.seed + 1)}
     if data_cfg.tokenizer:  # a pretrained model's own tokenizer (train --init-from): never a new BPE
-        tok = load_tokenizer(data_cfg.tokenizer)
+        tok = load_tokenizer(data_cfg.tokenizer, "data.tokenizer")
         if tok.get_vocab_size() > data_cfg.vocab_size:
             raise ValueError(f"data.tokenizer={data_cfg.tokenizer} has {tok.get_vocab_size()} tokens, more than "
                              f"data.vocab_size={data_cfg.vocab_size}")

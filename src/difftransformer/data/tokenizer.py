@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ..fileio import read_text
+
 EOS = "<|endoftext|>"  # separates documents in the token stream
 
 
@@ -23,14 +25,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike, where: str | None = None) -> Tokenizer:
+    """``path``'s tokenizer; errors name ``where`` (the flag or field that named the file), when given, and the
+    file: a missing file, one that is not UTF-8 text, one that is not a tokenizer."""
     p = Path(path)
+    prefix = f"{where}: " if where else ""
     if not p.is_file():
-        raise FileNotFoundError(f"{p} does not exist (expected a tokenizer.json)")
+        raise FileNotFoundError(f"{prefix}{p} does not exist (expected a tokenizer.json)")
+    text = read_text(p, where)
     try:
-        return Tokenizer.from_file(str(p))
+        return Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises its own exception type for malformed files
-        raise ValueError(f"{p} is not a valid tokenizer.json: {e}") from None
+        raise ValueError(f"{prefix}{p} is not a valid tokenizer.json: {e}") from None
 
 
 def eos_id(tok: Tokenizer) -> int:

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from .. import rundir
+from ..fileio import read_json, read_text, text_arg
 from ..loading import locate
 from .generate import DECODE_MODES, SamplingConfig, check_context, check_decode_device, generate, stream
 
@@ -35,7 +36,7 @@ def register(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", type=Path, help="a training run directory: its newest complete checkpoint is used")
     src.add_argument("--checkpoint", type=Path, help="a model directory (config.json + model.safetensors)")
-    p.add_argument("--prompt", action="append", required=True,
+    p.add_argument("--prompt", action="append", required=True, type=text_arg,
                    help="prompt text; repeat for a batch (a single prompt is streamed)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer.json (default: the checkpoint's, else the run's)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default 128)")
@@ -44,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set with mass >= p")
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end tokens")
-    p.add_argument("--stop", action="append", default=[], metavar="TOKEN",
+    p.add_argument("--stop", action="append", default=[], metavar="TOKEN", type=text_arg,
                    help="also stop at this token (its text, e.g. '<|im_end|>'; one token of the tokenizer); repeatable")
     p.add_argument("--chat", action="store_true",
                    help="apply the model's chat template to each prompt (one user message, generation prompt added)")
@@ -85,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{e}; pass --tokenizer") from None
     # No end-of-text token is fine here: generation then runs to --max-new-tokens.
-    tok = rundir.read_tokenizer(tok_file, model.cfg.vocab_size, require_eos=False)
-    side = _side_config(model_dir, args.run)
+    tok = rundir.read_tokenizer(tok_file, model.cfg.vocab_size, require_eos=False,
+                                where="--tokenizer" if args.tokenizer is not None else
+                                f"{'--run' if args.run is not None else '--checkpoint'} {model_dir}")
+    side = _side_config(model_dir, args.run, "--run" if args.run is not None else "--checkpoint")
     texts = [_chat(text, side) for text in args.prompt] if args.chat else list(args.prompt)
     prompts = []
     for i, text in enumerate(texts):
@@ -119,10 +122,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _side_config(model_dir: Path, run: Optional[Path]) -> dict:
+def _side_config(model_dir: Path, run: Optional[Path], flag: str = "--checkpoint") -> dict:
     """generation_config.json, tokenizer_config.json and chat_template.jinja beside the weights (a converted
-    Hugging Face model keeps them), as {"generation": {...}, "tokenizer": {...}, "chat_template": str|None}."""
-    from ..fileio import read_json
+    Hugging Face model keeps them), as {"generation": {...}, "tokenizer": {...}, "chat_template": Path|str|None}:
+    the template file is read (as UTF-8) only by ``--chat``. Errors name ``flag``, the option that named the
+    directory."""
     from ..model.pretrained import CHAT_TEMPLATE_NAME, GENERATION_CONFIG_NAME, TOKENIZER_CONFIG_NAME
 
     out: dict = {"generation": {}, "tokenizer": {}, "chat_template": None}
@@ -131,10 +135,10 @@ def _side_config(model_dir: Path, run: Optional[Path]) -> dict:
             continue
         for key, name in (("generation", GENERATION_CONFIG_NAME), ("tokenizer", TOKENIZER_CONFIG_NAME)):
             if not out[key] and (Path(d) / name).is_file():
-                value = read_json(Path(d) / name)
+                value = read_json(Path(d) / name, flag)
                 out[key] = value if isinstance(value, dict) else {}
         if out["chat_template"] is None and (Path(d) / CHAT_TEMPLATE_NAME).is_file():
-            out["chat_template"] = (Path(d) / CHAT_TEMPLATE_NAME).read_text()
+            out["chat_template"] = Path(d) / CHAT_TEMPLATE_NAME
     if out["chat_template"] is None and isinstance(out["tokenizer"].get("chat_template"), str):
         out["chat_template"] = out["tokenizer"]["chat_template"]
     return out
@@ -150,6 +154,8 @@ def _chat(prompt: str, side: dict) -> str:
     """``prompt`` as one user message through the model's chat template (rendered as transformers does: a
     sandboxed Jinja environment, trim_blocks and lstrip_blocks, the generation prompt added)."""
     template = side["chat_template"]
+    if isinstance(template, Path):
+        template = read_text(template, "--chat")
     if template is None:
         raise ValueError("--chat: the model has no chat template (chat_template.jinja or tokenizer_config.json's "
                          "chat_template)")

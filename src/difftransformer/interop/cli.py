@@ -10,7 +10,12 @@
 
 Only config.json and safetensors are read (pytorch_model.bin is refused). A tokenizer.json beside the weights is
 copied along, and so are tokenizer_config.json, special_tokens_map.json, generation_config.json and
-chat_template.jinja.
+chat_template.jinja (each must be UTF-8 text). A README.md (a model card) is not read.
+
+Every --to-hf export holds a model card, README.md: YAML front matter for a model hub (library_name, pipeline_tag,
+tags naming the variant, base_model and license when known: --base-model, --license, or what the training source
+says of itself), the model (variant, sizes, parameters, lambda settings), where it came from (the run's step and
+validation loss, or the model directory), how to load it and the paper's citation.
 
 Remote code: a model that no native transformers class holds (DIFF V2, DIFF V1 in the per_head layout or without
 DiffLlama's options: head-wise norm, lambda_init schedule, norm_eps 1e-5), or any model with --remote-code, is
@@ -35,13 +40,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..fileio import decode_text, text_arg
 from ..model.pretrained import is_model_dir, save_pretrained
 from ..model.transformer import DiffTransformerLM
 from ..model.upcycle import conversion, convert, step0_gap
 from ..model.variants import names, reference, variant
 from ..rundir import TOKENIZER_NAME, resolve_checkpoint
-from .hf import is_hf_dir, load_hf, save_hf, side_files_of
+from .hf import HF_SIDE_FILES, is_hf_dir, load_hf, save_hf, side_files_of
 from .hf_layout import ARCHITECTURES, native_model_type
+from .model_card import check_base_model, check_license, model_provenance
 from .remote import native_obstacle, save_remote
 
 
@@ -96,6 +103,12 @@ def register(sub) -> None:
                    help="with --attention diff_v1: seed of the negative branch and lambda vectors (default 0)")
     p.add_argument("--expect", choices=sorted(expect_choices()), default=None,
                    help="refuse any other architecture (e.g. --expect diffllama)")
+    p.add_argument("--base-model", type=text_arg, default=None, metavar="NAME",
+                   help="with --to-hf: the model hub name of the model the weights came from, for the model card's "
+                        "base_model (default: what the run's --init-from source says of itself, if anything)")
+    p.add_argument("--license", type=text_arg, default=None, metavar="ID",
+                   help="with --to-hf: the licence identifier for the model card (e.g. apache-2.0, mit; default: the "
+                        "training source's own card's, if any)")
     p.set_defaults(func=run)
 
 
@@ -120,8 +133,21 @@ def _check_out(out: Path) -> None:
         raise FileExistsError(f"--out {out} exists and is not an empty directory; choose a new one")
 
 
+def check_text_files(directory: Path, flag: str) -> None:
+    """The tokenizer and side files ``convert`` carries from ``directory``, byte for byte, must be UTF-8 text: a
+    bad byte is refused naming ``flag`` and the file (the export would carry it to transformers, which fails)."""
+    for name in (TOKENIZER_NAME, *HF_SIDE_FILES):
+        if (directory / name).is_file():
+            decode_text((directory / name).read_bytes(), directory / name, flag)
+
+
 def run(args: argparse.Namespace) -> int:
     _check_out(args.out)
+    for flag in ("base_model", "license"):
+        if getattr(args, flag) is not None and args.to_hf is None:
+            raise ValueError(f"--{flag.replace('_', '-')} applies to --to-hf only (it goes into the model card)")
+    base_model = None if args.base_model is None else check_base_model(args.base_model, "--base-model")
+    license_ = None if args.license is None else check_license(args.license, "--license")
     expect = expect_choices()[args.expect] if args.expect else None
     if args.remote_code and args.to_hf is None:
         raise ValueError("--remote-code applies to --to-hf only")
@@ -143,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         if is_model_dir(args.from_hf):
             raise ValueError(f"{args.from_hf} is in our own format, not a Hugging Face checkpoint (its config.json "
                              "names no model_type); use --to-hf to export it")
+        check_text_files(args.from_hf, "--from-hf")
         model = load_hf(args.from_hf, expect=expect)
         added = ""
         if args.attention is not None:  # model.upcycle's one entry point; --attention asks for a real conversion
@@ -173,16 +200,18 @@ def run(args: argparse.Namespace) -> int:
         if expect is not None and model.cfg.attention != expect:
             raise ValueError(f"{model_dir} holds attention={model.cfg.attention!r}, not the expected {expect}")
         tok = model_dir / TOKENIZER_NAME
+        check_text_files(model_dir, "--to-hf")
+        provenance = model_provenance(model_dir, args.to_hf, base_model=base_model, license=license_)
         obstacle = native_obstacle(model.cfg)
         if args.remote_code or obstacle is not None:
             save_remote(model, args.out, tokenizer_file=tok if tok.is_file() else None,
-                        side_files=side_files_of(model_dir))
+                        side_files=side_files_of(model_dir), provenance=provenance)
             if obstacle is not None and not args.remote_code:
                 print(f"no native transformers class (DiffLlama, Llama) holds {obstacle}: written as remote code")
             kind, added = "DiffTransformerForCausalLM as remote code", "; load it with trust_remote_code=True"
         else:
             save_hf(model, args.out, tokenizer_file=tok if tok.is_file() else None,
-                    side_files=side_files_of(model_dir))
+                    side_files=side_files_of(model_dir), provenance=provenance)
             kind, added = ARCHITECTURES[native_model_type(model.cfg)][0], ""
     print(f"wrote {kind} ({model.num_parameters():,} parameters{added}) to {args.out}")
     return 0

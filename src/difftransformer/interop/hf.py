@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 import torch
 from safetensors.torch import save_file
 
-from ..fileio import parse_json
+from ..fileio import decode_text, parse_json, read_json
 from ..model.pretrained import (
     CONFIG_NAME,
     GENERATION_CONFIG_NAME,
@@ -41,6 +41,7 @@ from .hf_layout import (
     state_from_hf,
     state_to_hf,
 )
+from .model_card import MODEL_CARD_NAME, Provenance, export_card
 from .remote_code import is_remote_config, state_from_remote
 
 PathLike = Union[str, os.PathLike]
@@ -65,7 +66,7 @@ def read_hf_config(hf_dir: PathLike) -> dict[str, Any]:
     p = _require_dir(hf_dir) / HF_CONFIG
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist (a Hugging Face model directory needs a config.json)")
-    cfg = parse_json(p.read_text(), p)
+    cfg = read_json(p)
     if not isinstance(cfg, dict):
         raise ValueError(f"{p} must hold a JSON object")
     return cfg
@@ -79,7 +80,7 @@ def read_hf_weights(hf_dir: PathLike) -> dict[str, torch.Tensor]:
         return load_state_dict(d / HF_WEIGHTS)
     if (d / HF_INDEX).is_file():
         try:
-            weight_map = parse_json((d / HF_INDEX).read_text(), d / HF_INDEX)["weight_map"]
+            weight_map = read_json(d / HF_INDEX)["weight_map"]
         except (ValueError, KeyError, TypeError):
             raise ValueError(f"{d / HF_INDEX} is not a valid safetensors index") from None
         state: dict[str, torch.Tensor] = {}
@@ -140,14 +141,15 @@ def _token_ids(side: dict[str, bytes]) -> dict[str, Any]:
     """bos/eos/pad ids for config.json, from generation_config.json when there is one."""
     if GENERATION_CONFIG_NAME not in side:
         return {}
-    gen = parse_json(side[GENERATION_CONFIG_NAME].decode(), GENERATION_CONFIG_NAME)
+    gen = parse_json(decode_text(side[GENERATION_CONFIG_NAME], GENERATION_CONFIG_NAME), GENERATION_CONFIG_NAME)
     return {k: gen[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if isinstance(gen, dict) and k in gen}
 
 
 def save_hf(model: DiffTransformerLM, out_dir: PathLike, tokenizer_file: Optional[PathLike] = None,
-            side_files: Optional[dict[str, bytes]] = None) -> Path:
+            side_files: Optional[dict[str, bytes]] = None, provenance: Optional[Provenance] = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json`` and ``side_files``, e.g. carried from
-    an import by ``side_files_of``; without them, ones made for our tokenizer) for transformers, atomically."""
+    an import by ``side_files_of``; without them, ones made for our tokenizer) for transformers, atomically, with
+    a model card (``README.md``: ``model_card.export_card``; ``provenance`` says where the weights came from)."""
     if not isinstance(model, DiffTransformerLM):
         raise TypeError(f"save_hf expects a DiffTransformerLM, got {type(model).__name__}")
     dtype = model.output.weight.dtype
@@ -157,8 +159,11 @@ def save_hf(model: DiffTransformerLM, out_dir: PathLike, tokenizer_file: Optiona
     side_files = side_files or {}
     hf_cfg.update(_token_ids(side_files))
     state = {k: v.cpu() for k, v in state_to_hf(model).items()}
+    card = export_card(model, hf_cfg["architectures"][0], remote=False, load_path=str(out_dir),
+                       provenance=provenance, tokenizer=tokenizer_file is not None)
     with atomic_directory(out_dir, replace=False) as tmp:
         (tmp / HF_CONFIG).write_text(json.dumps(hf_cfg, indent=2) + "\n")
+        (tmp / MODEL_CARD_NAME).write_text(card, encoding="utf-8")
         save_file(state, str(tmp / HF_WEIGHTS), metadata={"format": "pt"})
         if tokenizer_file is not None:
             shutil.copyfile(tokenizer_file, tmp / TOKENIZER_NAME)

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..extras import require_all
-from ..fileio import atomic_json
+from ..fileio import atomic_json, read_text, text_arg
 
 KJV_CLOZE = "kjv_cloze"
 TASK_YAML = """task: kjv_cloze
@@ -66,13 +66,21 @@ def write_kjv_cloze(folder: Path, limit: int = 500) -> Path:
     return folder
 
 
+def task_files(folder) -> list[Path]:
+    """The harness's task files under ``folder`` (YAML, recursively), [] for None."""
+    if folder is None:
+        return []
+    return sorted(p for p in Path(folder).rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
 def register(sub) -> None:
     p = sub.add_parser("lm-eval", help="score a model with lm-evaluation-harness (local tasks, no hub)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
     p.add_argument("--model", required=True, metavar="DIR",
                    help="a run, one of our model directories or a Hugging Face Llama/DiffLlama directory")
-    p.add_argument("--tasks", default=KJV_CLOZE, help=f"comma-separated task names (default {KJV_CLOZE})")
+    p.add_argument("--tasks", default=KJV_CLOZE, type=text_arg,
+                   help=f"comma-separated task names (default {KJV_CLOZE})")
     p.add_argument("--include-path", type=Path, default=None, metavar="DIR",
                    help="a folder of harness task YAML files (local data only: the machine reaches no hub)")
     p.add_argument("--limit", type=int, default=None, help="documents per task (default all)")
@@ -89,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
     if args.include_path is not None and not args.include_path.is_dir():
         raise FileNotFoundError(f"--include-path {args.include_path} is not a folder")
+    for f in task_files(args.include_path):  # the harness would fail on a bad byte with a traceback
+        read_text(f, "--include-path")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError("--tasks names no task")

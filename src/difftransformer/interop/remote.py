@@ -9,7 +9,8 @@ lambda_init, norm_eps other than 1e-5) have no native transformers class. For th
 * ``configuration_difftransformer.py`` and ``modeling_difftransformer.py``, copied from ``remote_code/`` in this
   package (they import only torch and transformers);
 * ``model.safetensors``: our state dict, renamed (``remote_code`` describes the layout);
-* the tokenizer, generation config and chat template, as the native export (``hf.save_hf``) writes them.
+* the tokenizer, generation config and chat template, as the native export (``hf.save_hf``) writes them;
+* ``README.md``, the model card (``model_card``).
 
 Reading (``load_remote``, or ``hf.load_hf``, which recognises the directory) needs no transformers: JSON and
 safetensors only, also for a directory that transformers' save_pretrained wrote (after fine-tuning, a merged LoRA).
@@ -29,10 +30,12 @@ from safetensors.torch import save_file
 from ..model.pretrained import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME, atomic_directory
 from ..model.transformer import DiffTransformerLM
 from .hf import _token_ids, config_to_hf, read_hf_config, read_hf_weights, side_files_for
+from .model_card import MODEL_CARD_NAME, Provenance, export_card
 from .remote_code import (
     AUTO_MAP,
     CODE_DIR,
     CODE_FILES,
+    REMOTE_ARCHITECTURE,
     REMOTE_MODEL_TYPE,
     config_from_remote,
     config_to_remote,
@@ -69,10 +72,11 @@ def code_files() -> dict[str, bytes]:
 
 
 def save_remote(model: DiffTransformerLM, out_dir: PathLike, tokenizer_file: Optional[PathLike] = None,
-                side_files: Optional[dict[str, bytes]] = None) -> Path:
-    """Write the remote-code directory of ``model`` (any variant) atomically: config.json with auto_map, the two
+                side_files: Optional[dict[str, bytes]] = None, provenance: Optional[Provenance] = None) -> Path:
+    """Write the remote-code directory of ``model`` (any variant) atomically: config.json with auto_map, the
     source files, model.safetensors (+ tokenizer.json and ``side_files``; without them, ones made for our
-    tokenizer, as ``hf.save_hf`` does). ``out_dir`` must not exist or be empty."""
+    tokenizer, as ``hf.save_hf`` does) and the model card (README.md; ``provenance``: where the weights came
+    from). ``out_dir`` must not exist or be empty."""
     if not isinstance(model, DiffTransformerLM):
         raise TypeError(f"save_remote expects a DiffTransformerLM, got {type(model).__name__}")
     cfg = model.cfg
@@ -83,8 +87,11 @@ def save_remote(model: DiffTransformerLM, out_dir: PathLike, tokenizer_file: Opt
     hf_cfg.update(_token_ids(side_files))
     state = {k: v.detach().contiguous().cpu() for k, v in state_to_remote(cfg, model.state_dict()).items()}
     code = code_files()
+    card = export_card(model, REMOTE_ARCHITECTURE, remote=True, load_path=str(out_dir), provenance=provenance,
+                       tokenizer=tokenizer_file is not None)
     with atomic_directory(out_dir, replace=False) as tmp:
         (tmp / CONFIG_NAME).write_text(json.dumps(hf_cfg, indent=2) + "\n")
+        (tmp / MODEL_CARD_NAME).write_text(card, encoding="utf-8")
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         for name, data in code.items():
             (tmp / name).write_bytes(data)

@@ -10,7 +10,9 @@ A run directory holds
 * ``checkpoints/step_XXXXXXXX/``: one model directory per checkpoint (``model.pretrained`` format: config,
   weights, tokenizer, manifest) plus the training state to resume (``training_state.*``, ``train.checkpoint``);
   listed and chosen by ``checkpoints``;
-* ``run.lock``: the writer's lock (``lock``), holding the PID of the process that holds it.
+* ``run.lock``: the writer's lock (``lock``), holding the PID of the process that holds it;
+* a LoRA run's ``adapter/`` (the newest checkpoint's adapters in PEFT's format, with a model card) and
+  ``adapter_base/`` (the remote-code export of the frozen source they adapt, unless ``train.lora_base`` names one).
 
 Every file but metrics.jsonl is replaced atomically (``fileio.atomic_write``); metrics.jsonl is only appended to.
 Each module has one job: ``files`` (the names, spelled once, and the paths), ``run_config``, ``metrics``,
@@ -31,6 +33,7 @@ from .checkpoints import (
     run_of_checkpoint,
 )
 from .files import (
+    ADAPTER_BASE_DIR,
     ADAPTER_CONFIG_NAME,
     ADAPTER_DIR,
     ADAPTER_WEIGHTS_NAME,
@@ -40,6 +43,7 @@ from .files import (
     LOCK_NAME,
     MANIFEST_NAME,
     METRICS_NAME,
+    MODEL_CARD_NAME,
     RUN_CONFIG_NAME,
     STATE_JSON,
     STATE_TENSORS,
@@ -48,6 +52,7 @@ from .files import (
     TOKENIZER_NAME,
     WEIGHTS_NAME,
     PathLike,
+    adapter_base_dir,
     adapter_dir,
     checkpoints_dir,
     data_dir,
@@ -85,4 +90,4 @@ __all__ = ["RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CH
            "run_of_checkpoint", "read_run_config", "write_run_config", "parse_metrics", "read_metric_records",
            "append_metrics", "truncate_metrics_after", "read_metrics", "lambda_keys", "find_tokenizer",
            "check_tokenizer", "read_tokenizer", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME", "ADAPTER_WEIGHTS_NAME",
-           "adapter_dir"]
+           "adapter_dir", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "adapter_base_dir"]

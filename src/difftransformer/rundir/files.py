@@ -28,12 +28,17 @@ LOCK_NAME = "run.lock"
 ADAPTER_DIR = "adapter"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+# Its base for peft's AutoPeftModelForCausalLM, unless train.lora_base names one: the remote-code export of the
+# frozen source, written once beside the adapter.
+ADAPTER_BASE_DIR = "adapter_base"
+# The model card (``interop.model_card``) of RUN/adapter, RUN/adapter_base and every ``convert --to-hf`` export.
+MODEL_CARD_NAME = "README.md"
 
 __all__ = ["PathLike", "RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR",
            "STEP_PREFIX", "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME",
-           "ADAPTER_WEIGHTS_NAME", "CONFIG_NAME", "WEIGHTS_NAME", "MANIFEST_NAME",
-           "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir", "metrics_path", "tensorboard_dir",
-           "checkpoints_dir", "step_dir", "adapter_dir"]
+           "ADAPTER_WEIGHTS_NAME", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "CONFIG_NAME", "WEIGHTS_NAME",
+           "MANIFEST_NAME", "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir", "metrics_path",
+           "tensorboard_dir", "checkpoints_dir", "step_dir", "adapter_dir", "adapter_base_dir"]
 
 
 def run_config_path(run_dir: PathLike) -> Path:
@@ -68,3 +73,8 @@ def step_dir(run_dir: PathLike, step: int) -> Path:
 def adapter_dir(run_dir: PathLike) -> Path:
     """``RUN_DIR/adapter``: a LoRA run's adapters (``adapter_config.json``, ``adapter_model.safetensors``)."""
     return Path(run_dir) / ADAPTER_DIR
+
+
+def adapter_base_dir(run_dir: PathLike) -> Path:
+    """``RUN_DIR/adapter_base``: the remote-code export of a LoRA run's frozen source, the adapter's base."""
+    return Path(run_dir) / ADAPTER_BASE_DIR

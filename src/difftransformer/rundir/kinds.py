@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from ..fileio import parse_json
+from ..fileio import read_json
 from ..model.pretrained import is_model_dir
 from .files import CONFIG_NAME, PathLike, checkpoints_dir, run_config_path
 
@@ -32,7 +32,7 @@ def dir_kind(path: PathLike) -> Optional[DirKind]:
     if is_model_dir(p):
         return "model"
     try:
-        cfg = parse_json((p / CONFIG_NAME).read_text(), p / CONFIG_NAME)
+        cfg = read_json(p / CONFIG_NAME)
     except (OSError, ValueError):
         return None
     return "hf" if isinstance(cfg, dict) and "model_type" in cfg else None

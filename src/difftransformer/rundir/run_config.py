@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..fileio import atomic_write, parse_json
+from ..fileio import atomic_write, read_json
 from .files import PathLike, run_config_path
 
 __all__ = ["read_run_config", "write_run_config"]
@@ -18,7 +18,7 @@ def read_run_config(run_dir: Optional[PathLike]) -> dict:
     p = run_config_path(run_dir)
     if not p.is_file():
         return {}
-    cfg = parse_json(p.read_text(), p)
+    cfg = read_json(p)
     if not isinstance(cfg, dict):
         raise ValueError(f"{p} must hold a JSON object")
     return cfg

@@ -38,6 +38,6 @@ def check_tokenizer(tok: Tokenizer, vocab_size: int, where: PathLike, require_eo
 def read_tokenizer(path: PathLike, vocab_size: int, where: Optional[PathLike] = None,
                    require_eos: bool = True) -> Tokenizer:
     """Load ``path`` and check it fits a model of ``vocab_size`` (``where`` names the source in errors)."""
-    tok = load_tokenizer(path)
+    tok = load_tokenizer(path, None if where is None else str(where))
     check_tokenizer(tok, vocab_size, where if where is not None else path, require_eos)
     return tok

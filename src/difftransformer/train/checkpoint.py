@@ -46,8 +46,7 @@ from ..rundir import (
     newest_complete_checkpoint,
     step_dir,
 )
-from ..rundir.files import adapter_dir
-from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state, write_adapter
+from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state, write_run_adapter
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -79,9 +78,11 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
                     adapter_base: str = "") -> Optional[Path]:
     """Gather full weights and optimizer state (a collective under FSDP) and let rank 0 write them.
 
-    A LoRA model's adapters also go to ``RUN/adapter`` (PEFT's format, ``adapter_base`` recorded as its base), just
-    before the checkpoint: a kill between the two leaves the adapter of a step that the resumed run, exact, writes
-    again bit for bit, never an adapter older than the newest checkpoint."""
+    A LoRA model's adapters also go to ``RUN/adapter`` (PEFT's format, with a model card; ``lora.write_run_adapter``),
+    just before the checkpoint: a kill between the two leaves the adapter of a step that the resumed run, exact,
+    writes again bit for bit, never an adapter older than the newest checkpoint. ``adapter_base`` is the run's
+    source (``train.init_from``); the first time, the frozen source is exported beside the adapter as its base
+    (``RUN/adapter_base``) unless ``train.lora_base`` names one."""
     weights = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=FULL))  # full: plain tensors
     osd = get_optimizer_state_dict(model, optimizer, options=FULL)
     if not is_main:
@@ -89,9 +90,12 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     tensors, groups = _flatten_optimizer(osd)
     scalings = {name: m.scaling for name, m in lora_layers(model).items()}
     if scalings:  # LoRA: the merged model is the checkpoint's; adapters and the frozen weights go to the state
+        full = weights
         weights, unmerged = split_state(weights, scalings)
         tensors.update(unmerged)
-        write_adapter(adapter_dir(run_dir), adapters_of(unmerged), *settings(model), base=adapter_base)
+        write_run_adapter(run_dir, cfg, _with_tied(full, cfg), adapters_of(unmerged), *settings(model),
+                          tokenizer_file=tokenizer_file, init_from=adapter_base, step=state.step,
+                          tokens=state.tokens_seen)
     tensors.update(_rng_tensors())
     tensors["sampler.generator"] = state.sampler["generator"]
     meta = {"step": state.step, "tokens_seen": state.tokens_seen, "param_groups": groups,

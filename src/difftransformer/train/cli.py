@@ -17,6 +17,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ..fileio import text_arg
 from .config import TrainConfig, list_presets, load_config, merge, override_keys, parse_value
 from .init_from import apply_init_from
 
@@ -69,5 +70,6 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     g = p.add_argument_group("config overrides (--section.key VALUE, VALUE parsed as TOML)")
     for key, text in override_keys():
-        g.add_argument(f"--{key}", dest=OVERRIDE_PREFIX + key, default=None, metavar="VALUE", help=text)
+        g.add_argument(f"--{key}", dest=OVERRIDE_PREFIX + key, default=None, metavar="VALUE", help=text,
+                       type=text_arg)  # TOML text: UTF-8 (a non-UTF-8 byte is refused naming the flag)
     p.set_defaults(func=run)

@@ -24,6 +24,7 @@ else:  # Python 3.10: the same parser as the tomli package (a dependency there o
     import tomli as tomllib
 
 from ..data.synthetic import CITIES
+from ..fileio import check_text, read_text
 from ..model.config import ModelConfig
 from .lora import DEFAULT_TARGETS, LORA_TARGETS
 
@@ -103,6 +104,10 @@ class OptimConfig:
                                      "w1..w3 the SwiGLU, output the head), e.g. '[\"wq\", \"wv\"]'; default "
                                      "the attention projections")
     lora_dropout: float = _field(0.0, "LoRA: dropout on the adapters' input, in [0, 1)")
+    lora_base: str = _field("", "LoRA: the base model RUN/adapter's adapter_config.json names, for peft's "
+                                "AutoPeftModelForCausalLM: a model hub name or a directory holding the source as "
+                                "transformers remote code; empty: the run writes that export itself, once, as "
+                                "RUN/adapter_base, and names it")
 
 
 @dataclass
@@ -194,6 +199,7 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"train.{name}={getattr(t, name)!r} must be {allowed}")
         _check_lora_targets(t.lora_targets)
+        _check_lora_base(t.lora_base)
         if d.seed < 0 or d.max_chars < 0:
             raise ValueError(f"data.seed={d.seed} and data.max_chars={d.max_chars} must be >= 0")
         # checked even when retrieval_share is 0: a value that only fails once the option is switched on is a trap
@@ -240,6 +246,15 @@ def _check_lora_targets(targets: list[str]) -> None:
         why = (f"{bad[0]!r} is not a linear layer's name" if bad else
                "it is empty" if not targets else "it repeats a name")
         raise ValueError(f"train.lora_targets={targets!r}: {why}; choose from {', '.join(LORA_TARGETS)}")
+
+
+def _check_lora_base(base: str) -> None:
+    """A name peft can pass to ``from_pretrained``: one line of UTF-8 text, no surrounding blanks (checked even with
+    LoRA off, as the targets are)."""
+    check_text(base, "train.lora_base")
+    if base != base.strip() or any(c in base for c in "\n\r\t\0"):
+        raise ValueError(f"train.lora_base={base!r} must be a model hub name or a directory path, without blanks "
+                         "around it or control characters")
 
 
 def _positive(name: str, value: Any) -> None:
@@ -307,7 +322,7 @@ def load_config(name_or_path: str, overrides: Optional[dict[str, dict[str, Any]]
     """A preset or TOML file with overrides ``{"train": {"lr": 3e-4}}``."""
     path = resolve_config_path(name_or_path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_text(path, "--config"))
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: not valid TOML: {e}") from None
     if overrides is not None and not isinstance(overrides, dict):

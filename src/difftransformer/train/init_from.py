@@ -73,7 +73,7 @@ def apply_init_from(cfg: TrainConfig, path: Path, model_overrides: Mapping[str, 
     src = _converted(src, attention, path)
     model = src.replace(backend=model_overrides.get("backend", cfg.model.backend))
     tok = source.tokenizer_file().resolve()
-    rundir.read_tokenizer(tok, model.vocab_size, where=path)  # refuse one that does not fit before any work
+    rundir.read_tokenizer(tok, model.vocab_size, where=f"--init-from {path}")  # one that does not fit: refused now
     data = dataclasses.replace(cfg.data, tokenizer=str(tok), vocab_size=model.vocab_size)
     train = dataclasses.replace(cfg.train, init_from=str(path))
     out = dataclasses.replace(cfg, model=model, data=data, train=train)

@@ -15,16 +15,19 @@ What a LoRA run writes (``train.checkpoint`` and the trainer):
   that every command reads as the fine-tuned model. Its ``training_state.safetensors`` also holds, under the prefix
   ``lora.``, the adapters and the frozen W of each adapted layer, so ``--resume`` continues the unmerged model
   exactly;
-* ``RUN/adapter/`` (``adapter_config.json`` + ``adapter_model.safetensors``), rewritten atomically with every
-  checkpoint (just before it): the newest checkpoint's adapters in PEFT's format (after a kill between the two,
-  those of the next step, which the exact resume writes again bit for bit), under the module names of the
-  remote-code model that ``convert --to-hf SOURCE --remote-code`` writes (``model.`` + our name, ``output`` as
-  ``lm_head``), so
-  ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(HF_DIR, trust_remote_code=True), RUN/adapter)``
-  is the fine-tuned model. ``load_adapter`` puts such an adapter back onto our own model, without peft;
-  ``export_adapter`` writes any checkpoint's.
+* ``RUN/adapter/`` (``adapter_config.json`` + ``adapter_model.safetensors`` + a model card, ``README.md``),
+  rewritten atomically with every checkpoint (just before it): the newest checkpoint's adapters in PEFT's format
+  (after a kill between the two, those of the next step, which the exact resume writes again bit for bit), under
+  the module names of the remote-code model that ``convert --to-hf SOURCE --remote-code`` writes (``model.`` + our
+  name, ``output`` as ``lm_head``);
+* ``RUN/adapter_base/``, written once (atomically, with the first checkpoint): the remote-code export of the
+  frozen source as the run holds it, which ``adapter_config.json``'s ``base_model_name_or_path`` names by its
+  absolute path, so ``AutoPeftModelForCausalLM.from_pretrained(RUN/adapter, trust_remote_code=True)`` is the
+  fine-tuned model. ``train.lora_base NAME`` names another base instead (a model hub name, or a directory) and
+  the export is not written.
 
-peft is not needed here: this module is torch, JSON and safetensors only.
+``load_adapter`` puts such an adapter back onto our own model, without peft; ``export_adapter`` writes any
+checkpoint's. peft is not needed here: this module is torch, JSON and safetensors only.
 """
 
 from __future__ import annotations
@@ -43,10 +46,22 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..fileio import read_json
+from ..interop import model_card
 from ..interop.remote_code import HEAD, PREFIX
+from ..model.config import ModelConfig
 from ..model.pretrained import atomic_directory, load_state_dict, temp_prefix
 from ..model.transformer import DiffTransformerLM
-from ..rundir.files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, STATE_TENSORS, PathLike
+from ..rundir import read_run_config, resolve_checkpoint
+from ..rundir.files import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    CONFIG_NAME,
+    MODEL_CARD_NAME,
+    STATE_TENSORS,
+    PathLike,
+    adapter_base_dir,
+    adapter_dir,
+)
 
 # The names train.lora_targets may hold: every linear layer of the model, by its attribute name.
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "wlambda", "w1", "w2", "w3", "output")
@@ -240,9 +255,9 @@ def adapter_config(rank: int, alpha: float, dropout: float, modules: Iterable[st
 
 
 def write_adapter(directory: PathLike, adapters: dict[str, torch.Tensor], rank: int, alpha: float,
-                  dropout: float = 0.0, base: str = "") -> Path:
+                  dropout: float = 0.0, base: str = "", card: Optional[str] = None) -> Path:
     """Write ``adapters`` ({``<our module>.lora_A.weight``: A, ``...lora_B.weight``: B}) as a PEFT adapter
-    directory, atomically (a kill leaves the previous one)."""
+    directory, atomically (a kill leaves the previous one), with ``card`` as its README.md when given."""
     modules = sorted({k.rpartition(".lora_")[0] for k in adapters})
     tensors = {PEFT_PREFIX + remote_module(m) + "." + k: adapters[f"{m}.{k}"].detach().contiguous().cpu()
                for m in modules for k in (_A, _B)}
@@ -253,7 +268,81 @@ def write_adapter(directory: PathLike, adapters: dict[str, torch.Tensor], rank: 
     with atomic_directory(out) as tmp:
         (tmp / ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+        if card is not None:
+            (tmp / MODEL_CARD_NAME).write_text(card, encoding="utf-8")
     return out
+
+
+def adapter_modules(adapters: dict[str, torch.Tensor]) -> list[str]:
+    """The module names (ours) that ``adapters`` ({``<module>.lora_A.weight``: ...}) adapt."""
+    return sorted({k.rpartition(".lora_")[0] for k in adapters})
+
+
+def base_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A LoRA model's full (unmerged) state dict without its adapters: the frozen base's state dict (``LoRALinear``
+    keeps W under the wrapped layer's own name)."""
+    return {k: v for k, v in state.items() if not k.endswith((_A, _B))}
+
+
+def base_for_adapter(run_dir: PathLike, lora_base: str = "") -> tuple[str, bool]:
+    """(what adapter_config.json names as the base, whether it is the run's own ``RUN/adapter_base`` export):
+    ``train.lora_base`` when set, else that export's absolute path (peft resolves a relative one against the
+    working directory, not the adapter's)."""
+    if lora_base:
+        return lora_base, False
+    return str(adapter_base_dir(run_dir).resolve()), True
+
+
+def write_adapter_base(run_dir: PathLike, base: DiffTransformerLM, tokenizer_file: Optional[PathLike],
+                       init_from: str = "") -> Optional[Path]:
+    """``RUN/adapter_base``: the remote-code export of ``base`` (the frozen source as the run holds it), with the
+    source's side files (end tokens, chat template) when the source is still there. Written once: an existing
+    export is kept (the base never changes); a killed earlier write's temporary directory is removed."""
+    from ..interop.hf import side_files_of
+    from ..interop.remote import save_remote
+
+    out = adapter_base_dir(run_dir)
+    if out.is_dir() and any(out.iterdir()):
+        return None
+    for old in out.parent.glob(temp_prefix(out.name) + "*"):
+        shutil.rmtree(old, ignore_errors=True)
+    side = {}
+    if init_from:  # a Hugging Face or model directory holds its side files itself; a run, its newest checkpoint
+        source = Path(init_from)
+        try:
+            side = side_files_of(source if (source / CONFIG_NAME).is_file()
+                                 else resolve_checkpoint(source, check_hashes=False, warn=None))
+        except (OSError, ValueError):
+            side = {}
+    hub, license_ = model_card.source_of(init_from) if init_from else (None, None)
+    name = Path(init_from).name if init_from else "the source"
+    prov = model_card.Provenance((f"The frozen base of the LoRA run `{Path(run_dir).name}`: the weights of `{name}` "
+                                  "(`--init-from`) as the run loaded them, exported as remote code so that peft "
+                                  "loads the run's `adapter/` onto it.",), hub, license_)
+    return save_remote(base, out, tokenizer_file=tokenizer_file, side_files=side or None, provenance=prov)
+
+
+def write_run_adapter(run_dir: PathLike, cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                      adapters: dict[str, torch.Tensor], rank: int, alpha: float, dropout: float,
+                      tokenizer_file: Optional[PathLike], init_from: str, step: int, tokens: int) -> Path:
+    """A LoRA run's ``RUN/adapter`` at ``step``: ``adapters`` in PEFT's format, its base (``train.lora_base``, read
+    from the run's config, else ``RUN/adapter_base``, exported from ``weights``, the full unmerged state dict, the
+    first time) and its model card."""
+    train = read_run_config(run_dir).get("train")
+    lora_base = train.get("lora_base", "") if isinstance(train, dict) else ""
+    base_model = DiffTransformerLM.from_state_dict(cfg, base_state(weights), where="the LoRA run's frozen base")
+    base, beside = base_for_adapter(run_dir, lora_base)
+    if beside:
+        write_adapter_base(run_dir, base_model, tokenizer_file, init_from)
+    lines, _ = model_card.run_lines(Path(run_dir), step, tokens)
+    src_hub, src_license = model_card.source_of(init_from) if init_from else (None, None)
+    hub = lora_base if lora_base and model_card.is_hub_name(lora_base) else src_hub
+    card = model_card.adapter_card(base_model, rank, alpha, dropout,
+                                   [m.rpartition(".")[2] for m in adapter_modules(adapters)], base,
+                                   load_path=str(adapter_dir(run_dir)),
+                                   provenance=model_card.Provenance(tuple(lines), hub, src_license),
+                                   base_beside=beside)
+    return write_adapter(adapter_dir(run_dir), adapters, rank, alpha, dropout, base, card)
 
 
 def settings(model: nn.Module) -> tuple[int, float, float]:
@@ -287,7 +376,9 @@ def export_adapter(checkpoint: PathLike, directory: PathLike, train_cfg: Any) ->
     if not adapters:
         raise ValueError(f"{path} holds no LoRA adapters (not a LoRA run's checkpoint)")
     t = train_cfg
-    return write_adapter(directory, adapters, t.lora_rank, t.lora_alpha, t.lora_dropout, t.init_from)
+    run = Path(checkpoint).parent.parent
+    base, _ = base_for_adapter(run, getattr(t, "lora_base", ""))
+    return write_adapter(directory, adapters, t.lora_rank, t.lora_alpha, t.lora_dropout, base)
 
 
 def load_adapter(model: nn.Module, directory: PathLike) -> nn.Module:
@@ -332,4 +423,5 @@ def load_adapter(model: nn.Module, directory: PathLike) -> nn.Module:
 __all__ = ["LORA_TARGETS", "DEFAULT_TARGETS", "STATE_PREFIX", "LoRALinear", "merge_weight", "linear_layers",
            "check_targets", "check_lora", "apply_lora", "lora_layers", "trainable_parameters", "merge_lora",
            "split_state", "unmerged_state", "remote_module", "our_module", "adapter_config", "write_adapter",
-           "settings", "save_adapter", "adapters_of", "export_adapter", "load_adapter"]
+           "settings", "save_adapter", "adapters_of", "export_adapter", "load_adapter", "adapter_modules",
+           "base_state", "base_for_adapter", "write_adapter_base", "write_run_adapter"]
