@@ -211,6 +211,22 @@ def test_auto_peft_loads_the_run_adapter_onto_the_base_written_beside_it(lora_ru
     assert (base / MODEL_CARD_NAME).is_file()
 
 
+def test_auto_peft_with_tied_embeddings(sources, tmp_path):
+    """A DIFF V1 source with tied embeddings: its base export holds the head once and AutoPeftModelForCausalLM
+    computes our LoRA model's logits."""
+    peft = pytest.importorskip("peft")
+    run = tmp_path / "tied"
+    assert main(["train", "--config", "tiny", "--init-from", str(sources["tied"]), "--train.lora_rank", "2",
+                 "--train.steps", "2", "--train.lr", "1e-2", "--train.warmup_steps", "1", "--out", str(run),
+                 *QUIET]) == 0
+    tuned = peft.AutoPeftModelForCausalLM.from_pretrained(adapter_dir(run), trust_remote_code=True,
+                                                          dtype=torch.float32).eval()
+    ours = load_adapter(DiffTransformerLM.from_pretrained(sources["tied"]), adapter_dir(run)).eval()
+    x = _tokens()
+    with torch.no_grad():
+        assert float((tuned(input_ids=x).logits - ours(x).logits).abs().max()) <= TOL
+
+
 def test_lora_base_names_the_adapters_base_and_no_export_is_written(sources, tmp_path):
     """--train.lora_base NAME: adapter_config.json names it (a hub name: also the card's base_model), and the run
     writes no base of its own."""

@@ -93,7 +93,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
         full = weights
         weights, unmerged = split_state(weights, scalings)
         tensors.update(unmerged)
-        write_run_adapter(run_dir, cfg, _with_tied(full, cfg), adapters_of(unmerged), *settings(model),
+        write_run_adapter(run_dir, cfg, full, adapters_of(unmerged), *settings(model),
                           tokenizer_file=tokenizer_file, init_from=adapter_base, step=state.step,
                           tokens=state.tokens_seen)
     tensors.update(_rng_tensors())

@@ -7,8 +7,9 @@
 
 Every config key is also a flag --section.key VALUE (VALUE read as TOML: 3e-4, true, '["a.txt", "b/"]', or a
 bare word). The run directory receives run_config.json, tokenizer.json, data/, metrics.jsonl, tb/ and
-checkpoints/step_XXXXXXXX/ (and adapter/ for a LoRA run). Under torchrun the same command runs DDP (or
---train.parallel fsdp).
+checkpoints/step_XXXXXXXX/ (and, for a LoRA run, adapter/ with a model card and adapter_base/, the frozen source as
+transformers remote code, unless --train.lora_base names the base). Every value is UTF-8 text. Under torchrun the
+same command runs DDP (or --train.parallel fsdp).
 """
 
 from __future__ import annotations

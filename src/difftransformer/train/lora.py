@@ -330,7 +330,10 @@ def write_run_adapter(run_dir: PathLike, cfg: ModelConfig, weights: dict[str, to
     first time) and its model card."""
     train = read_run_config(run_dir).get("train")
     lora_base = train.get("lora_base", "") if isinstance(train, dict) else ""
-    base_model = DiffTransformerLM.from_state_dict(cfg, base_state(weights), where="the LoRA run's frozen base")
+    state = base_state(weights)
+    if cfg.tie_embeddings:  # the head is the embedding matrix: the model holds it once
+        state.pop(_HEAD[0] + ".weight", None)
+    base_model = DiffTransformerLM.from_state_dict(cfg, state, where="the LoRA run's frozen base")
     base, beside = base_for_adapter(run_dir, lora_base)
     if beside:
         write_adapter_base(run_dir, base_model, tokenizer_file, init_from)
