@@ -47,10 +47,23 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.d_model, cfg.ffn_hidden)
 
-    def forward(self, x, rope, mask, input_pos=None, return_maps=False):
-        a, maps = self.attn(self.attn_norm(x), rope, mask, input_pos, return_maps)
-        y = x + a
+    def forward(self, x, rope, mask, input_pos=None, return_maps=False, rows=None):
+        """rows: None, or (positions (B, K), their RoPE, their (B, 1, K, T) mask): the block's output only at those
+        positions (B, K, d_model), the keys and values still from every position (``DiffTransformerLM.forward``)."""
+        h = self.attn_norm(x)
+        if rows is None:
+            a, maps = self.attn(h, rope, mask, input_pos, return_maps)
+            y = x + a
+        else:
+            pos, qrope, qmask = rows
+            a, maps = self.attn(h, rope, mask, input_pos, return_maps, query=(_gather_rows(h, pos), qrope, qmask))
+            y = _gather_rows(x, pos) + a
         return y + self.ffn(self.ffn_norm(y)), maps
+
+
+def _gather_rows(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """x (B, T, d) at positions pos (B, K) -> (B, K, d)."""
+    return x.gather(1, pos[..., None].expand(-1, -1, x.shape[-1]))
 
 
 @dataclass
@@ -80,6 +93,9 @@ class DiffTransformerLM(nn.Module):
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        # forward(logits_at=...) runs the last block at those positions only (same math, less work); False runs every
+        # block at every position (the benchmarks time the two)
+        self.rows_only_last_block = True
         self.init_weights()
 
     # ------------------------------------------------------------------ init and bookkeeping
@@ -225,19 +241,41 @@ class DiffTransformerLM(nn.Module):
         x = self.tok_embeddings(idx)  # (B, T, d_model)
         hidden: Optional[list[torch.Tensor]] = [x] if return_hidden else None
         maps: Optional[list[AttentionMaps]] = [] if return_maps else None
-        for layer in self.layers:
-            x, m = layer(x, rope, mask, input_pos, return_maps)
+        # With logits_at, nothing after the last block's attention is read anywhere but at those positions: the last
+        # block's queries, output projection, residual and FFN run there only (the keys and values of every
+        # position still feed its attention). The same math, a fraction of the last block's work.
+        rows_only = logits_at is not None and self._rows_path(idx, attention_mask, input_pos, return_maps,
+                                                               return_hidden)
+        for i, layer in enumerate(self.layers):
+            if rows_only and i == len(self.layers) - 1:
+                assert logits_at is not None
+                qrope = (rope[0][logits_at], rope[1][logits_at])  # (B, K, 1, d/2) each
+                qmask = (torch.arange(T, device=idx.device)[None, None, :] <= logits_at[:, :, None])[:, None]
+                x, m = layer(x, rope, mask, input_pos, return_maps, rows=(logits_at, qrope, qmask))  # (B, K, d)
+            else:
+                x, m = layer(x, rope, mask, input_pos, return_maps)
             if maps is not None:
                 maps.append(m)
             if hidden is not None:
                 hidden.append(x)
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # the output layer (B, T, vocab) only where it is read
-        elif logits_at is not None:
-            x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))  # (B, K, d_model)
+        elif logits_at is not None and not rows_only:
+            x = _gather_rows(x, logits_at)  # (B, K, d_model)
         logits = self.output(self.norm(x))  # (B, T or logits_to_keep, vocab)
         loss = lm_loss(logits, targets) if targets is not None else None
         return LMOutput(logits=logits, loss=loss, maps=maps, hidden_states=hidden)
+
+    def _rows_path(self, idx: torch.Tensor, attention_mask: Optional[torch.Tensor], input_pos: Optional[torch.Tensor],
+                   return_maps: bool, return_hidden: bool) -> bool:
+        """Whether a ``logits_at`` forward runs its last block at those positions only: plain causal self-attention
+        (no padding mask, no KV cache), nothing per position asked back, a PyTorch attention path (eager or sdpa;
+        ``auto`` is sdpa on the CPU), and a last layer that takes a row subset of queries."""
+        backend = self.cfg.backend
+        pytorch_path = backend in ("eager", "sdpa") or (backend == "auto" and idx.device.type == "cpu")
+        last = self.layers[-1].attn
+        return (self.rows_only_last_block and pytorch_path and attention_mask is None and input_pos is None
+                and last.kv_cache is None and not return_maps and not return_hidden and last.takes_query_rows)
 
     # ------------------------------------------------------------------ our own format (see pretrained.py)
     @classmethod

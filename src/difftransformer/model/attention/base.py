@@ -24,6 +24,8 @@ from ..config import ModelConfig
 from ..kv_cache import KVCache
 
 LogitsHook = Callable[[torch.Tensor], torch.Tensor]
+# Queries at a subset of positions: (x at those rows (B, K, d_model), their RoPE (cos, sin), their mask (B, 1, K, T)).
+QueryRows = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -55,6 +57,9 @@ class Attention(nn.Module):
 
     # The metrics.jsonl key of this variant's per-layer lambda summary; None: the variant has no lambda.
     lambda_summary_name: Optional[str] = None
+    # Whether forward takes ``query=(x_rows, rope_rows, mask_rows)``: queries at a subset of positions (B, K) while the
+    # keys and values come from every position of x; the model's ``logits_at`` path runs its last layer so.
+    takes_query_rows = False
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..rope import apply_rope
-from .base import Attention
+from .base import Attention, QueryRows
 from .dispatch import softmax_attention
 
 
@@ -28,14 +28,18 @@ class BaselineAttention(Attention):
     def cache_layout(self) -> tuple[int, int, int, int]:
         return self.n_kv_heads, self.head_dim, self.n_kv_heads, self.head_dim
 
+    takes_query_rows = True
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
-                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False):
+                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None):
         B, T, _ = x.shape
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q = apply_rope(self.wq(x).view(B, T, H, d), *rope).transpose(1, 2)  # (B, H, T, d)
+        xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
+        Tq = xq.shape[1]
+        q = apply_rope(self.wq(xq).view(B, Tq, H, d), *rq).transpose(1, 2)  # (B, H, Tq, d)
         k = apply_rope(self.wk(x).view(B, T, Hkv, d), *rope).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
         k, v = self.update_cache(input_pos, k, v)
-        out, maps = softmax_attention(self, x, q, k, v, mask, return_maps)  # (B, H, T, d)
-        out = out.transpose(1, 2).reshape(B, T, H * d)  # (B, T, H*d)
+        out, maps = softmax_attention(self, xq, q, k, v, mask, return_maps)  # (B, H, Tq, d)
+        out = out.transpose(1, 2).reshape(B, Tq, H * d)  # (B, Tq, H*d)
         return self.wo(out), maps

@@ -36,7 +36,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..norm import RMSNorm
 from ..rope import apply_rope
-from .base import Attention
+from .base import Attention, QueryRows
 from .dispatch import diff_attention
 
 
@@ -100,8 +100,9 @@ class DiffV1Attention(Attention):
         the lambda that the layer applies, which is what the analyses and the metrics read.
         """
         acc = torch.promote_types(self.lambda_q1.dtype, torch.float32)
-        lam1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc)))
-        lam2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
+        # dim=-1: a 0-dim lambda, or (S,) one per member when S models are stacked (train/stacked.py)
+        lam1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc), dim=-1))
+        lam2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc), dim=-1))
         lam = lam1 - lam2 + self.lambda_init
         return lam if self.neg_weight is None else lam * self.neg_weight.to(acc)
 
@@ -116,20 +117,27 @@ class DiffV1Attention(Attention):
             lam = cache.frozen["lambda"] = self.lambda_full()
         return lam
 
+    takes_query_rows = True
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
-                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False):
+                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None):
         B, T, _ = x.shape
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q = apply_rope(self.wq(x).view(B, T, 2 * h, d), *rope).transpose(1, 2)  # (B, 2h, T, d)
+        xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
+        Tq = xq.shape[1]
+        q = apply_rope(self.wq(xq).view(B, Tq, 2 * h, d), *rq).transpose(1, 2)  # (B, 2h, Tq, d)
         k = apply_rope(self.wk(x).view(B, T, 2 * hkv, d), *rope).transpose(1, 2)  # (B, 2hkv, T, d)
         v = self.wv(x).view(B, T, hkv, self.value_dim).transpose(1, 2)  # (B, hkv, T, 2d) (per_head: d)
         k, v = self.update_cache(input_pos, k, v)
         # Eq. (1): half-heads (2i, 2i+1) are (Q1, Q2) of head i and (K1, K2) of KV group g = i // (h / h_kv); Q1
         # reads K1 and Q2 reads K2 of that group ("paired" keys: split, then repeat).
-        out, maps = diff_attention(self, x, q, k, v, self.generation_lambda(), mask, input_pos, return_maps,
+        lam = self.generation_lambda()
+        if lam.dim():  # (S,) stacked members, each owning B / S consecutive rows: (B, 1, 1, 1)
+            lam = lam.repeat_interleave(B // lam.shape[0]).view(B, 1, 1, 1)
+        out, maps = diff_attention(self, xq, q, k, v, lam, mask, input_pos, return_maps,
                                    keys="paired")  # (B, h, T, 2d) = (A1 - lambda A2) V
         if self.subln is not None:
             out = self.subln(out)  # Eq. (3): RMSNorm over each head's 2d channels
         out = out * (1.0 - self.lambda_init)  # Eq. (3): fixed multiplier aligns gradients with the baseline
-        out = out.transpose(1, 2).reshape(B, T, h * self.value_dim)  # (B, T, h*2d): Concat(heads)
+        out = out.transpose(1, 2).reshape(B, Tq, h * self.value_dim)  # (B, Tq, h*2d): Concat(heads)
         return self.wo(out), maps

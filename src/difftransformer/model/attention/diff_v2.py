@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..rope import apply_rope
-from .base import Attention
+from .base import Attention, QueryRows
 from .dispatch import diff_attention
 
 
@@ -57,17 +57,21 @@ class DiffV2Attention(Attention):
         lam = self.wlambda(x).transpose(1, 2).unsqueeze(-1)  # (B, T, H) -> (B, H, T, 1)
         return torch.sigmoid(lam) if self.lambda_mode == "sigmoid" else lam
 
+    takes_query_rows = True
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
-                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False):
+                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None):
         B, T, _ = x.shape
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q = apply_rope(self.wq(x).view(B, T, 2 * H, d), *rope).transpose(1, 2)  # (B, 2H, T, d)
+        xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
+        Tq = xq.shape[1]
+        q = apply_rope(self.wq(xq).view(B, Tq, 2 * H, d), *rq).transpose(1, 2)  # (B, 2H, Tq, d)
         k = apply_rope(self.wk(x).view(B, T, Hkv, d), *rope).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
         k, v = self.update_cache(input_pos, k, v)
         # attn: softmax attention over the 2H query heads ("shared" keys: standard GQA). Pair i is query heads 2i and
         # 2i+1, one GQA group's (v2_pairing="halves": i and H+i, across groups); out_i = attn_2i - lambda_i attn_2i+1.
-        out, maps = diff_attention(self, x, q, k, v, self.lambda_values(x), mask, input_pos, return_maps,
-                                   keys="shared", pairing=self.pairing)  # (B, H, T, d)
-        out = out.transpose(1, 2).reshape(B, T, H * d)  # (B, T, H*d)
+        out, maps = diff_attention(self, xq, q, k, v, self.lambda_values(xq), mask, input_pos, return_maps,
+                                   keys="shared", pairing=self.pairing)  # (B, H, Tq, d)
+        out = out.transpose(1, 2).reshape(B, Tq, H * d)  # (B, Tq, H*d)
         return self.wo(out), maps
