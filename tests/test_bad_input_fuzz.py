@@ -207,7 +207,8 @@ CASES: list[tuple[list[str], str]] = [
     *[(["retrieval", "--out", "{ws}/o", flag, value], flag.lstrip("-").replace("-", "_")) for flag, value in [
         ("--seeds", "0"), ("--steps", "0"), ("--batch", "0"), ("--train-pairs", "0,4"), ("--train-context", "48,24"),
         ("--queries", "0"), ("--n-keys", "0"), ("--d-model", "0"), ("--workers", "0"), ("--lr-widen", "-1")]],
-    (["retrieval", "--out", "{ws}/o", "--tuning-seeds", "3"], "never be a test seed"),
+    (["retrieval", "--out", "{ws}/o", "--seed-base", "-1"], "seed_base must be an integer >= 0"),
+    (["retrieval", "--out", "{ws}/o", "--cpu-code-path", "avx3"], "invalid choice"),
     (["retrieval", "--out", "{ws}/o", "--primary", "p48c96"], "inside the trained lengths"),
     (["retrieval", "--out", "{ws}/o", "--sweep-width", "64"], "at least two distinct widths"),
     (["retrieval", "--out", "{ws}/o", "--sweep-width", "64,50"], "d_model"),

@@ -10,7 +10,8 @@ from difftransformer.eval.report.retrieval import failures, retrieval_verdicts, 
 N = 1024  # queries per condition
 PRIMARY, EXTRA = "p32c32", "p16c128"
 CLAIM = {"acc": "retrieves better among distractors (primary)", "att": "more attention on the answer",
-         "ext": "retrieves better beyond the trained length", "quant": "more robust to quantised attention logits"}
+         "ext": "retrieves better beyond the trained length", "quant": "more robust to quantised attention logits",
+         "lr": "stable across learning rates"}
 
 
 def _run(seed: int, acc: float, answer: float, q4: float, ext: float, failed: bool = False, lr: float = 2e-3) -> dict:
@@ -25,7 +26,7 @@ def _run(seed: int, acc: float, answer: float, q4: float, ext: float, failed: bo
 
 def _results(base: list[float], diff: list[float], quick: bool = False, base_answer: float = 0.15,
              diff_answer: float = 0.40, base_q4: float = 0.01, diff_q4: float = 0.01, base_ext=None, diff_ext=None,
-             matched_diff=None, diff_failed=()) -> dict:
+             matched_diff=None, diff_failed=(), base_lr=None, diff_lr=None) -> dict:
     base_ext, diff_ext = base_ext or base, diff_ext or diff
 
     def runs(accs, ans, q4, ext, failed=()):
@@ -38,12 +39,17 @@ def _results(base: list[float], diff: list[float], quick: bool = False, base_ans
            "train_context": [16, 64], "queries": 8, "tuning_seeds": [100, 101], "seeds": len(base),
            "matched_lr": "baseline"}
     grid = [{"lr": 2e-3, "val_accuracy": 0.8, "val_loss": 0.5, "min_training_distribution": 0.99, "seeds": [100]}]
-    return {"quick": quick, "chance": 1 / 16, "config": cfg, "matched_lr": 2e-3,
+    res = {"quick": quick, "chance": 1 / 16, "config": cfg, "matched_lr": 2e-3,
             "conditions": [{"name": PRIMARY, "pairs": 32, "context": 32}, {"name": EXTRA, "pairs": 16, "context": 128}],
             "variants": {"baseline": {"params": 1000, "tuned_lr": 2e-3, "widened": [], "at_edge": False, "lr_grid": grid,
                                       "runs": b, "matched_runs": b, "tuning_runs": []},
                          "diff_v1": {"params": 1000, "tuned_lr": 4e-3, "widened": [], "at_edge": False, "lr_grid": grid,
                                      "runs": d, "matched_runs": md, "tuning_runs": []}}}
+    if base_lr is not None:  # a version-3 results.json: the lr-robustness endpoint's per-seed values
+        for v, accs in (("baseline", base_lr), ("diff_v1", diff_lr)):
+            res["variants"][v]["lr_robustness"] = [{"seed": s, "failed": False, "conditions": {
+                PRIMARY: {"accuracy": a, "n_queries": N}}} for s, a in enumerate(accs)]
+    return res
 
 
 def _verdicts(results: dict, policy: str = "runs") -> dict[str, str]:
@@ -58,6 +64,10 @@ D8 = [0.80, 0.83, 0.79, 0.81, 0.78, 0.84, 0.80, 0.82]
 def test_clear_win_holds_and_clear_loss_does_not():
     win = _verdicts(_results(B8, D8))
     assert win["acc"] == win["att"] == win["ext"] == HELD
+    assert "lr" not in win  # a version-2 results.json has no lr-robustness endpoint: no row
+    v3 = _verdicts(_results(B8, D8, base_lr=D8, diff_lr=B8))  # the grid mean judged on its own values
+    assert v3["acc"] == HELD and v3["lr"] == NOT_HELD
+    assert _verdicts(_results(B8, D8, base_lr=B8, diff_lr=B8))["lr"] == INCONCLUSIVE
     assert win["quant"] == INCONCLUSIVE  # equal 4-bit drops
     loss = _verdicts(_results(D8, B8, base_answer=0.4, diff_answer=0.15))
     assert loss["acc"] == loss["att"] == NOT_HELD
@@ -116,14 +126,15 @@ def test_report_leads_with_a_real_benchmark(runs, tmp_path):
     from difftransformer.retrieval.config import Condition, RetrievalConfig
 
     cfg = RetrievalConfig(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=1, lr_grid=(1e-3,),
-                          tuning_seeds=(100,), eval_contexts=2, val_contexts=2, train_pairs=(2, 3),
+                          cpu_code_path="machine", eval_contexts=2, val_contexts=2, train_pairs=(2, 3),
                           train_context=(4, 6), queries=2, conditions=(Condition("p3c6", 3, 6), Condition("p3c9", 3, 9)),
                           primary="p3c6", extrapolation="p3c9", quant_bits=(4,))
     run_benchmark(cfg, tmp_path / "bench", workers=1, progress=False)
     page = write_report([runs[v] for v in ("baseline", "diff_v1", "diff_v2")], tmp_path / "report", quick=True,
                         progress=False, retrieval_dir=tmp_path / "bench").read_text()
     assert page.index("Retrieval among distractors") < page.index("<h2>Models</h2>")
-    assert "Deviations from the protocol:</p><ul class='note'><li>2026-11-25" in page  # PROTOCOL.md's log
+    from difftransformer.retrieval.benchmark import protocol_deviations
+    assert ("Deviations from the protocol:</p><ul class='note'><li>2026-11-25" in page) == bool(protocol_deviations())
     rows = json.loads((tmp_path / "report" / "results.json").read_text())["retrieval_verdicts"]
     assert {(r["claim"], r["variant"]) for r in rows} >= {(CLAIM["acc"], "diff_v2")}
     assert {r["verdict"] for r in rows} == {SMOKE}  # 3 training steps

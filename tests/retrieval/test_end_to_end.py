@@ -3,16 +3,16 @@ import json
 import pytest
 
 from difftransformer.cli import main
-from difftransformer.retrieval.benchmark import (choose_lr, lr_scores, next_lr, protocol_deviations, run_benchmark,
-                                                 seed_values)
+from difftransformer.retrieval.benchmark import protocol_deviations, run_benchmark, seed_values
+from difftransformer.retrieval.protocol import Job, choose_lr, lr_choice, lr_scores, needed_jobs, next_lr
 from difftransformer.retrieval.cli import format_table
 from difftransformer.retrieval.config import Condition, RetrievalConfig
 
 
 def tiny(**kw):
-    d = dict(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=2, tuning_seeds=(100,),
+    d = dict(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=2, seed_base=10,
              lr_grid=(1e-3, 2e-3, 4e-3), lr_widen=1, eval_contexts=4, val_contexts=4, train_pairs=(2, 3),
-             train_context=(4, 8), queries=2,
+             train_context=(4, 8), queries=2, cpu_code_path="machine",
              conditions=(Condition("p2c6", 2, 6), Condition("p3c8", 3, 8), Condition("p3c12", 3, 12)),
              primary="p3c8", extrapolation="p3c12", quant_bits=(8, 4))
     d.update(kw)
@@ -25,7 +25,8 @@ def test_tiny_benchmark_structure(tmp_path):
     assert saved == json.loads(json.dumps(r))
     assert saved["primary_endpoint"]["condition"] == "p3c8"
     assert saved["deviations"] == protocol_deviations() and all(d.startswith("20") for d in saved["deviations"])
-    for name in ("accuracy_heatmap", "accuracy_vs_difficulty", "attention_shares", "quantization", "attention_row"):
+    for name in ("accuracy_heatmap", "accuracy_vs_difficulty", "attention_shares", "quantization", "attention_row",
+                 "accuracy_vs_lr"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     assert set(saved["variants"]) == {"baseline", "diff_v1", "diff_v2"}
     matched = saved["variants"]["baseline"]["tuned_lr"]
@@ -33,8 +34,14 @@ def test_tiny_benchmark_structure(tmp_path):
     for v, d in saved["variants"].items():
         grid = [g["lr"] for g in d["lr_grid"]]
         assert d["tuned_lr"] in grid and set(grid) >= {1e-3, 2e-3, 4e-3} and len(grid) <= 4
-        assert {r["seed"] for r in d["tuning_runs"]} == {100}  # tuned on the tuning seed only
-        assert [r["seed"] for r in d["runs"]] == [r["seed"] for r in d["matched_runs"]] == [0, 1]
+        assert all(g["seeds"] == [10, 11] for g in d["lr_grid"])  # every lr of the grid on every test seed
+        assert {(r["lr"], r["seed"]) for r in d["grid_runs"]} >= {(lr, s) for lr in grid for s in (10, 11)}
+        assert [r["seed"] for r in d["runs"]] == [r["seed"] for r in d["matched_runs"]] == [10, 11]
+        assert [r["seed"] for r in d["lr_robustness"]] == [10, 11] and 0 <= d["floor_pass_share"] <= 1
+        rob = d["lr_robustness"][0]["conditions"]["p3c8"]["accuracy"]  # the mean over the pre-registered grid
+        assert rob == pytest.approx(sum(r["conditions"]["p3c8"]["accuracy"] for r in d["grid_runs"]
+                                        if r["seed"] == 10 and r["lr"] in (1e-3, 2e-3, 4e-3)) / 3)
+        assert all(0 <= r["val_accuracy"] <= 1 for r in d["grid_runs"])  # validation and test measures per job
         assert all(r["lr"] == d["tuned_lr"] for r in d["runs"]) and all(r["lr"] == matched for r in d["matched_runs"])
         run = d["runs"][0]
         assert set(run["conditions"]) == {"p2c6", "p3c8", "p3c12"}
@@ -46,24 +53,57 @@ def test_tiny_benchmark_structure(tmp_path):
         assert 0 <= seed_values(saved, v, "p3c8")[0] <= 1
         ex = run["example_row"]  # Fig. 1 row: the other 2 facts of a 3-pair context are its distractors
         assert len(ex["distractor_fact_pos"]) == 2 and ex["answer_pos"] not in ex["distractor_fact_pos"]
-    # a job asked twice (the baseline's tuned lr is the matched lr) ran once: tuning + tuned + matched-not-tuned
-    extra = sum(len(d["widened"]) for d in saved["variants"].values())
-    n_diff_other = sum(d["tuned_lr"] != matched for v, d in saved["variants"].items())
-    assert saved["timings"]["jobs"] == 3 * 3 + extra + 3 * 2 + 2 * n_diff_other
+    # every job once: the grid and the widened values on both seeds, the matched lr where a variant lacks it
+    grids = {v: {g["lr"] for g in d["lr_grid"]} for v, d in saved["variants"].items()}
+    missing = sum(matched not in g for g in grids.values())
+    assert saved["timings"]["jobs"] == 2 * sum(len(g) for g in grids.values()) + 2 * missing
+    assert saved["timings"]["jobs_run"] == saved["timings"]["jobs"]  # nothing to read back in a fresh directory
     table = format_table(saved)
     assert "p3c8*" in table and "p3c12+" in table and "matched lr" in table and "QUICK" not in table
     assert "QUICK SMOKE RUN" in format_table({**saved, "quick": True})
 
 
 def test_lr_choice_rule_and_widening():
-    runs = [{"lr": lr, "seed": s, "val_accuracy": acc, "val_loss": loss, "val_training_distribution": 1.0}
-            for lr, acc, loss in ((1e-3, 0.5, 0.9), (2e-3, 0.7, 0.8), (4e-3, 0.7, 0.6)) for s in (100, 101)]
+    runs = [{"lr": lr, "seed": s, "val_accuracy": acc, "val_loss": loss, "val_training_distribution": 1.0,
+             "failed": False} for lr, acc, loss in ((1e-3, 0.5, 0.9), (2e-3, 0.7, 0.8), (4e-3, 0.7, 0.6))
+            for s in (100, 101)]
     scores = lr_scores(runs)
     assert [s["lr"] for s in scores] == [1e-3, 2e-3, 4e-3] and scores[1]["seeds"] == [100, 101]
     assert choose_lr(scores) == 4e-3  # accuracy tie: the lower answer loss
     assert next_lr([1e-3, 2e-3, 4e-3], 4e-3) == pytest.approx(8e-3)
     assert next_lr([1e-3, 2e-3, 4e-3], 1e-3) == pytest.approx(5e-4)
     assert next_lr([1e-3, 2e-3, 4e-3], 2e-3) is None
+
+
+def _fake(cfg, accs: dict) -> dict:
+    """Finished jobs with the validation accuracy ``accs[(variant, lr)]`` (seed-independent)."""
+    return {Job(v, s, lr): {"lr": lr, "seed": s, "val_accuracy": a, "val_loss": 1 - a, "val_training_distribution": 1,
+                            "failed": False}
+            for (v, lr), a in accs.items() for s in cfg.test_seeds}
+
+
+def test_needed_jobs_follow_the_protocol():
+    """The grid on every test seed first; a variant chosen at an edge adds one value past it on every seed; the
+    matched lr (the baseline's choice) is added for every variant that lacks it; then the list is final."""
+    cfg = tiny(variants=("baseline", "diff_v1"), lr_grid=(1e-3, 2e-3), seeds=3)
+    jobs, final = needed_jobs(cfg, {})
+    assert not final and set(jobs) == {Job(v, s, lr) for v in ("baseline", "diff_v1") for lr in (1e-3, 2e-3)
+                                       for s in (10, 11, 12)}
+    # the baseline prefers the largest lr (an edge: widened to 4e-3), DIFF V1 the smallest (widened to 5e-4)
+    done = _fake(cfg, {("baseline", 1e-3): 0.5, ("baseline", 2e-3): 0.8, ("diff_v1", 1e-3): 0.9,
+                       ("diff_v1", 2e-3): 0.7})
+    jobs, final = needed_jobs(cfg, done)
+    assert not final and Job("baseline", 11, 4e-3) in jobs and Job("diff_v1", 12, 5e-4) in jobs
+    assert lr_choice(cfg, "baseline", done).lr is None
+    done.update(_fake(cfg, {("baseline", 4e-3): 0.6, ("diff_v1", 5e-4): 0.95}))
+    jobs, final = needed_jobs(cfg, done)
+    assert lr_choice(cfg, "baseline", done) == (2e-3, [1e-3, 2e-3, 4e-3], [4e-3])
+    assert lr_choice(cfg, "diff_v1", done).lr == 5e-4  # still at an edge, widened once (lr_widen=1)
+    assert final and set(jobs) - set(done) == set()  # DIFF V1 has the matched 2e-3 in its grid
+    cfg2 = tiny(variants=("baseline", "diff_v1"), lr_grid=(1e-3, 2e-3), seeds=3, lr_widen=0)
+    done2 = _fake(cfg2, {("baseline", 1e-3): 0.5, ("baseline", 2e-3): 0.8, ("diff_v1", 1e-3): 0.9,
+                         ("diff_v1", 2e-3): 0.7})
+    assert needed_jobs(cfg2, done2)[1] and lr_choice(cfg2, "baseline", done2).lr == 2e-3
 
 
 def test_reproducible_across_process_layouts(tmp_path):
@@ -86,7 +126,7 @@ def test_reproducible_across_process_layouts(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--lr-grid", "x"], ["--distractors", "far"], ["--seeds", "0"], ["--workers", "0"],
-                                  ["--train-pairs", "4"], ["--tuning-seeds", "0,1"], ["--primary", "p16c128"],
+                                  ["--train-pairs", "4"], ["--seed-base", "-1"], ["--primary", "p16c128"],
                                   ["--sweep-width", "64"]])
 def test_cli_bad_input_one_line(tmp_path, capsys, argv):
     rc = main(["retrieval", "--out", str(tmp_path / "o"), "--no-progress", *argv])

@@ -51,7 +51,8 @@ def test_flat_curves_give_no_ratio():
 
 
 def test_tiny_sweep_end_to_end(tmp_path):
-    cfg = RetrievalConfig(n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=2, tuning_seeds=(100,),
+    cfg = RetrievalConfig(n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=2, lr_grid=(2e-3, 4e-3),
+                          cpu_code_path="machine",
                           eval_contexts=4, val_contexts=4, train_pairs=(2, 3), train_context=(4, 8), queries=2,
                           conditions=(Condition("p3c8", 3, 8), Condition("p3c12", 3, 12)), primary="p3c8",
                           extrapolation="p3c12", variants=("baseline", "diff_v1"))

@@ -109,15 +109,17 @@ def test_max_len_covers_every_input():
                                            ({"train_context": (64, 16)}, "train_context"),
                                            ({"primary": "nope"}, "primary"), ({"lr_grid": ()}, "lr_grid"),
                                            ({"variants": ("gpt",)}, "variants"), ({"n_keys": 8}, "train_pairs"),
-                                           ({"tuning_seeds": (3,)}, "tuning_seeds"), ({"matched_lr": "gpt"}, "matched_lr"),
+                                           ({"seed_base": -1}, "seed_base"), ({"matched_lr": "gpt"}, "matched_lr"),
+                                           ({"cpu_code_path": "sse2"}, "cpu_code_path"),
                                            ({"floor": 0}, "floor"), ({"conditions": (Condition("x", 40, 30),)}, "x")])
 def test_config_errors_name_the_field(change, field):
     with pytest.raises(ValueError, match=field):
         RetrievalConfig(**change)
 
 
-def test_tuning_and_test_seeds_are_disjoint():
+def test_version_3_test_seeds_are_fresh():
+    """PROTOCOL.md version 3: 12 fresh test seeds, none of those looked at before (v2's 0..7, its tuning seed 100,
+    the review's 101-102, the pilots' 1000-1001, the timing runs' 2000-2011)."""
     cfg = RetrievalConfig()
-    assert len(cfg.test_seeds) >= 8 and not set(cfg.tuning_seeds) & set(cfg.test_seeds)
-    with pytest.raises(ValueError, match="tuning seed must never be a test seed"):
-        cfg.replace(seeds=102)
+    assert cfg.test_seeds == tuple(range(3000, 3012))
+    assert not set(cfg.test_seeds) & ({*range(8), 100, 101, 102, 1000, 1001} | set(range(2000, 2012)))

@@ -1,32 +1,31 @@
-"""``run_benchmark``: the pre-registered protocol (``PROTOCOL.md``) in worker processes, into one results dict.
+"""``run_benchmark``: the pre-registered protocol (``PROTOCOL.md``, version 3) into one results dict.
 
-Order of work, every job independent (a job trains one model and measures it):
-(A) tuning: every variant x lr of its grid x tuning seed, scored on the validation split at the primary condition;
-    a variant whose best lr sits at an edge of its grid gets the next value past that edge (up to ``lr_widen``
-    times) before its lr is settled;
-(B) test: every variant x test seed at its tuned lr (the primary analysis) and at the matched lr (``matched_lr``
-    variant's tuned lr: the sensitivity row), evaluated on the test split. A job asked for twice (a variant whose
-    tuned lr is the matched one) runs once.
-Test jobs start as soon as the lr they need is settled, so the workers stay busy.
+``protocol.py`` declares the jobs (every variant x lr of the grid x test seed; a widened lr once a variant's grid
+is in; the matched lr where a variant lacks it) and decides the learning rates and the robustness endpoint;
+``scheduler.py`` runs the jobs in worker processes, journals each one in ``OUT/jobs.jsonl`` and resumes after a
+kill. A job (``_job``) trains one model and measures it on the validation split (the lr choice) and the test split
+(the verdicts).
 
-Bitwise reproducible for a seed: every job runs with one torch thread (``_job_threads``), in a worker process or
-in this one (``workers=1``), so the numbers do not depend on the process layout or on the machine's thread count.
+Bitwise reproducible for a seed on one machine: every job runs with one torch thread (``_job_threads``), in a
+worker process or in this one, under the configuration's CPU code path, so the numbers do not depend on the
+process layout, the machine's thread count or an interruption.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import statistics
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from ..model import variants as registry
 from .config import RetrievalConfig
+from .protocol import Job, assemble, needed_jobs
+from .scheduler import JOURNAL, Journal, job_key, run_jobs
+
+PROTOCOL_VERSION = 3
 
 
 @contextmanager
@@ -41,36 +40,25 @@ def _job_threads() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _job(cfg_d: dict, variant: str, seed: int, lr: float, test: bool) -> dict[str, Any]:
-    """Train ``variant`` on ``seed`` at ``lr``; tuning jobs return the validation measures, test jobs the test
-    split's (``evaluate_model``)."""
+def _job(cfg_d: dict, variant: str, seed: int, lr: float) -> dict[str, Any]:
+    """Train ``variant`` on ``seed`` at ``lr``; the validation measures (lr choice) and the test split's
+    (``evaluate_model``), the training curve and times, and the kernels torch ran."""
     with _job_threads():
         from .evaluate import evaluate_model, validation
+        from .scheduler import check_code_path
         from .train import train_model
         cfg = RetrievalConfig.from_dict(cfg_d)
+        cap = check_code_path(cfg.cpu_code_path)
         r = train_model(cfg, variant, seed, lr)
         model = r.pop("model")
         out = {"variant": variant, "seed": seed, "lr": lr, "params": r["params"], "losses": r["losses"],
-               "train_s": r["train_s"], "train_cpu_s": r["train_cpu_s"], "paired_tensors": len(r["copied"])}
+               "train_s": r["train_s"], "train_cpu_s": r["train_cpu_s"], "paired_tensors": len(r["copied"]),
+               "cpu_capability": cap}
         t0 = time.perf_counter()
-        out.update(evaluate_model(model, cfg) if test else validation(model, cfg))
+        out.update(validation(model, cfg))
+        out.update(evaluate_model(model, cfg))
         out["eval_s"] = time.perf_counter() - t0
         return out
-
-
-class _Inline:
-    """workers=1: run jobs in this process (tests, debugging), same interface as the executor."""
-
-    def submit(self, fn, *a):
-        f: Future = Future()
-        f.set_result(fn(*a))
-        return f
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _load() -> Optional[list[float]]:
@@ -91,133 +79,52 @@ def protocol_deviations() -> list[str]:
     return [" ".join(b.replace("**", "").split()) for b in bullets]
 
 
-def lr_scores(tuning_runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per lr (ascending): the mean over tuning seeds of the validation accuracy and answer loss at the primary
-    condition, and the lowest training-distribution accuracy (a floor check)."""
-    out = []
-    for lr in sorted({r["lr"] for r in tuning_runs}):
-        rs = [r for r in tuning_runs if r["lr"] == lr]
-        out.append({"lr": lr, "seeds": sorted(r["seed"] for r in rs),
-                    "val_accuracy": statistics.fmean(r["val_accuracy"] for r in rs),
-                    "val_loss": statistics.fmean(r["val_loss"] for r in rs),
-                    "min_training_distribution": min(r["val_training_distribution"] for r in rs)})
-    return out
+def journal_header(cfg: RetrievalConfig, kind: str = "benchmark") -> dict[str, Any]:
+    return {"benchmark": f"kv_retrieval {kind}", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict()}
 
 
-def choose_lr(scores: list[dict[str, Any]]) -> float:
-    """The pre-registered rule: the highest mean validation accuracy at the primary condition; ties (equal to the
-    last digit) go to the lower mean answer loss, then to the smaller lr."""
-    return min(scores, key=lambda s: (-round(s["val_accuracy"], 12), s["val_loss"], s["lr"]))["lr"]
-
-
-def next_lr(grid: list[float], chosen: float) -> Optional[float]:
-    """The value one step past the edge where ``chosen`` sits (the grid's own ratio at that edge, 2 for a one-value
-    grid); None when ``chosen`` is inside the grid."""
-    g = sorted(grid)
-    if len(g) == 1:
-        return None
-    if chosen == g[-1]:
-        return g[-1] * (g[-1] / g[-2])
-    if chosen == g[0]:
-        return g[0] / (g[1] / g[0])
-    return None
+def job_description(cfg_d: dict[str, Any], job: tuple) -> dict[str, Any]:
+    """Everything that determines one job's numbers: the configuration's fields that shape a model, its training
+    and its measurement (not which jobs exist: seeds, grid, widening, variants, matched lr), the job, the code
+    path, the protocol version."""
+    selection = {"seeds", "seed_base", "lr_grid", "lr_widen", "variants", "matched_lr", "sweep_widths"}
+    return {"config": {k: v for k, v in cfg_d.items() if k not in selection}, "job": list(job),
+            "protocol_version": PROTOCOL_VERSION}
 
 
 def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, workers: int = 2,
                   progress: bool = True, quick: bool = False) -> dict[str, Any]:
-    """Tune, train and evaluate every variant x seed under both lr policies; write results.json and plots."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
-    from tqdm import tqdm
+    """Every job of the protocol (resuming from ``out_dir/jobs.jsonl``), then results.json and the plots.
+
+    Without ``out_dir`` the journal lives in a temporary directory (nothing to resume)."""
+    import tempfile
     t0, load0 = time.perf_counter(), _load()
     cfg_d = cfg.to_dict()
-    V, S = cfg.variants, cfg.test_seeds
-    bar = tqdm(total=len(V) * len(cfg.lr_grid) * len(cfg.tuning_seeds) + 2 * len(V) * len(S),
-               desc="retrieval benchmark (jobs)", disable=not progress)
-    tuning: dict[str, list] = {v: [] for v in V}
-    grid: dict[str, list[float]] = {v: list(cfg.lr_grid) for v in V}
-    widened: dict[str, list[float]] = {v: [] for v in V}
-    tuned: dict[str, float] = {}
-    test: dict[tuple[str, int, float], dict] = {}
-    pending: dict[Future, tuple] = {}
-    asked: set = set()
-    pool = (ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=registry.adopt,
-                                initargs=(registry.variants(),)) if workers > 1 else _Inline())
-
-    def submit(ex, kind: str, v: str, s: int, lr: float) -> None:
-        key = (kind, v, s, lr)
-        if key not in asked:
-            asked.add(key)
-            pending[ex.submit(_job, cfg_d, v, s, lr, kind == "test")] = key
-
-    def settle(ex, v: str) -> None:
-        """All of v's tuning jobs are in: widen its grid or settle its lr and start its test jobs."""
-        lr = choose_lr(lr_scores(tuning[v]))
-        nxt = next_lr(grid[v], lr)
-        if nxt is not None and len(widened[v]) < cfg.lr_widen:
-            grid[v].append(nxt)
-            widened[v].append(nxt)
-            bar.total += len(cfg.tuning_seeds)
-            for s in cfg.tuning_seeds:
-                submit(ex, "tune", v, s, nxt)
-            return
-        tuned[v] = lr
-        for s in S:
-            submit(ex, "test", v, s, lr)
-        if v == cfg.matched_lr:
-            for w in V:
-                for s in S:
-                    submit(ex, "test", w, s, lr)
-        elif cfg.matched_lr in tuned:
-            for s in S:
-                submit(ex, "test", v, s, tuned[cfg.matched_lr])
-
-    with pool as ex:
-        for v in V:
-            for lr in cfg.lr_grid:
-                for s in cfg.tuning_seeds:
-                    submit(ex, "tune", v, s, lr)
-        while pending:
-            done = [f for f in pending if f.done()] or list(wait(list(pending), return_when=FIRST_COMPLETED)[0])
-            for f in done:
-                kind, v, s, lr = pending.pop(f)
-                r = f.result()
-                bar.update(1)
-                if kind == "tune":
-                    tuning[v].append(r)
-                    if not any(k[0] == "tune" and k[1] == v for k in pending.values()):
-                        settle(ex, v)
-                else:
-                    test[(v, s, lr)] = r
-    bar.total = bar.n
-    bar.close()
-    matched = tuned[cfg.matched_lr]
-    variants: dict[str, Any] = {}
-    for v in V:
-        scores = lr_scores(tuning[v])
-        edge = next_lr(grid[v], tuned[v]) is not None
-        variants[v] = {
-            "params": tuning[v][0]["params"],
-            "tuned_lr": tuned[v], "chosen_lr": tuned[v],
-            "lr_grid": scores, "widened": widened[v], "at_edge": edge,
-            "tuning_runs": sorted(tuning[v], key=lambda r: (r["lr"], r["seed"])),
-            "runs": [test[(v, s, tuned[v])] for s in S],
-            "matched_runs": [test[(v, s, matched)] for s in S],
-        }
+    with tempfile.TemporaryDirectory() as tmp:
+        journal = Journal(Path(out_dir or tmp) / JOURNAL, {**journal_header(cfg), "quick": quick})
+        done, ran = run_jobs(lambda d: needed_jobs(cfg, d), _job, lambda j: (cfg_d, j.variant, j.seed, j.lr),
+                             lambda j: job_key(job_description(cfg_d, tuple(j))), journal, workers,
+                             cfg.cpu_code_path, progress, desc="retrieval benchmark (jobs)")
+    done = {Job(*j): r for j, r in done.items()}
+    variants = assemble(cfg, done)
+    caps = sorted({r["cpu_capability"] for r in done.values()})
     results = {
         "benchmark": "kv_retrieval",
-        "protocol": "PROTOCOL.md (difftransformer/retrieval), version 2",
+        "protocol": f"PROTOCOL.md (difftransformer/retrieval), version {PROTOCOL_VERSION}",
         "quick": quick,
         "config": cfg_d,
         "primary_endpoint": {"condition": cfg.primary, "metric": "accuracy",
                              "note": "fixed in PROTOCOL.md before any run; per-seed values under variants.*.runs"},
         "chance": 1.0 / cfg.n_values,
-        "matched_lr": matched,
+        "matched_lr": variants[cfg.matched_lr]["tuned_lr"],
         "deviations": protocol_deviations(),
         "conditions": [{**c.to_dict(), "inside_trained_lengths": c.context <= cfg.train_context[1]}
                        for c in cfg.conditions],
         "variants": variants,
-        "timings": {"wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(asked),
+        "cpu": {"code_path": cfg.cpu_code_path, "torch_kernels": caps},
+        "timings": {"wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(done), "jobs_run": ran,
+                    "train_s_per_job": {v: statistics.fmean(r["train_s"] for r in x["grid_runs"])
+                                        for v, x in variants.items()},
                     "loadavg_before": load0, "loadavg_after": _load(), "cpu_count": os.cpu_count()},
     }
     if out_dir is not None:

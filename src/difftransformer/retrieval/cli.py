@@ -11,10 +11,12 @@ from typing import Any, Optional
 
 from ..model import variants as registry
 from .config import RetrievalConfig, quick_config
+from .scheduler import CODE_PATHS
 
-HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md): baseline vs DIFF V1/V2, tuned and "
-        "matched learning rates, 8 paired seeds, attention share, quantisation, plots; --sweep-width: accuracy vs "
-        "parameters")
+HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md, version 3): baseline vs DIFF V1/V2, "
+        "the lr grid on 12 paired test seeds, tuned and matched learning rates, lr robustness, attention share, "
+        "quantisation, plots; resumable (OUT/jobs.jsonl); --rounding-check: the verdicts under another CPU code "
+        "path; --sweep-width: accuracy vs parameters")
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
@@ -40,15 +42,15 @@ def _ints(text: str, flag: str, n: Optional[int] = None) -> tuple[int, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory for results.json and the plots")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run (about a minute): 150 steps, one lr, one tuning seed, 2 test seeds, 16 contexts "
-                        "per condition; its numbers are not a measurement and the report gives no verdicts")
-    p.add_argument("--seeds", type=int, help="test seeds per variant, 0..N-1, paired across variants (default 8)")
-    p.add_argument("--tuning-seeds", help="comma-separated seeds the lr grid runs on; never test seeds "
-                                          "(default 100)")
+                   help="smoke run (about two minutes): 150 steps, a 2-value lr grid, 2 test seeds, 16 contexts per "
+                        "condition; its numbers are not a measurement and the report gives no verdicts")
+    p.add_argument("--seeds", type=int, help="test seeds per variant, paired across variants (default 12)")
+    p.add_argument("--seed-base", type=int, help="the first test seed: seeds SEED_BASE..SEED_BASE+N-1 (default 3000)")
     p.add_argument("--steps", type=int, help="training steps per model (default 600)")
     p.add_argument("--batch", type=int, help="contexts per training step (default 32)")
     p.add_argument("--lr-grid",
-                   help="comma-separated learning rates tried on the tuning seeds (default 1e-3,2e-3,4e-3)")
+                   help="comma-separated learning rates, each run on every test seed; each variant's lr is chosen on "
+                        "the validation split (default 1e-3,2e-3,4e-3)")
     p.add_argument("--lr-widen", type=int, help="times a grid grows past an edge that was chosen (default 1)")
     p.add_argument("--train-pairs", help="LO,HI facts per training context, drawn per example (default 8,24)")
     p.add_argument("--train-context", help="LO,HI training context length (facts + filler), drawn per batch "
@@ -67,9 +69,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                            "(default p48c96)")
     p.add_argument("--sweep-width", metavar="W1,W2,...",
                    help="instead of the benchmark: the scaling sweep (paper Fig. 3) at these widths, every variant x "
-                        "test seed at the matched --sweep-lr; accuracy at the primary condition against parameters, "
-                        "and the parameter ratio DIFF/baseline at the baseline's default-width accuracy, bootstrapped")
-    p.add_argument("--sweep-lr", type=float, help="the one learning rate of the sweep (default 2e-3)")
+                        "test seed x lr of the grid, each variant at its lr per width (chosen on validation); accuracy "
+                        "at the primary condition against parameters, and the parameter ratio DIFF/baseline at the "
+                        "baseline's default-width accuracy, bootstrapped; resumable (OUT/sweep-jobs.jsonl)")
+    p.add_argument("--cpu-code-path", choices=CODE_PATHS,
+                   help="the CPU kernels every job runs: 'machine' lets each library pick them for this CPU; "
+                        "'avx2'/'avx512' pin PyTorch's, MKL's and oneDNN's instruction set (default machine: pinning "
+                        "did not make numbers equal across CPUs; PROTOCOL.md, 'Reproducibility')")
+    p.add_argument("--rounding-check", metavar="CODE_PATH", choices=CODE_PATHS,
+                   help="after the benchmark, rerun every job under this CPU code path into OUT/rounding-CODE_PATH and "
+                        "print both verdict tables and the verdicts that differ (written to OUT/rounding.json)")
     p.add_argument("--workers", type=int, default=2, help="worker processes, one torch thread each (default 2); "
                                                          "the numbers do not depend on it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -88,16 +97,16 @@ def config_from_args(args) -> RetrievalConfig:
         ch["val_contexts"] = args.eval_contexts
     if args.lr_grid is not None:
         ch["lr_grid"] = _floats(args.lr_grid, "--lr-grid")
-    if args.tuning_seeds is not None:
-        ch["tuning_seeds"] = _ints(args.tuning_seeds, "--tuning-seeds")
+    if args.seed_base is not None:
+        ch["seed_base"] = args.seed_base
+    if args.cpu_code_path is not None:
+        ch["cpu_code_path"] = args.cpu_code_path
     if args.train_pairs is not None:
         ch["train_pairs"] = _ints(args.train_pairs, "--train-pairs", 2)
     if args.train_context is not None:
         ch["train_context"] = _ints(args.train_context, "--train-context", 2)
     if args.variants is not None:
         ch["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    if args.sweep_lr is not None:
-        ch["sweep_lr"] = args.sweep_lr
     return cfg.replace(**ch) if ch else cfg
 
 
@@ -130,17 +139,26 @@ def format_table(results: dict[str, Any]) -> str:
         tm = mean_spread([r["conditions"][prim]["attention_endpoint"] for r in d["runs"]])
         mm = mean_spread([r["conditions"][prim]["attention_endpoint"] for r in d["matched_runs"]])
         lines.append(f"  {v:<9} tuned {tm[0]:.3f}+-{tm[1]:.3f}   matched {mm[0]:.3f}+-{mm[1]:.3f}")
-    seeds = ",".join(str(s) for s in results["config"]["tuning_seeds"])
-    lines.append(f"lr grid (tuning seeds {seeds}; validation split at {prim}: mean accuracy / answer loss; "
-                 "chosen on the accuracy):")
+    n = len(next(iter(results["variants"].values()))["runs"])
+    lines.append(f"lr grid on every test seed (mean over {n} seeds of the validation split at {prim}: accuracy / "
+                 "answer loss / runs passing the floor; chosen on the accuracy):")
     for v, d in results["variants"].items():
         note = (f"  (widened: {', '.join(f'{x:g}' for x in d['widened'])})" if d["widened"] else "") + \
             ("  STILL AT AN EDGE" if d["at_edge"] else "")
-        lines.append(f"  {v:<9} " + ", ".join(f"{g['lr']:g}: {g['val_accuracy']:.3f} / {g['val_loss']:.4f}"
-                                              for g in d["lr_grid"]) + f"  -> {d['tuned_lr']:g}{note}")
+        lines.append(f"  {v:<9} " + ", ".join(f"{g['lr']:g}: {g['val_accuracy']:.3f} / {g['val_loss']:.4f} / "
+                                              f"{g['passed_floor']}" for g in d["lr_grid"])
+                     + f"  -> {d['tuned_lr']:g}{note}")
+    grid = ", ".join(f"{x:g}" for x in results["config"]["lr_grid"])
+    lines.append(f"lr robustness: test accuracy at {prim}, mean over the grid ({grid}) per seed, seed mean +- sd; "
+                 "share of the grid's runs passing the floor:")
+    for v, d in results["variants"].items():
+        m = mean_spread([r["conditions"][prim]["accuracy"] for r in d["lr_robustness"]])
+        lines.append(f"  {v:<9} {m[0]:.3f}+-{m[1]:.3f}   floor passed {d['floor_pass_share']:.0%}")
     t = results["timings"]
-    lines.append(f"wall {t['wall_s']:.0f} s, {t['jobs']} jobs on {t['workers']} workers; load average before "
-                 f"{t['loadavg_before']}, after {t['loadavg_after']}")
+    lines.append(f"wall {t['wall_s']:.0f} s, {t['jobs']} jobs ({t['jobs_run']} run now, the rest read back from "
+                 f"jobs.jsonl) on {t['workers']} workers; CPU code path {results['cpu']['code_path']} (torch kernels "
+                 f"{', '.join(results['cpu']['torch_kernels'])}); load average before {t['loadavg_before']}, after "
+                 f"{t['loadavg_after']}")
     return "\n".join(lines)
 
 
@@ -159,6 +177,12 @@ def run_cli(args) -> int:
     results = run_benchmark(cfg, args.out, workers=args.workers, progress=not args.no_progress, quick=args.quick)
     print(format_table(results))
     print(f"wrote {args.out}/results.json and plots")
+    if args.rounding_check is not None:
+        from .rounding import format_rounding, rounding_check
+        check = rounding_check(results, cfg.replace(cpu_code_path=args.rounding_check), args.out,
+                               workers=args.workers, progress=not args.no_progress, quick=args.quick)
+        print(format_rounding(check))
+        print(f"wrote {args.out}/rounding.json")
     return 0
 
 

@@ -113,14 +113,16 @@ class RetrievalConfig:
     batch: int = 32
     warmup: int = 50
     weight_decay: float = 0.0
-    # --- learning rates (PROTOCOL.md, "Tuning") ---
+    backend: str = "eager"  # the attention path: "eager" (explicit maps; fastest at these lengths) or "sdpa"
+    fused_adamw: bool = True  # PyTorch's fused CPU AdamW (one kernel over every tensor) instead of its for-loop one
+    # --- learning rates (PROTOCOL.md, "Learning rates"): the grid runs on every test seed, chosen on validation ---
     lr_grid: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
     lr_widen: int = 1  # times the grid may grow by one value past an edge that was chosen
-    tuning_seeds: tuple[int, ...] = (100,)  # the grid runs on these only; never test seeds
     # the sensitivity row: every variant at this variant's tuned lr (default: the reference, the baseline)
     matched_lr: str = field(default_factory=lambda: registry.reference().name)
     # --- test ---
-    seeds: int = 8  # test seeds 0 .. seeds-1 per variant (paired across variants)
+    seeds: int = 12  # test seeds seed_base .. seed_base+seeds-1 per variant (paired across variants)
+    seed_base: int = 3000  # version 3's fresh block (PROTOCOL.md, "Seeds"); versions 1-2 used 0..7
     variants: tuple[str, ...] = field(default_factory=registry.names)  # every registered variant
     floor: float = 0.9  # accuracy on the training distribution below which a run is a training failure
     eval_contexts: int = 128  # test contexts per condition (``queries`` asked in each)
@@ -130,14 +132,14 @@ class RetrievalConfig:
     extrapolation: str = "p48c96"  # the secondary length-extrapolation endpoint (twice the longest trained)
     # Fig. 8's widths, plus 3: at this scale the top |logit| is ~8-12 (measured), so 4 bits barely hurt
     quant_bits: tuple[int, ...] = (8, 6, 4, 3)
-    sweep_lr: float = 2e-3  # the scaling sweep's one learning rate, every variant and width (PROTOCOL.md)
     data_seed: int = 1234  # training stream; validation uses data_seed + 1, test data_seed + 2
+    # the CPU kernels every job runs (retrieval/scheduler.py): pinned so that numbers agree across CPUs
+    cpu_code_path: str = "machine"
 
     def __post_init__(self) -> None:
         self.train_pairs = tuple(self.train_pairs)  # type: ignore[assignment]
         self.train_context = tuple(self.train_context)  # type: ignore[assignment]
         self.lr_grid = tuple(float(x) for x in self.lr_grid)
-        self.tuning_seeds = tuple(self.tuning_seeds)
         self.variants = tuple(self.variants)
         self.conditions = tuple(c if isinstance(c, Condition) else Condition(**c) for c in self.conditions)
         self.quant_bits = tuple(self.quant_bits)
@@ -167,14 +169,16 @@ class RetrievalConfig:
             v = getattr(self, n)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"RetrievalConfig.{n} must be an integer >= 0, got {v!r}")
-        if (not self.tuning_seeds
-                or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.tuning_seeds)
-                or len(set(self.tuning_seeds)) != len(self.tuning_seeds)):
-            raise ValueError(f"RetrievalConfig.tuning_seeds={self.tuning_seeds} must be distinct integers >= 0")
-        clash = sorted(set(self.tuning_seeds) & set(self.test_seeds))
-        if clash:
-            raise ValueError(f"RetrievalConfig.tuning_seeds share {clash} with the test seeds 0..{self.seeds - 1}; "
-                             "a tuning seed must never be a test seed")
+        if isinstance(self.seed_base, bool) or not isinstance(self.seed_base, int) or self.seed_base < 0:
+            raise ValueError(f"RetrievalConfig.seed_base must be an integer >= 0, got {self.seed_base!r}")
+        from .scheduler import CODE_PATHS
+        if self.cpu_code_path not in CODE_PATHS:
+            raise ValueError(f"RetrievalConfig.cpu_code_path={self.cpu_code_path!r} is not allowed; choose one of "
+                             f"{', '.join(CODE_PATHS)}")
+        if self.backend not in ("eager", "sdpa"):
+            raise ValueError(f"RetrievalConfig.backend={self.backend!r} is not allowed; choose one of eager, sdpa")
+        if not isinstance(self.fused_adamw, bool):
+            raise ValueError(f"RetrievalConfig.fused_adamw must be true or false, got {self.fused_adamw!r}")
         if self.distractors not in DISTRACTOR_KINDS:
             raise ValueError(f"RetrievalConfig.distractors={self.distractors!r} is not allowed; choose one of "
                              f"{', '.join(DISTRACTOR_KINDS)}")
@@ -187,8 +191,6 @@ class RetrievalConfig:
         if self.matched_lr not in self.variants:
             raise ValueError(f"RetrievalConfig.matched_lr={self.matched_lr!r} is not allowed; choose one of the "
                              f"variants {', '.join(self.variants)}")
-        if not 0 < self.sweep_lr < 1:
-            raise ValueError(f"RetrievalConfig.sweep_lr must be in (0, 1), got {self.sweep_lr}")
         if not 0 < self.floor <= 1:
             raise ValueError(f"RetrievalConfig.floor must be in (0, 1], got {self.floor}")
         if self.weight_decay < 0:
@@ -239,7 +241,7 @@ class RetrievalConfig:
 
     @property
     def test_seeds(self) -> tuple[int, ...]:
-        return tuple(range(self.seeds))
+        return tuple(range(self.seed_base, self.seed_base + self.seeds))
 
     @property
     def layout(self) -> Layout:
@@ -258,7 +260,7 @@ class RetrievalConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["conditions"] = [c.to_dict() for c in self.conditions]
-        for k in ("train_pairs", "train_context", "lr_grid", "tuning_seeds", "variants", "quant_bits"):
+        for k in ("train_pairs", "train_context", "lr_grid", "variants", "quant_bits"):
             d[k] = list(d[k])
         return d
 
@@ -282,7 +284,6 @@ class RetrievalConfig:
 
 
 def quick_config() -> RetrievalConfig:
-    """A smoke run (about a minute on 2 idle cores): 150 steps, one lr, one tuning seed, 2 test seeds, 16 contexts
-    per condition. It exercises every code path and plot; its numbers are not a measurement."""
-    return RetrievalConfig(steps=150, lr_grid=(3e-3,), lr_widen=0, tuning_seeds=(100,), seeds=2, eval_contexts=16,
-                           val_contexts=16)
+    """A smoke run (about a minute on 2 idle cores): 150 steps, a two-value lr grid, 2 test seeds, 16 contexts per
+    condition. It exercises every code path and plot; its numbers are not a measurement."""
+    return RetrievalConfig(steps=150, lr_grid=(2e-3, 4e-3), lr_widen=0, seeds=2, eval_contexts=16, val_contexts=16)

@@ -150,6 +150,30 @@ def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) 
     return _save(fig, path)
 
 
+def plot_accuracy_vs_lr(results: dict[str, Any], path) -> Path:
+    """The learning-rate robustness endpoint's picture: test accuracy at the primary condition against the lr,
+    per variant, seed mean +- sd over every test seed (widened values included, marked by the grid); the chosen lr
+    circled; the training-distribution accuracy dashed."""
+    prim = results["config"]["primary"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for v, x in results["variants"].items():
+        lrs = sorted({r["lr"] for r in x["grid_runs"]})
+        acc = [_ms(r["conditions"][prim]["accuracy"] for r in x["grid_runs"] if r["lr"] == lr) for lr in lrs]
+        dist = [_ms(r["training_distribution"]["accuracy"] for r in x["grid_runs"] if r["lr"] == lr)[0] for lr in lrs]
+        ax.errorbar(lrs, [m for m, _ in acc], yerr=[sd for _, sd in acc], marker="o", capsize=3, color=color(v),
+                    label=f"{label(v)} at {prim}")
+        ax.plot(lrs, dist, ls="--", lw=0.8, color=color(v))
+        ax.scatter([x["tuned_lr"]], [acc[lrs.index(x["tuned_lr"])][0]], s=140, facecolors="none", edgecolors=color(v))
+    ax.axhline(results["chance"], color="k", ls=":", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("test accuracy (seed mean +- sd)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("accuracy vs lr (dashed: training distribution; circle: chosen lr)", fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def plot_all(results: dict[str, Any], out_dir) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,4 +181,5 @@ def plot_all(results: dict[str, Any], out_dir) -> list[Path]:
             plot_accuracy_vs_difficulty(results, out / "accuracy_vs_difficulty.png"),
             plot_attention_shares(results, out / "attention_shares.png"),
             plot_quantization(results, out / "quantization.png"),
-            plot_attention_row(results, out / "attention_row.png")]
+            plot_attention_row(results, out / "attention_row.png"),
+            plot_accuracy_vs_lr(results, out / "accuracy_vs_lr.png")]

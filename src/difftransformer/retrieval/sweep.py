@@ -1,24 +1,24 @@
 """``difftransformer retrieval --sweep-width W1,W2,...``: the paper's scaling claim (Fig. 3) at our scale.
 
 Every variant x test seed is trained at every width (``d_model``; heads, layers and the task as in the config) at
-ONE learning rate (``sweep_lr``, the same for every variant and width: the sweep is not tuned per width, which
-would cost a tuning grid per width), and scored on the primary condition's test split. Then, per variant,
-``logit(accuracy) = a + b * log(parameters)`` is fitted to the seed means (least squares; accuracies clipped to
-[0.5/n, 1 - 0.5/n] for n scored queries). The claim's measure: the parameters DIFF needs for the accuracy the
-baseline reaches at the config's default width (its fitted value there), over the baseline's parameters at that
-width -- below 1: DIFF reaches the baseline's accuracy with fewer parameters. The interval: a paired bootstrap
-over seeds (the same resampled seeds for every variant and width, 2000 draws, fixed generator), percentile 95%.
-A draw whose fitted slope is not positive (at most 1e-6: flat) has no ratio; more than 5% of such draws:
-inconclusive. Pre-registered in PROTOCOL.md ("The scaling sweep").
+every value of the lr grid (no widening), and measured like a benchmark job (``benchmark._job``). Each variant takes
+its lr PER WIDTH by the pre-registered rule (``protocol.choose_lr``: the mean validation accuracy at the primary
+condition over the seeds). Then, per variant, ``logit(accuracy) = a + b * log(parameters)`` is fitted to the seed
+means of the test accuracy at the chosen lrs (least squares; accuracies clipped to [0.5/n, 1 - 0.5/n] for n scored
+queries). The claim's measure: the parameters DIFF needs for the accuracy the baseline reaches at the config's
+default width (its fitted value there), over the baseline's parameters at that width -- below 1: DIFF reaches the
+baseline's accuracy with fewer parameters. The interval: a paired bootstrap over seeds (the same resampled seeds for
+every variant and width, the lr choices held fixed, 2000 draws, fixed generator), percentile 95%. A draw whose
+fitted slope is not positive (at most 1e-6: flat) has no ratio; more than 5% of such draws: inconclusive.
+Pre-registered in PROTOCOL.md ("The scaling sweep"). Jobs are journaled in ``OUT/sweep-jobs.jsonl`` (resumable,
+``scheduler.py``).
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,22 +30,7 @@ from .config import RetrievalConfig
 N_BOOT = 2000
 MAX_UNDEFINED = 0.05
 MIN_SLOPE = 1e-6  # a fitted slope at or below this is flat (saturated or untrained curves): no ratio
-
-
-def _sweep_job(cfg_d: dict, variant: str, seed: int) -> dict[str, Any]:
-    from .benchmark import _job_threads
-    with _job_threads():
-        from .evaluate import accuracy
-        from .task import condition_batch, eval_rng, training_distribution_batches
-        from .train import train_model
-        cfg = RetrievalConfig.from_dict(cfg_d)
-        r = train_model(cfg, variant, seed, cfg.sweep_lr)
-        m = r["model"]
-        b = condition_batch(cfg, cfg.condition(cfg.primary), cfg.eval_contexts, eval_rng(cfg, "test", cfg.primary))
-        dist = accuracy(m, training_distribution_batches(cfg, "test", cfg.eval_contexts))
-        return {"variant": variant, "seed": seed, "d_model": cfg.d_model, "params": r["params"],
-                "accuracy": accuracy(m, b), "n_queries": int(b.answers.numel()),
-                "training_distribution": dist, "failed": dist < cfg.floor, "train_s": r["train_s"]}
+SWEEP_JOURNAL = "sweep-jobs.jsonl"
 
 
 def fit_logit(params: Sequence[float], accs: Sequence[float], n: int) -> tuple[float, float]:
@@ -119,38 +104,45 @@ def analyse(res: dict[str, Any], default_width: int) -> dict[str, Any]:
 
 def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str | Path] = None, workers: int = 2,
               progress: bool = True) -> dict[str, Any]:
-    """Train every variant x test seed at every width at ``cfg.sweep_lr``; write sweep.json and sweep.png."""
+    """Train every width x variant x lr x test seed (resuming from ``out_dir/sweep-jobs.jsonl``), choose each
+    variant's lr per width, fit and bootstrap; write sweep.json and sweep.png."""
     if len(widths) < 2 or len(set(widths)) != len(widths):
         raise ValueError(f"--sweep-width needs at least two distinct widths, got {list(widths)}")
     if registry.reference().name not in cfg.variants or len(cfg.variants) < 2:
         raise ValueError("the sweep compares DIFF with the baseline: --variants must include baseline and a DIFF one")
     cfgs = {w: cfg.replace(d_model=w) for w in widths}  # validates every width (even head width, divisible)
-    from tqdm import tqdm
+    import tempfile
+
+    from .benchmark import PROTOCOL_VERSION, _job, job_description
+    from .protocol import choose_lr, lr_scores
+    from .scheduler import Journal, job_key, run_jobs
     t0 = time.perf_counter()
-    jobs = [(w, v, s) for w in sorted(widths, reverse=True) for v in cfg.variants for s in cfg.test_seeds]
-    bar = tqdm(total=len(jobs), desc="retrieval width sweep (jobs)", disable=not progress)
-    runs: dict[tuple, dict] = {}
-    if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=registry.adopt,
-                                 initargs=(registry.variants(),)) as ex:
-            futs = {ex.submit(_sweep_job, cfgs[w].to_dict(), v, s): (w, v, s) for w, v, s in jobs}
-            for f in as_completed(futs):
-                runs[futs[f]] = f.result()
-                bar.update(1)
-    else:
-        for w, v, s in jobs:
-            runs[(w, v, s)] = _sweep_job(cfgs[w].to_dict(), v, s)
-            bar.update(1)
-    bar.close()
     ws = sorted(widths)
+    jobs = [(w, v, s, lr) for w in sorted(widths, reverse=True) for v in cfg.variants for lr in cfg.lr_grid
+            for s in cfg.test_seeds]
+    dicts = {w: c.to_dict() for w, c in cfgs.items()}
+    header = {"benchmark": "kv_retrieval width sweep", "protocol_version": PROTOCOL_VERSION,
+              "config": cfg.to_dict(), "widths": ws}
+    with tempfile.TemporaryDirectory() as tmp:
+        journal = Journal(Path(out_dir or tmp) / SWEEP_JOURNAL, header)
+        runs, _ = run_jobs(lambda done: (jobs, True), _job, lambda j: (dicts[j[0]], j[1], j[2], j[3]),
+                           lambda j: job_key(job_description(dicts[j[0]], tuple(j[1:]))), journal, workers,
+                           cfg.cpu_code_path, progress, desc="retrieval width sweep (jobs)")
+    S, P = cfg.test_seeds, cfg.primary
+    chosen = {v: [choose_lr(lr_scores(runs[(w, v, s, lr)] for lr in cfg.lr_grid for s in S)) for w in ws]
+              for v in cfg.variants}
+    at = {v: [[runs[(w, v, s, chosen[v][i])] for s in S] for i, w in enumerate(ws)] for v in cfg.variants}
     res: dict[str, Any] = {
-        "benchmark": "kv_retrieval_width_sweep", "config": cfg.to_dict(), "widths": ws, "lr": cfg.sweep_lr,
-        "condition": cfg.primary, "chance": 1.0 / cfg.n_values,
-        "n_queries": runs[(ws[0], cfg.variants[0], 0)]["n_queries"],
-        "params": {v: [runs[(w, v, 0)]["params"] for w in ws] for v in cfg.variants},
-        "accuracy": {v: [[runs[(w, v, s)]["accuracy"] for s in cfg.test_seeds] for w in ws] for v in cfg.variants},
-        "failed": {v: [[s for s in cfg.test_seeds if runs[(w, v, s)]["failed"]] for w in ws] for v in cfg.variants},
-        "wall_s": time.perf_counter() - t0, "workers": workers,
+        "benchmark": "kv_retrieval_width_sweep", "config": cfg.to_dict(), "widths": ws, "lr_grid": list(cfg.lr_grid),
+        "chosen_lr": chosen, "condition": P, "chance": 1.0 / cfg.n_values,
+        "n_queries": at[cfg.variants[0]][0][0]["conditions"][P]["n_queries"],
+        "params": {v: [at[v][i][0]["params"] for i in range(len(ws))] for v in cfg.variants},
+        "accuracy": {v: [[r["conditions"][P]["accuracy"] for r in rs] for rs in at[v]] for v in cfg.variants},
+        "failed": {v: [[r["seed"] for r in rs if r["failed"]] for rs in at[v]] for v in cfg.variants},
+        "validation": {v: [[{"lr": g["lr"], "val_accuracy": g["val_accuracy"], "passed_floor": g["passed_floor"]}
+                            for g in lr_scores(runs[(w, v, s, lr)] for lr in cfg.lr_grid for s in S)] for w in ws]
+                       for v in cfg.variants},
+        "wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(jobs),
     }
     res["analysis"] = analyse(res, cfg.d_model)
     if out_dir is not None:
@@ -181,19 +173,20 @@ def plot_sweep(res: dict[str, Any], path) -> Path:
     ax.set_xlabel("parameters")
     ax.set_ylabel(f"accuracy at {res['condition']} (n={n} per seed)")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"width sweep at lr {res['lr']:g}, seed mean +- sd, logit fits", fontsize=9)
+    ax.set_title("width sweep, each variant at its lr per width, seed mean +- sd, logit fits", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
 def format_sweep(res: dict[str, Any]) -> str:
-    lines = [f"width sweep at lr {res['lr']:g}, accuracy at {res['condition']} (seed mean +- sd, "
-             f"{len(res['accuracy']['baseline'][0])} seeds):"]
+    lines = [f"width sweep, accuracy at {res['condition']} at each variant's lr per width (seed mean +- sd, "
+             f"{len(res['accuracy'][registry.reference().name][0])} seeds):"]
     lines.append(f"{'variant':<9} " + " ".join(f"{'d=' + str(w):>22}" for w in res["widths"]))
     for v, ps in res["params"].items():
         acc = np.array(res["accuracy"][v])
         sd = acc.std(1, ddof=1) if acc.shape[1] > 1 else np.zeros(len(ps))
         lines.append(f"{v:<9} " + " ".join(f"{p:>9,} {m:.3f}+-{s:.3f}" for p, m, s in zip(ps, acc.mean(1), sd)))
+        lines.append(f"{'  lr':<9} " + " ".join(f"{lr:>22g}" for lr in res["chosen_lr"][v]))
     for v, r in res["analysis"]["ratios"].items():
         lines.append(f"{v}: parameters for the baseline's accuracy at {res['analysis']['reference_params']:,.0f} "
                      f"parameters, DIFF / baseline = {r['estimate']:.3f}, 95% bootstrap CI [{r['ci'][0]:.3f}, "

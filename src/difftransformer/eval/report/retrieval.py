@@ -10,7 +10,9 @@ The endpoints, the statistics and the treatment of failed runs are those pre-reg
   same number and is not judged apart);
 - secondary, "retrieves better beyond the trained length": accuracy at the ``extrapolation`` condition;
 - secondary, "more robust to quantised attention logits" (Fig. 8): the accuracy lost at 4-bit logits at the primary
-  condition, lower is better.
+  condition, lower is better;
+- secondary, "stable across learning rates" (protocol version 3): per seed the mean test accuracy at the primary
+  condition over the pre-registered lr grid (``variants.*.lr_robustness``), independent of any lr choice.
 Every claim is judged on the tuned-lr runs (the primary analysis, failed runs included); the page adds two
 sensitivity rows per verdict, never counted as verdicts: every variant at the matched lr, and the tuned runs
 without the seeds where either variant failed its floor.
@@ -31,12 +33,13 @@ from .. import stats
 from .verdicts import row
 
 QUANT_BITS = 4
-MIN_EFFECT = {"acc": 0.02, "attention": 0.02, "extrapolation": 0.02, "quant": 0.02}  # PROTOCOL.md, "Statistics"
+MIN_EFFECT = {"acc": 0.02, "attention": 0.02, "extrapolation": 0.02, "quant": 0.02, "lr": 0.02}  # PROTOCOL.md
 POLICIES = (("runs", "tuned lr"), ("matched_runs", "matched lr"), ("no_failures", "tuned lr, failed seeds dropped"))
 FIGURES = (("accuracy_heatmap.png", "Accuracy by facts x context length per variant (Fig. 5 style), seed mean"),
            ("accuracy_vs_difficulty.png", "Accuracy per condition, seed mean and standard deviation"),
            ("attention_shares.png", "Scale-free answer share of the answering query per layer"),
            ("quantization.png", "Accuracy with attention logits quantised (Fig. 8)"),
+           ("accuracy_vs_lr.png", "Accuracy against learning rate per variant (every test seed), seed mean and sd"),
            ("attention_row.png", "One query's attention row per variant (Fig. 1)"))
 
 
@@ -61,7 +64,7 @@ def _judge(results: dict[str, Any], claim: str, b: list[dict], d: list[dict]) ->
         return _nan_verdict(b, d, f"{min(len(b), len(d))} seed pair(s) left: no interval over seeds")
     acc = lambda rs: [r["conditions"][cond]["accuracy"] for r in rs]  # noqa: E731
     n = b[0]["conditions"][cond]["n_queries"]
-    if claim in ("acc", "extrapolation"):
+    if claim in ("acc", "extrapolation", "lr"):
         return stats.compare_accuracy(acc(b), acc(d), n, results["chance"], MIN_EFFECT[claim])
     if not any(stats.above_chance(acc(rs), n, results["chance"]) for rs in (b, d)):
         return _nan_verdict(b, d, f"no model retrieves above chance ({results['chance']:.3g}) at {cond}")
@@ -82,13 +85,17 @@ CLAIMS = (("retrieves better among distractors (primary)", "Fig. 1, Table 2, Fig
           ("retrieves better beyond the trained length", "length extrapolation", "extrapolation",
            "accuracy at {extra}, longer than any trained context; gate: above chance"),
           ("more robust to quantised attention logits", "Fig. 8", "quant",
-           f"accuracy lost at {QUANT_BITS}-bit logits at {{cond}}"))
+           f"accuracy lost at {QUANT_BITS}-bit logits at {{cond}}"),
+          ("stable across learning rates", "V2 article; V1 reuses the baseline's hyperparameters", "lr",
+           "test accuracy at {cond}, mean over the pre-registered lr grid per seed; gate: above chance"))
 
 
-def _paired(results: dict[str, Any], variant: str, policy: str) -> tuple[list[dict], list[dict]]:
+def _paired(results: dict[str, Any], variant: str, policy: str, claim: str = "") -> tuple[list[dict], list[dict]]:
     """Baseline and ``variant`` runs on the seeds both have, seed order; policy "no_failures" drops the seeds where
     either run failed its floor."""
     key = "runs" if policy == "no_failures" else policy
+    if claim == "lr":  # one value per seed over the whole grid: no lr policy applies
+        key = "lr_robustness"
     b, d = _runs(results, registry.reference().name, key), _runs(results, variant, key)
     seeds = sorted({r["seed"] for r in b} & {r["seed"] for r in d})
     if policy == "no_failures":
@@ -113,8 +120,10 @@ def retrieval_verdicts(results: dict[str, Any], policy: str = "runs") -> list[di
     cfg = results["config"]
     out = []
     for title, paper, key, measure in CLAIMS:
+        if key == "lr" and not all("lr_robustness" in x for x in results["variants"].values()):
+            continue  # a version-2 results.json: no such endpoint
         for v in _diff_variants(results):
-            b, d = _paired(results, v, policy)
+            b, d = _paired(results, v, policy, key)
             if _smoke(results):
                 verdict = stats.Verdict(stats.SMOKE, math.nan, (math.nan, math.nan), (len(b), len(d)), "none",
                                         "a quick or short benchmark trains too few steps for any verdict (a smoke run)")
@@ -152,6 +161,8 @@ def failures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
                   "matched": [r["seed"] for r in x["matched_runs"] if r["failed"]],
                   "tuning": [(r["seed"], r["lr"]) for r in x.get("tuning_runs", [])
                              if r["val_training_distribution"] < floor],
+                  "grid": [(r["seed"], r["lr"]) for r in x.get("grid_runs", []) if r["failed"]],
+                  "grid_n": len(x.get("grid_runs", [])),
                   "n": len(x["runs"])}
     return out
 
@@ -210,11 +221,22 @@ def shares_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 def lr_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     rows = [[vlabel(v), g["lr"], f"{g['val_accuracy']:.3f}", f"{g['val_loss']:.4f}",
              f"{g['min_training_distribution']:.3f}",
+             f"{g['passed_floor']} of {len(g['seeds'])}" if "passed_floor" in g else "",
              ("chosen" if g["lr"] == x["tuned_lr"] else "") + (" (widened)" if g["lr"] in x["widened"] else "")
              + (" STILL AT AN EDGE" if g["lr"] == x["tuned_lr"] and x["at_edge"] else "")]
             for v, x in results["variants"].items() for g in x["lr_grid"]]
-    return ["variant", "lr", "validation accuracy at the primary condition", "answer loss",
-            "lowest training-distribution accuracy", ""], rows
+    return ["variant", "lr", "validation accuracy at the primary condition (seed mean)", "answer loss",
+            "lowest training-distribution accuracy", "runs passing the floor (test split)", ""], rows
+
+
+def rounding_tables(check: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """The rounding check's two verdict tables side by side (``retrieval/rounding.py``'s rounding.json)."""
+    cell = lambda r: (f"{r['verdict']}: {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] n={r['n']}"  # noqa: E731
+                      if all(math.isfinite(c) for c in r["ci"]) else f"{r['verdict']}: no interval")
+    names = [f"{c['code_path']} ({', '.join(c['torch_kernels'])})" for c in check["code_paths"]]
+    rows = [[x["claim"], vlabel(x["variant"]), cell(x), cell(y), "yes" if x["verdict"] == y["verdict"] else "NO"]
+            for x, y in zip(check["first"], check["second"])]
+    return ["claim", "variant", f"CPU code path {names[0]}", f"CPU code path {names[1]}", "same verdict"], rows
 
 
 def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
@@ -222,20 +244,29 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
     cfg = results["config"]
     cond = cfg["primary"]
     fl = failures(results)
-    tuning = ", ".join(str(s) for s in cfg["tuning_seeds"])
-    intro = (f"Pre-registered in the benchmark's PROTOCOL.md. Each training context holds {cfg['train_pairs'][0]}-"
-             f"{cfg['train_pairs'][1]} key-value facts (one token each, drawn per example) in {cfg['train_context'][0]}"
-             f"-{cfg['train_context'][1]} tokens (drawn per batch), the rest filler; {cfg['queries']} keys are asked "
-             f"per context; chance is {results['chance']:.3g}. Trained {cfg['steps']} steps per model. Each variant's "
-             f"learning rate was chosen from its grid on tuning seeds {tuning} (never test seeds) by validation "
-             f"accuracy at the primary condition; the test seeds 0-{cfg['seeds'] - 1} run at it (the primary "
-             f"analysis) and at the matched lr {results['matched_lr']:g} ({vlabel(cfg['matched_lr'])}'s, a "
-             f"sensitivity row). Seed s of every variant sees the same example stream and starts from the same "
-             f"tensors where shapes match. Primary endpoint: accuracy at {cond}, {cfg['train_context'][1]} tokens or "
-             f"fewer (inside the trained lengths); length extrapolation ({cfg['extrapolation']}) is secondary. "
-             f"Cells: seed mean [95% interval].")
+    seeds = [r["seed"] for r in _runs(results, next(iter(results["variants"])))]
+    grid = ", ".join(f"{x:g}" for x in cfg.get("lr_grid", []))
+    if "tuning_seeds" in cfg:  # a version-2 results.json
+        how = (f"Each variant's learning rate was chosen from its grid on tuning seeds "
+               f"{', '.join(str(s) for s in cfg['tuning_seeds'])} (never test seeds)")
+    else:
+        how = (f"Every variant ran the lr grid ({grid}) on every test seed; each variant's learning rate was chosen "
+               f"by the seed mean of its validation accuracy at the primary condition (the validation split; the "
+               f"verdicts read the test split)")
+    intro = (f"Pre-registered in the benchmark's PROTOCOL.md ({results.get('protocol', 'version 2')}). Each training "
+             f"context holds {cfg['train_pairs'][0]}-{cfg['train_pairs'][1]} key-value facts (one token each, drawn "
+             f"per example) in {cfg['train_context'][0]}-{cfg['train_context'][1]} tokens (drawn per batch), the rest "
+             f"filler; {cfg['queries']} keys are asked per context; chance is {results['chance']:.3g}. Trained "
+             f"{cfg['steps']} steps per model. {how}; the {len(seeds)} test seeds ({seeds[0]}-{seeds[-1]}) are judged "
+             f"at it (the primary analysis) and at the matched lr {results['matched_lr']:g} "
+             f"({vlabel(cfg['matched_lr'])}'s, a sensitivity row). Seed s of every variant sees the same example "
+             f"stream and starts from the same tensors where shapes match. Primary endpoint: accuracy at {cond}, "
+             f"{cfg['train_context'][1]} tokens or fewer (inside the trained lengths); length extrapolation "
+             f"({cfg['extrapolation']}) and stability across the lr grid are secondary. Cells: seed mean [95% "
+             f"interval].")
     fails = "; ".join(f"{vlabel(v)} {len(f['tuned'])} of {f['n']} (tuned lr), {len(f['matched'])} of {f['n']} "
-                      f"(matched lr), {len(f['tuning'])} tuning run(s)" for v, f in fl.items())
+                      f"(matched lr)" + (f", {len(f['grid'])} of {f['grid_n']} grid runs" if f["grid_n"] else
+                                         f", {len(f['tuning'])} tuning run(s)") for v, f in fl.items())
     floor = (f"Training failures (accuracy on held-out contexts of the training distribution below "
              f"{cfg['floor']:.0%}): {fails}. The primary analysis includes them; a sensitivity row drops their seeds.")
     parts = [f"<p>{html.escape(intro)}</p>", f"<p>{html.escape(floor)}</p>"]
@@ -258,6 +289,20 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
     for make in (models_table, accuracy_table, shares_table, lr_table):
         head, rows = make(results)
         parts.append(table(head, rows, left=1))
+    rounding = fig_dir / "rounding.json"
+    if rounding.is_file():
+        import json
+        check = json.loads(rounding.read_text(encoding="utf-8"))
+        head, rows = rounding_tables(check)
+        differ = [f"{r[1]}: {r[0]}" for r in rows if r[-1] == "NO"]
+        eq, n = check["grid_runs_equal_at_primary"]
+        parts.append("<h3>The rounding check: every job rerun under another CPU code path</h3>"
+                     + table(head, rows, left=len(head))
+                     + "<p class='note'>" + html.escape(
+                         (f"{len(differ)} verdict(s) differ between the two code paths, so they rest on float rounding "
+                          f"rather than on the variants: {'; '.join(differ)}." if differ else
+                          "Every verdict is the same under both code paths.")
+                         + f" Grid runs with bitwise the same primary accuracy: {eq} of {n}.") + "</p>")
     for name, title in FIGURES:
         if (fig_dir / name).is_file():
             parts.append(f"<h3>{html.escape(title)}</h3>" + image(fig_dir / name, title))

@@ -1,0 +1,116 @@
+"""The job journal (retrieval/scheduler.py): a killed benchmark resumes with only its unfinished jobs and ends with
+the results of an uninterrupted run; a torn last line is dropped; a journal of another configuration is refused."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from difftransformer.retrieval.benchmark import run_benchmark
+from difftransformer.retrieval.config import Condition, RetrievalConfig
+from difftransformer.retrieval.scheduler import JOURNAL, Journal, code_path_env, in_code_path
+
+
+def tiny(**kw) -> RetrievalConfig:
+    d = dict(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=2, seed_base=10, eval_contexts=4,
+             val_contexts=4, train_pairs=(2, 3), train_context=(4, 8), queries=2, cpu_code_path="machine",
+             conditions=(Condition("p3c8", 3, 8), Condition("p3c12", 3, 12)), primary="p3c8", extrapolation="p3c12",
+             quant_bits=(4,))
+    return RetrievalConfig(**{**d, **kw})
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+# A small benchmark through the CLI: 2 variants x 2 lrs x 3 seeds = 12 jobs of 40 steps (the default conditions).
+ARGS = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "40", "--batch", "4", "--seeds", "3",
+        "--seed-base", "50", "--lr-grid", "2e-3,4e-3", "--lr-widen", "0", "--eval-contexts", "4", "--train-pairs",
+        "8,10", "--train-context", "40,48", "--queries", "2", "--variants", "baseline,diff_v2", "--cpu-code-path",
+        "machine", "--no-progress", "--workers", "2"]
+
+
+def _cli(out: Path, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "difftransformer", *ARGS, "--out", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+def _jobs(path: Path) -> int:
+    try:
+        return max(0, path.read_text().count("\n") - 1)
+    except FileNotFoundError:
+        return 0
+
+
+def _comparable(results: dict) -> dict:
+    """results.json without what measures the run rather than the models: times, load, jobs run now."""
+    r = json.loads(json.dumps(results))
+    r.pop("timings")
+    for x in r["variants"].values():
+        for key in ("runs", "matched_runs", "grid_runs"):
+            for run in x[key]:
+                for k in [k for k in run if k.endswith("_s")]:
+                    run.pop(k)
+    return r
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
+    whole = _cli(tmp_path / "whole")
+    killed_dir = tmp_path / "killed"
+    p = _cli(killed_dir)
+    deadline = time.time() + 240
+    while _jobs(killed_dir / JOURNAL) < 4 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert p.poll() is None, f"the run ended before it could be killed: {p.communicate()}"
+    os.killpg(p.pid, signal.SIGKILL)  # the CLI and its workers, mid-job
+    p.wait()
+    n_before = _jobs(killed_dir / JOURNAL)
+    assert 4 <= n_before < 12 and not (killed_dir / "results.json").exists()
+    again = _cli(killed_dir)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    assert whole.wait(timeout=600) == 0
+    a = json.loads((tmp_path / "whole" / "results.json").read_text())
+    b = json.loads((killed_dir / "results.json").read_text())
+    assert b["timings"]["jobs"] == 12 and b["timings"]["jobs_run"] == 12 - n_before  # only the unfinished ran
+    assert _comparable(a) == _comparable(b)
+    assert "2 run now" not in out and f"{12 - n_before} run now" in out
+
+
+def test_journal_drops_a_torn_line_and_refuses_another_configuration(tmp_path):
+    path = tmp_path / JOURNAL
+    j = Journal(path, {"config": 1})
+    j.append("k1", ["baseline", 1, 0.002], {"x": 0.1 + 0.2})
+    j.append("k2", ["baseline", 2, 0.002], {"x": 1e-300})
+    with open(path, "a") as f:
+        f.write('{"key": "k3", "job": ["baseli')  # a kill in the middle of a line
+    j2 = Journal(path, {"config": 1})
+    assert j2.get("k1") == {"x": 0.1 + 0.2} and j2.get("k2") == {"x": 1e-300} and j2.get("k3") is None
+    assert path.read_text().endswith("\n") and path.read_text().count("\n") == 3  # the torn line is gone
+    j2.append("k3", ["baseline", 3, 0.002], {"x": 3})
+    assert Journal(path, {"config": 1}).get("k3") == {"x": 3}
+    with pytest.raises(ValueError, match="another configuration"):
+        Journal(path, {"config": 2})
+    path.write_text(path.read_text().replace('"k1"', "garbage", 1).replace("{", "[", 2))
+    with pytest.raises(ValueError, match="another configuration|not a journal record"):
+        Journal(path, {"config": 1})
+
+
+def test_resume_in_process_reads_every_job_back(tmp_path):
+    cfg = tiny(variants=("baseline", "diff_v1"), lr_grid=(2e-3, 4e-3), lr_widen=0, seeds=2)
+    a = run_benchmark(cfg, tmp_path, workers=1, progress=False)
+    b = run_benchmark(cfg, tmp_path, workers=1, progress=False)
+    assert b["timings"]["jobs_run"] == 0 and a["timings"]["jobs_run"] == a["timings"]["jobs"] == 8
+    assert _comparable(a) == _comparable(b)
+    with pytest.raises(ValueError, match="another configuration"):
+        run_benchmark(cfg.replace(steps=4), tmp_path, workers=1, progress=False)
+
+
+def test_code_paths():
+    assert code_path_env("machine") == {}
+    assert code_path_env("avx2")["ATEN_CPU_CAPABILITY"] == "avx2" and code_path_env("avx2")["MKL_CBWR"] == "AVX2"
+    with pytest.raises(ValueError, match="machine, avx2, avx512"):
+        code_path_env("sse")
+    assert not in_code_path("avx2") or os.environ.get("MKL_CBWR") == "AVX2"  # this process was not started pinned
