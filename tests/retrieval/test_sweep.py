@@ -63,3 +63,21 @@ def test_tiny_sweep_end_to_end(tmp_path):
     assert "diff_v1: parameters for the baseline's accuracy" in format_sweep(res)
     with pytest.raises(ValueError, match="two distinct widths"):
         run_sweep(cfg, [16], None, workers=1, progress=False)
+
+
+def test_sweep_reuses_the_benchmarks_jobs_at_the_default_width(tmp_path):
+    """The benchmark's jobs are the sweep's at the default width (same keys): --reuse-jobs reads them instead of
+    running them, and the sweep's results are the same as without."""
+    from difftransformer.retrieval.benchmark import run_benchmark
+    cfg = RetrievalConfig(n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=2, lr_grid=(2e-3, 4e-3), lr_widen=0,
+                          cpu_code_path="machine", d_model=16, eval_contexts=4, val_contexts=4, train_pairs=(2, 3),
+                          train_context=(4, 8), queries=2,
+                          conditions=(Condition("p3c8", 3, 8), Condition("p3c12", 3, 12)), primary="p3c8",
+                          extrapolation="p3c12", variants=("baseline", "diff_v1"))
+    run_benchmark(cfg, tmp_path / "bench", workers=1, progress=False)
+    fresh = run_sweep(cfg, [16, 24], tmp_path / "s1", workers=1, progress=False)
+    reused = run_sweep(cfg, [16, 24], tmp_path / "s2", workers=1, progress=False,
+                       reuse=tmp_path / "bench" / "jobs.jsonl")
+    assert fresh["jobs_run"] == 16 and reused["jobs_run"] == 8  # width 16 (the default) came from the benchmark
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("wall_s", "jobs_run")}  # noqa: E731
+    assert strip(fresh) == strip(reused)

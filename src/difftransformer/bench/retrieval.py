@@ -50,13 +50,21 @@ def _stacked_time(cfg, variant: str, members: int, steps: int) -> float:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..model import variants as registry
-    from ..retrieval.config import RetrievalConfig
     for name in ("steps", "rounds", "members"):
         v = getattr(args, name)
         if isinstance(v, bool) or v < 1:
             raise ValueError(f"--{name} must be >= 1, got {v}")
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a benchmark worker runs a job
+    try:
+        return _measure(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from ..model import variants as registry
+    from ..retrieval.config import RetrievalConfig
     cfg = RetrievalConfig()
     names = registry.names()
     base = registry.reference().name

@@ -7,6 +7,7 @@ Writes DIR/results.json and DIR/*.png and prints, per variant: parameters, chose
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, Optional
 
 from ..model import variants as registry
@@ -72,6 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "test seed x lr of the grid, each variant at its lr per width (chosen on validation); accuracy "
                         "at the primary condition against parameters, and the parameter ratio DIFF/baseline at the "
                         "baseline's default-width accuracy, bootstrapped; resumable (OUT/sweep-jobs.jsonl)")
+    p.add_argument("--reuse-jobs", metavar="JOURNAL",
+                   help="with --sweep-width: read finished jobs from another run's journal (e.g. the benchmark's "
+                        "OUT/jobs.jsonl: its jobs are the sweep's at the default width) where everything that "
+                        "determines a job is the same (its key); they are copied, not run")
     p.add_argument("--cpu-code-path", choices=CODE_PATHS,
                    help="the CPU kernels every job runs: 'machine' lets each library pick them for this CPU; "
                         "'avx2'/'avx512' pin PyTorch's, MKL's and oneDNN's instruction set (default machine: pinning "
@@ -166,10 +171,13 @@ def run_cli(args) -> int:
     if isinstance(args.workers, bool) or args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     cfg = config_from_args(args)
+    if args.reuse_jobs is not None and (args.sweep_width is None or not Path(args.reuse_jobs).is_file()):
+        raise ValueError(f"--reuse-jobs {args.reuse_jobs}: needs --sweep-width and an existing journal file")
     if args.sweep_width is not None:
         from .sweep import format_sweep, run_sweep
         widths = _ints(args.sweep_width, "--sweep-width")
-        res = run_sweep(cfg, widths, args.out, workers=args.workers, progress=not args.no_progress)
+        res = run_sweep(cfg, widths, args.out, workers=args.workers, progress=not args.no_progress,
+                        reuse=args.reuse_jobs)
         print(format_sweep(res))
         print(f"wrote {args.out}/sweep.json and sweep.png")
         return 0

@@ -126,6 +126,21 @@ class Journal:
         from ..fileio import atomic_write
         atomic_write(self.path, "".join(line + "\n" for line in lines))
 
+    def adopt(self, other: Path) -> int:
+        """Copy into this journal every finished job of another run's journal that this one lacks (the keys are
+        hashes of everything that determines a job, so a job found under its key is this job); returns how many."""
+        n = 0
+        for line in Path(other).read_text(encoding="utf-8").split("\n")[1:]:
+            try:
+                rec = json.loads(line)
+                key = rec["key"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line
+            if key not in self.records:
+                self.append(key, rec["job"], rec["result"])
+                n += 1
+        return n
+
     def get(self, key: str) -> Optional[dict[str, Any]]:
         rec = self.records.get(key)
         return None if rec is None else rec["result"]

@@ -103,9 +103,11 @@ def analyse(res: dict[str, Any], default_width: int) -> dict[str, Any]:
 
 
 def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str | Path] = None, workers: int = 2,
-              progress: bool = True) -> dict[str, Any]:
+              progress: bool = True, reuse: Optional[str | Path] = None) -> dict[str, Any]:
     """Train every width x variant x lr x test seed (resuming from ``out_dir/sweep-jobs.jsonl``), choose each
-    variant's lr per width, fit and bootstrap; write sweep.json and sweep.png."""
+    variant's lr per width, fit and bootstrap; write sweep.json and sweep.png. ``reuse``: another run's journal
+    (e.g. the benchmark's ``jobs.jsonl``, whose jobs are the sweep's at the default width) whose jobs are read
+    instead of run where their keys match."""
     if len(widths) < 2 or len(set(widths)) != len(widths):
         raise ValueError(f"--sweep-width needs at least two distinct widths, got {list(widths)}")
     if registry.reference().name not in cfg.variants or len(cfg.variants) < 2:
@@ -125,7 +127,9 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
               "config": cfg.to_dict(), "widths": ws}
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(Path(out_dir or tmp) / SWEEP_JOURNAL, header)
-        runs, _ = run_jobs(lambda done: (jobs, True), _job, lambda j: (dicts[j[0]], j[1], j[2], j[3]),
+        if reuse is not None:
+            journal.adopt(Path(reuse))
+        runs, ran = run_jobs(lambda done: (jobs, True), _job, lambda j: (dicts[j[0]], j[1], j[2], j[3]),
                            lambda j: job_key(job_description(dicts[j[0]], tuple(j[1:]))), journal, workers,
                            cfg.cpu_code_path, progress, desc="retrieval width sweep (jobs)")
     S, P = cfg.test_seeds, cfg.primary
@@ -142,7 +146,7 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
         "validation": {v: [[{"lr": g["lr"], "val_accuracy": g["val_accuracy"], "passed_floor": g["passed_floor"]}
                             for g in lr_scores(runs[(w, v, s, lr)] for lr in cfg.lr_grid for s in S)] for w in ws]
                        for v in cfg.variants},
-        "wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(jobs),
+        "wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(jobs), "jobs_run": ran,
     }
     res["analysis"] = analyse(res, cfg.d_model)
     if out_dir is not None:
