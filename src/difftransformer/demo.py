@@ -1,12 +1,13 @@
 """`difftransformer demo`: the main job on the embedded default data.
 
-First the token-level retrieval benchmark (`difftransformer retrieval`, pre-registered in its PROTOCOL.md:
-baseline, DIFF V1 and DIFF V2 learn a key-value lookup among distractors; learning rates tuned on their own seeds,
-then 8 paired test seeds per variant at the tuned and at a matched learning rate; into OUT/retrieval), the paper's
-central claim on a task every variant learns. Then a baseline, a DIFF V1 and a DIFF V2 language model
-from the `demo` preset (or --config; only model.attention differs) on the same tokens (the embedded King James Bible
-with a share of synthetic multi-needle retrieval documents, tokenised once into OUT/data), with a table of
-parameters, training tokens/s and final validation loss. Then every analysis of `difftransformer eval` on the three
+First the token-level retrieval benchmark (`difftransformer retrieval`, pre-registered in its PROTOCOL.md,
+version 3: baseline, DIFF V1 and DIFF V2 learn a key-value lookup among distractors; the learning-rate grid on each
+of 12 paired test seeds, each variant's lr chosen on the validation split; into OUT/retrieval, journaled job by
+job), the paper's central claim on a task every variant learns. Then a baseline, a DIFF V1 and a DIFF V2 language
+model from the `demo` preset (or --config; only model.attention differs) on the same tokens (the embedded King James
+Bible with a share of synthetic multi-needle retrieval documents, tokenised once into OUT/data), 50 steps each by
+default (descriptive: what the 30-minute budget leaves), with a table of parameters, training tokens/s and final
+validation loss. Then every analysis of `difftransformer eval` on the three
 language models, and one HTML report (OUT/report/report.html) that leads with the retrieval benchmark.
 
 Runs already complete in OUT are reused and interrupted ones are resumed, so running the demo again continues
@@ -302,6 +303,6 @@ def register(sub) -> None:
     p.add_argument("--no-retrieval", action="store_true",
                    help="skip the token-level retrieval benchmark (the report then has only the language models)")
     p.add_argument("--retrieval-seeds", type=int, default=None, metavar="N",
-                   help="test seeds per variant of the retrieval benchmark (default 8; quick 2)")
+                   help="test seeds per variant of the retrieval benchmark (default 12; quick 2)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
