@@ -16,6 +16,7 @@ from .eval import cli as eval_cli
 from .inference import cli as inference_cli
 from .interop import cli as interop_cli
 from .interop import lm_eval_cli
+from .lmsweep import cli as lmsweep_cli
 from .log import setup_cli_logging
 from .retrieval import cli as retrieval_cli
 from .train import cli as train_cli
@@ -31,6 +32,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     eval_cli.register,
     eval_cli.register_report,
     retrieval_cli.register,
+    lmsweep_cli.register,
 )
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback

@@ -1,0 +1,286 @@
+"""What PROTOCOL.md decides, one function per section: the jobs, the lr choice, the endpoints and their verdicts.
+
+Nothing here runs a job (``sweep.py`` does, through the retrieval benchmark's scheduler). A job is
+``Job(width, variant, seed, lr)``; its result is ``job.run_job``'s dict. The two ratio fits (``param_ratio``,
+``token_ratio``) and their verdict rule (``ratio_verdict``) are pure functions of seed-by-width arrays, so the tests
+can feed them curves built to a known ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+from ..model import variants as registry
+from ..retrieval.protocol import next_lr
+from .config import LMSweepConfig
+
+N_BOOT = 2000
+MAX_UNDEFINED = 0.05
+MAX_SLOPE = -1e-9  # a loss-vs-log-parameters slope at or above this is flat or rising: no parameter ratio
+OUTLIER_MAX_RATIO = 0.8
+
+
+class Job(NamedTuple):
+    width: int
+    variant: str
+    seed: int
+    lr: float
+
+
+def loss_of(r: dict[str, Any], key: str, cap: float) -> float:
+    """A run's loss (``tune_loss`` or ``test_loss``); a diverged run counts as ``cap`` (ln vocabulary)."""
+    return cap if r["diverged"] else float(r[key])
+
+
+# ---------------------------------------------------------------------------------------------- learning rates
+def lr_scores(runs: Iterable[dict[str, Any]], cap: float) -> list[dict[str, Any]]:
+    """Per lr (ascending): the seed means of the tuning-half and test-half losses, the diverged and floor-failing
+    counts."""
+    runs = list(runs)
+    out = []
+    for lr in sorted({r["lr"] for r in runs}):
+        rs = [r for r in runs if r["lr"] == lr]
+        out.append({"lr": lr, "seeds": sorted(r["seed"] for r in rs),
+                    "tune_loss": statistics.fmean(loss_of(r, "tune_loss", cap) for r in rs),
+                    "test_loss": statistics.fmean(loss_of(r, "test_loss", cap) for r in rs),
+                    "diverged": sum(bool(r["diverged"]) for r in rs),
+                    "failed_floor": sum(not passed(r) for r in rs)})
+    return out
+
+
+def choose_lr(scores: list[dict[str, Any]]) -> float:
+    """The lowest seed-mean tuning-half loss; ties (to the 12th digit) to the smaller lr."""
+    return min(scores, key=lambda s: (round(s["tune_loss"], 12), s["lr"]))["lr"]
+
+
+class LrChoice(NamedTuple):
+    lr: Optional[float]  # None while runs are missing
+    grid: list[float]
+    widened: list[float]
+
+
+def lr_choice(cfg: LMSweepConfig, width: int, variant: str, done: dict[Job, dict[str, Any]], cap: float) -> LrChoice:
+    """Replay the choice at one width: the grid on every seed; at a chosen edge the next value (``lr_widen`` times)."""
+    grid, widened = list(cfg.lr_grid), list[float]()
+    while True:
+        runs = [done.get(Job(width, variant, s, lr)) for lr in grid for s in cfg.test_seeds]
+        if any(r is None for r in runs):
+            return LrChoice(None, grid, widened)
+        chosen = choose_lr(lr_scores((r for r in runs if r is not None), cap))
+        nxt = next_lr(grid, chosen)
+        if nxt is None or len(widened) >= cfg.lr_widen:
+            return LrChoice(chosen, grid, widened)
+        grid.append(nxt)
+        widened.append(nxt)
+
+
+def needed_jobs(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) -> tuple[list[Job], bool]:
+    """Every job the protocol asks for given the finished ones, and whether the list is final. Largest width first
+    (its jobs take longest: the pool ends on short ones)."""
+    base = registry.reference().name
+    jobs: list[Job] = []
+    final = True
+    for w in sorted(cfg.widths, reverse=True):
+        choices = {v: lr_choice(cfg, w, v, done, cap) for v in cfg.variants}
+        for v, c in choices.items():
+            jobs += [Job(w, v, s, lr) for lr in c.grid for s in cfg.test_seeds]
+            final = final and c.lr is not None
+        matched = choices[base].lr
+        if matched is None:
+            final = False
+        else:
+            jobs += [Job(w, v, s, matched) for v in cfg.variants for s in cfg.test_seeds]
+    return list(dict.fromkeys(jobs)), final
+
+
+def passed(r: dict[str, Any]) -> bool:
+    return not r["diverged"] and r["test_loss"] < r["floor"]
+
+
+# ---------------------------------------------------------------------------------------------- ratio fits
+def fit_loglinear(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(a, b) of y = a + b log x, least squares."""
+    b, a = np.polyfit(np.log(np.asarray(x, dtype=float)), np.asarray(y, dtype=float), 1)
+    return float(a), float(b)
+
+
+def param_ratio(params_base: Sequence[float], loss_base: Sequence[float], params_diff: Sequence[float],
+                loss_diff: Sequence[float]) -> float:
+    """Fig. 3a: the parameters at which DIFF's fitted loss equals the baseline's fitted loss at the baseline's
+    largest parameter count, over that count. nan when a fitted slope is not negative (flat or rising curves)."""
+    ab, bb = fit_loglinear(params_base, loss_base)
+    ad, bd = fit_loglinear(params_diff, loss_diff)
+    if not (bb < MAX_SLOPE and bd < MAX_SLOPE):
+        return math.nan
+    ref = float(max(params_base))
+    target = ab + bb * math.log(ref)
+    z = (target - ad) / bd - math.log(ref)
+    return math.exp(z) if z < 700 else math.inf
+
+
+def token_ratio(tokens: Sequence[float], curve_base: Sequence[float], curve_diff: Sequence[float]) -> float:
+    """Fig. 3b: the tokens at which DIFF's curve first reaches the baseline's final loss (linear in log tokens
+    between points; the first point when already there), over the baseline's final token count; inf when never."""
+    t = np.asarray(tokens, dtype=float)
+    target = float(curve_base[-1])
+    d = np.asarray(curve_diff, dtype=float)
+    hit = np.nonzero(d <= target)[0]
+    if hit.size == 0:
+        return math.inf
+    i = int(hit[0])
+    if i == 0:
+        return float(t[0] / t[-1])
+    lo, hi = math.log(t[i - 1]), math.log(t[i])
+    f = (d[i - 1] - target) / (d[i - 1] - d[i])
+    return math.exp(lo + f * (hi - lo)) / float(t[-1])
+
+
+def _quantile(x: np.ndarray, q: float) -> float:
+    """A percentile that tolerates inf (an order statistic, no interpolation between inf and a number)."""
+    return float(np.quantile(x, q, method="inverted_cdf"))
+
+
+def ratio_verdict(ratio_fn: Callable[[np.ndarray], float], seeds: int, n_boot: int = N_BOOT) -> dict[str, Any]:
+    """Estimate, paired percentile bootstrap over seeds and per-seed ratios, and the verdict (PROTOCOL.md (b)).
+
+    ``ratio_fn(idx)``: the ratio from the seeds at positions ``idx`` (seed means over them)."""
+    from ..eval import stats
+    est = ratio_fn(np.arange(seeds))
+    rng = np.random.default_rng(0)
+    boot = np.array([ratio_fn(idx) for idx in rng.integers(0, seeds, size=(n_boot, seeds))])
+    per_seed = [ratio_fn(np.array([i])) for i in range(seeds)]
+    ok = boot[~np.isnan(boot)]
+    undefined = 1 - ok.size / n_boot
+    lo, hi = (_quantile(ok, 0.025), _quantile(ok, 0.975)) if ok.size else (math.nan, math.nan)
+    seeds_ok = all(not math.isnan(r) for r in per_seed)
+    if math.isnan(est) or undefined > MAX_UNDEFINED or not seeds_ok:
+        verdict, why = stats.INCONCLUSIVE, (f"no ratio in {undefined:.0%} of the bootstrap draws, the estimate or a "
+                                           "seed (a fitted curve that does not fall)")
+    elif hi < 1 and all(r < 1 for r in per_seed):
+        verdict, why = stats.HELD, "the whole interval and every seed's own ratio are below 1"
+    elif lo > 1 and all(r > 1 for r in per_seed):
+        verdict, why = stats.NOT_HELD, "the whole interval and every seed's own ratio are above 1"
+    else:
+        verdict, why = stats.INCONCLUSIVE, ("the interval includes 1" if lo <= 1 <= hi
+                                            else "the interval excludes 1 but a seed's own ratio does not")
+    return {"estimate": est, "ci": [lo, hi], "per_seed": per_seed, "undefined_share": undefined, "n_boot": n_boot,
+            "seeds": seeds, "verdict": verdict, "why": why}
+
+
+# ---------------------------------------------------------------------------------------------- assembling
+def _json_float(x: float) -> Any:
+    return x if math.isfinite(x) else ("inf" if x > 0 else ("-inf" if x < 0 else None))
+
+
+def _verdict_dict(v, n: int, extra: str = "") -> dict[str, Any]:
+    return {"verdict": v.verdict, "estimate": v.estimate, "ci": list(v.ci), "n": n, "method": v.method,
+            "why": "; ".join(x for x in (v.reason, extra) if x)}
+
+
+def _compare(cfg: LMSweepConfig, base_runs: list[dict], diff_runs: list[dict], value: Callable[[dict], float],
+             ratio: bool = False) -> dict[str, Any]:
+    from ..eval import stats
+    b, d = [value(r) for r in base_runs], [value(r) for r in diff_runs]
+    v = (stats.compare_ratio(b, d, max_ratio=OUTLIER_MAX_RATIO) if ratio
+         else stats.compare_seeds(b, d, higher_is_better=False, min_effect=0.0))
+    bad = [f"{r['variant']} seed {r['seed']} lr {r['lr']:g}" for r in base_runs + diff_runs if not passed(r)]
+    out = _verdict_dict(v, len(b))
+    if bad:
+        out.update(verdict=stats.INCONCLUSIVE,
+                   why=f"diverged or above the unigram floor: {', '.join(bad)}; " + out["why"])
+    return out
+
+
+def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) -> dict[str, Any]:
+    """sweep.json's body from the finished jobs: choices, per-width tables, every endpoint with its verdict."""
+    base = registry.reference().name
+    diffs = [v for v in cfg.variants if v != base]
+    S, ws, big = cfg.test_seeds, sorted(cfg.widths), cfg.largest
+    choices = {w: {v: lr_choice(cfg, w, v, done, cap) for v in cfg.variants} for w in ws}
+    chosen = {v: [choices[w][v].lr for w in ws] for v in cfg.variants}
+    at = {v: {w: [done[Job(w, v, s, choices[w][v].lr)] for s in S] for w in ws}  # type: ignore[arg-type]
+          for v in cfg.variants}
+    matched = {v: {w: [done[Job(w, v, s, choices[w][base].lr)] for s in S] for w in ws}  # type: ignore[arg-type]
+               for v in cfg.variants}
+    table = {v: [{"width": w, "lr": choices[w][v].lr, "widened": choices[w][v].widened,
+                  "params": at[v][w][0]["params"], "params_non_embedding": at[v][w][0]["params_non_embedding"],
+                  "test_loss": [r["test_loss"] for r in at[v][w]], "floor": at[v][w][0]["floor"],
+                  "grid": lr_scores((r for j, r in done.items() if j.width == w and j.variant == v), cap)}
+                 for w in ws] for v in cfg.variants}
+    test = lambda r: loss_of(r, "test_loss", cap)  # noqa: E731
+    endpoints: dict[str, dict[str, Any]] = {v: {} for v in diffs}
+    for v in diffs:
+        e = endpoints[v]
+        e["loss"] = {str(w): _compare(cfg, at[base][w], at[v][w], test) for w in ws}
+        e["loss_matched_lr"] = {str(w): _compare(cfg, matched[base][w], matched[v][w], test) for w in ws}
+        for key, count in (("param_ratio", "params_non_embedding"), ("param_ratio_total", "params")):
+            nb = [at[base][w][0][count] for w in ws]
+            nd = [at[v][w][0][count] for w in ws]
+            lb = np.array([[test(r) for r in at[base][w]] for w in ws])  # (widths, seeds)
+            ld = np.array([[test(r) for r in at[v][w]] for w in ws])
+            e[key] = _ratio_json(ratio_verdict(_param_fn(nb, lb, nd, ld), len(S)))
+        cb = np.array([r["curve"]["test_loss"] for r in at[base][big]])  # (seeds, points)
+        cd = np.array([r["curve"]["test_loss"] for r in at[v][big]])
+        tokens = [s * cfg.batch * cfg.seq_len for s in at[base][big][0]["curve"]["steps"]]
+        if all(passed(r) for r in at[base][big] + at[v][big]):
+            e["token_ratio"] = _ratio_json(ratio_verdict(_token_fn(tokens, cb, cd), len(S)))
+        else:
+            from ..eval import stats
+            e["token_ratio"] = {"verdict": stats.INCONCLUSIVE, "estimate": None, "ci": [None, None],
+                                "why": "a run at the chosen lr diverged or stayed above the unigram floor"}
+        for key, field in (("outliers_attention_logit", "attention_logit_top1"),
+                           ("outliers_hidden_state", "hidden_state_top1")):
+            if all(passed(r) for r in at[base][big] + at[v][big]):
+                e[key] = _compare(cfg, at[base][big], at[v][big], _outlier(field), ratio=True)
+            else:
+                from ..eval import stats
+                e[key] = {"verdict": stats.INCONCLUSIVE, "estimate": None, "ci": [None, None],
+                          "why": "a run at the chosen lr diverged or stayed above the unigram floor"}
+        e["lr_robustness"] = {str(w): _robust(cfg, w, base, v, done, cap) for w in ws}
+    return {
+        "widths": ws, "seeds": S, "lr_grid": list(cfg.lr_grid), "loss_cap": cap, "chosen_lr": chosen,
+        "table": table, "endpoints": endpoints,
+        "curves": {v: {"tokens": [s * cfg.batch * cfg.seq_len for s in at[v][big][0]["curve"]["steps"]],
+                       "test_loss": [r["curve"]["test_loss"] for r in at[v][big]]} for v in cfg.variants},
+        "diverged_runs": {v: sum(bool(r["diverged"]) for j, r in done.items() if j.variant == v)
+                          for v in cfg.variants},
+        "failed_floor_runs": {v: sum(not passed(r) for j, r in done.items() if j.variant == v) for v in cfg.variants},
+        "runs_total": {v: sum(j.variant == v for j in done) for v in cfg.variants},
+    }
+
+
+def _param_fn(nb: list[int], lb: np.ndarray, nd: list[int], ld: np.ndarray) -> Callable[[np.ndarray], float]:
+    """Fig. 3a's ratio from the seeds at ``idx`` (losses: (widths, seeds))."""
+    return lambda idx: param_ratio(nb, lb[:, idx].mean(1), nd, ld[:, idx].mean(1))
+
+
+def _token_fn(tokens: list[int], cb: np.ndarray, cd: np.ndarray) -> Callable[[np.ndarray], float]:
+    """Fig. 3b's ratio from the seeds at ``idx`` (curves: (seeds, points))."""
+    return lambda idx: token_ratio(tokens, cb[idx].mean(0), cd[idx].mean(0))
+
+
+def _outlier(field: str) -> Callable[[dict[str, Any]], float]:
+    return lambda r: float(r["outliers"][field])
+
+
+def _ratio_json(r: dict[str, Any]) -> dict[str, Any]:
+    return {**r, "estimate": _json_float(r["estimate"]), "ci": [_json_float(x) for x in r["ci"]],
+            "per_seed": [_json_float(x) for x in r["per_seed"]]}
+
+
+def _robust(cfg: LMSweepConfig, w: int, base: str, v: str, done: dict[Job, dict[str, Any]], cap: float):
+    """(e) at one width: per seed the grid-mean test-half loss (diverged capped), DIFF minus baseline, paired t."""
+    from ..eval import stats
+
+    def per_seed(var: str) -> list[float]:
+        return [statistics.fmean(loss_of(done[Job(w, var, s, lr)], "test_loss", cap) for lr in cfg.lr_grid)
+                for s in cfg.test_seeds]
+    b, d = per_seed(base), per_seed(v)
+    out = _verdict_dict(stats.compare_seeds(b, d, higher_is_better=False, min_effect=0.0), len(b))
+    out["base"], out["diff"] = b, d
+    return out

@@ -1,0 +1,90 @@
+"""``difftransformer lm-sweep``: the pre-registered language-model sweep (PROTOCOL.md beside this file).
+
+Writes OUT/sweep.json, OUT/lm-sweep-{params,tokens,lr}.png and OUT/lm-jobs.jsonl (the job journal: run the same
+command again to resume), and prints the per-width table, the verdict table and the sensitivity rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..model import variants as registry
+from ..retrieval.scheduler import CODE_PATHS
+from .config import LMSweepConfig, quick_config
+
+HELP = ("language-model sweep, pre-registered (PROTOCOL.md, version 1): baseline vs DIFF V1/V2 at 4 widths, an lr "
+        "grid per variant and width on 3 paired seeds; final loss, Fig. 3a (parameters) and 3b (tokens) ratios with "
+        "bootstrap intervals, activation outliers, lr robustness; plots; resumable (OUT/lm-jobs.jsonl); about an "
+        "hour on 2 CPU cores")
+
+
+def _list(text: str, flag: str, kind):
+    try:
+        vals = tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated {kind.__name__}s, got {text!r}") from None
+    if not vals:
+        raise ValueError(f"{flag} must list at least one value")
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory: sweep.json, the plots, the job journal, data/")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run (a few minutes): widths 16,32, 40 steps, 2 lrs, 2 seeds; not a measurement")
+    p.add_argument("--widths", help="comma-separated d_model values (default 32,48,64,96); PROTOCOL.md fixes them")
+    p.add_argument("--n-layers", type=int, help="layers at every width (default 4)")
+    p.add_argument("--n-heads", type=int, help="the baseline's heads at every width, even (default 2)")
+    p.add_argument("--preset", help="the preset whose [data] (tokens, tokenizer) and other [model] options are used "
+                                    "(default demo)")
+    p.add_argument("--seq-len", type=int, help="training and validation window, tokens (default 128)")
+    p.add_argument("--batch", type=int, help="windows per optimizer step (default 16)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default 300)")
+    p.add_argument("--warmup-steps", type=int, help="linear warmup steps (default 30)")
+    p.add_argument("--lr-grid", help="comma-separated peak learning rates, each run on every seed at every width "
+                                     "(default 2e-3,4e-3,8e-3)")
+    p.add_argument("--lr-widen", type=int, help="times a grid grows past a chosen edge, per width (default 1)")
+    p.add_argument("--seeds", type=int, help="paired seeds (default 3)")
+    p.add_argument("--seed-base", type=int, help="the first seed: SEED_BASE..SEED_BASE+N-1 (default 4000)")
+    p.add_argument("--eval-every", type=int, help="steps between points of the loss curve (default 25)")
+    p.add_argument("--variants", help=f"comma-separated subset of {', '.join(registry.names())} (with the baseline)")
+    p.add_argument("--cpu-code-path", choices=CODE_PATHS,
+                   help="the CPU kernels every job runs: 'machine' (default) or a pinned instruction set; rerun under "
+                        "another to check that the verdicts survive its rounding")
+    p.add_argument("--workers", type=int, default=2,
+                   help="worker processes, one torch thread each (default 2); the numbers do not depend on it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args) -> LMSweepConfig:
+    cfg = quick_config() if args.quick else LMSweepConfig()
+    ch: dict = {}
+    for flag in ("n_layers", "n_heads", "preset", "seq_len", "batch", "steps", "warmup_steps", "lr_widen", "seeds",
+                 "seed_base", "eval_every", "cpu_code_path"):
+        if getattr(args, flag) is not None:
+            ch[flag] = getattr(args, flag)
+    if args.widths is not None:
+        ch["widths"] = _list(args.widths, "--widths", int)
+    if args.lr_grid is not None:
+        ch["lr_grid"] = _list(args.lr_grid, "--lr-grid", float)
+    if args.variants is not None:
+        ch["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    return cfg.replace(**ch) if ch else cfg
+
+
+def run_cli(args) -> int:
+    if isinstance(args.workers, bool) or args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    from .sweep import format_sweep, run_lm_sweep
+    res = run_lm_sweep(config_from_args(args), args.out, workers=args.workers, progress=not args.no_progress)
+    if args.quick:
+        print("QUICK SMOKE RUN: far too little training to measure anything; run without --quick.")
+    print(format_sweep(res))
+    print(f"wrote {args.out}/sweep.json and lm-sweep-params.png, lm-sweep-tokens.png, lm-sweep-lr.png")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lm-sweep", help=HELP, description=HELP, allow_abbrev=False)
+    add_arguments(p)
+    p.set_defaults(func=run_cli)

@@ -1,0 +1,114 @@
+"""Typed configuration of the language-model sweep (``difftransformer lm-sweep``; design in PROTOCOL.md beside it).
+
+The defaults are the pre-registered protocol's values. Every model of the sweep is a ``DiffTransformerLM`` built from
+the ``preset``'s [model] section with ``d_model``, ``n_layers``, ``n_heads`` and ``attention`` replaced, trained on
+the preset's [data] tokens (prepared once into OUT/data) with windows of ``seq_len`` tokens, by the training step of
+``difftransformer train`` (``trainer.train_step``: AdamW, linear warmup then cosine to ``min_lr_ratio * lr``,
+clipping).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import variants as registry
+
+
+@dataclass(frozen=True)
+class LMSweepConfig:
+    widths: tuple[int, ...] = (32, 48, 64, 96)  # d_model; parameters matched across variants by the library
+    n_layers: int = 4
+    n_heads: int = 2  # the baseline's heads at every width (DIFF V1: 1 differential head, DIFF V2: 4 query heads)
+    preset: str = "demo"  # its [data] section: the tokens and the tokenizer; its [model] section's other options
+    seq_len: int = 128
+    batch: int = 16  # windows per optimizer step (one micro-batch)
+    steps: int = 300
+    warmup_steps: int = 30
+    min_lr_ratio: float = 0.1  # the cosine ends at this share of the peak lr
+    lr_grid: tuple[float, ...] = (2e-3, 4e-3, 8e-3)
+    lr_widen: int = 1  # times a variant's grid grows past a chosen edge (per width)
+    seeds: int = 3
+    seed_base: int = 4000
+    eval_every: int = 25  # optimizer steps between points of the test-half validation curve
+    outlier_windows: int = 8  # test-half windows for the activation-outlier measure
+    variants: tuple[str, ...] = field(default_factory=registry.names)
+    cpu_code_path: str = "machine"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "widths", tuple(self.widths))
+        object.__setattr__(self, "lr_grid", tuple(float(x) for x in self.lr_grid))
+        object.__setattr__(self, "variants", tuple(self.variants))
+        self.validate()
+
+    def validate(self) -> None:
+        def posint(name: str, lo: int = 1) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+
+        for name, lo in (("n_layers", 1), ("n_heads", 2), ("seq_len", 8), ("batch", 1), ("steps", 1),
+                         ("warmup_steps", 0), ("lr_widen", 0), ("seeds", 1), ("seed_base", 0), ("eval_every", 1),
+                         ("outlier_windows", 1)):
+            posint(name, lo)
+        if self.n_heads % 2:
+            raise ValueError(f"n_heads must be even (DIFF V1 pairs the baseline's heads), got {self.n_heads}")
+        if len(self.widths) < 2 or len(set(self.widths)) != len(self.widths):
+            raise ValueError(f"widths must list at least two distinct model widths, got {list(self.widths)}")
+        for w in self.widths:
+            if isinstance(w, bool) or not isinstance(w, int) or w < 8 or w % (2 * self.n_heads):
+                raise ValueError(f"every width must be an integer >= 8 divisible by 2 * n_heads = {2 * self.n_heads} "
+                                 f"(even head width), got {w!r}")
+        if not self.lr_grid or any(not (math.isfinite(x) and x > 0) for x in self.lr_grid) \
+                or len(set(self.lr_grid)) != len(self.lr_grid):
+            raise ValueError(f"lr_grid must list distinct positive learning rates, got {list(self.lr_grid)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        known = registry.names()
+        bad = [v for v in self.variants if v not in known]
+        if bad or not self.variants or len(set(self.variants)) != len(self.variants):
+            raise ValueError(f"variants must be distinct names among {', '.join(known)}, got {list(self.variants)}")
+        if registry.reference().name not in self.variants or len(self.variants) < 2:
+            raise ValueError(f"variants must include the reference {registry.reference().name!r} and a DIFF variant "
+                             f"(the sweep compares them), got {list(self.variants)}")
+        from ..retrieval.scheduler import CODE_PATHS
+        if self.cpu_code_path not in CODE_PATHS:
+            raise ValueError(f"cpu_code_path must be one of {', '.join(CODE_PATHS)}, got {self.cpu_code_path!r}")
+
+    @property
+    def test_seeds(self) -> list[int]:
+        return list(range(self.seed_base, self.seed_base + self.seeds))
+
+    @property
+    def largest(self) -> int:
+        return max(self.widths)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("widths", "lr_grid", "variants"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LMSweepConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown LMSweepConfig key(s): {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> LMSweepConfig:
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown LMSweepConfig key(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+
+def quick_config() -> LMSweepConfig:
+    """A smoke run (a few minutes): two tiny widths, two lrs, two seeds, 40 steps; not a measurement."""
+    return LMSweepConfig(widths=(16, 32), steps=40, warmup_steps=5, lr_grid=(4e-3, 8e-3), lr_widen=0, seeds=2,
+                         eval_every=10, batch=8, seq_len=64, outlier_windows=2)

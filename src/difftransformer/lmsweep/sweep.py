@@ -1,0 +1,222 @@
+"""``run_lm_sweep``: the pre-registered language-model sweep (PROTOCOL.md) into OUT/sweep.json and three plots.
+
+The tokens are prepared once into OUT/data (the preset's [data] section); ``analysis.needed_jobs`` declares the jobs,
+the retrieval benchmark's scheduler runs them in worker processes (one torch thread each) and journals each one in
+OUT/lm-jobs.jsonl, so a killed sweep resumes with its unfinished jobs only and ends with the same results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..model import variants as registry
+from .analysis import Job, assemble, needed_jobs
+from .config import LMSweepConfig
+
+PROTOCOL_VERSION = 1
+JOURNAL = "lm-jobs.jsonl"
+RESULTS = "sweep.json"
+
+
+def job_description(cfg: LMSweepConfig, data_fingerprint: str, job: Job) -> dict[str, Any]:
+    """Everything that determines a job's result (its journal key is this, hashed)."""
+    return {"protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(), "data": data_fingerprint, "job": list(job)}
+
+
+def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
+    """The preset's tokens in OUT/data (reused when already there) and their fingerprint."""
+    from ..data.shards import fingerprint, prepare_data
+    from .job import train_config
+    tc = train_config(cfg, cfg.widths[0], cfg.variants[0], cfg.seed_base, cfg.lr_grid[0], str(out / "data"))
+    data = prepare_data(tc.data, out / "data", progress)
+    return data, fingerprint(tc.data), tc.model.vocab_size
+
+
+def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) every job of the protocol, decide, and write OUT/sweep.json and the plots."""
+    from ..fileio import atomic_write
+    from ..retrieval.scheduler import Journal, job_key, run_jobs
+    from .job import run_job
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    data, fp, vocab = prepare(cfg, out, progress)
+    cap = math.log(vocab)
+    header = {"benchmark": "language-model sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
+              "data": fp}
+    journal = Journal(out / JOURNAL, header)
+    data_dir = str(data.directory)
+    done, ran = run_jobs(lambda d: needed_jobs(cfg, d, cap), run_job, lambda j: (cfg.to_dict(), data_dir, *j),
+                         lambda j: job_key(job_description(cfg, fp, j)), journal, workers, cfg.cpu_code_path,
+                         progress, desc="language-model sweep (jobs)")
+    res: dict[str, Any] = {"benchmark": "lm_sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
+                           "tokens_per_run": cfg.steps * cfg.batch * cfg.seq_len, **assemble(cfg, done, cap)}
+    res["timings"] = {"wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(done), "jobs_run": ran,
+                      "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
+    res["deviations"] = deviations()
+    atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
+    plot_all(res, out)
+    return res
+
+
+def deviations() -> list[str]:
+    """The "Deviations" section of this module's PROTOCOL.md, one string per bullet."""
+    path = Path(__file__).with_name("PROTOCOL.md")
+    text = path.read_text().split("## Deviations", 1)[-1]
+    bullets = [b.strip() for b in ("\n" + text).split("\n- ")[1:]]
+    return [" ".join(b.replace("**", "").split()) for b in bullets]
+
+
+# ---------------------------------------------------------------------------------------------- plots
+def plot_all(res: dict[str, Any], out: Path) -> list[Path]:
+    return [plot_params(res, out / "lm-sweep-params.png"), plot_tokens(res, out / "lm-sweep-tokens.png"),
+            plot_lr(res, out / "lm-sweep-lr.png")]
+
+
+def plot_params(res: dict[str, Any], path: Path) -> Path:
+    """Fig. 3a: test-half loss against non-embedding parameters (seed mean +- sd at each variant's lr), the fits."""
+    from ..retrieval.plots import _save, color, label, plt
+    from .analysis import fit_loglinear
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for v, rows in res["table"].items():
+        n = [r["params_non_embedding"] for r in rows]
+        loss = np.array([r["test_loss"] for r in rows], dtype=float)
+        ax.errorbar(n, loss.mean(1), yerr=loss.std(1, ddof=1) if loss.shape[1] > 1 else None, marker="o", capsize=3,
+                    ls="none", label=label(v), color=color(v))
+        a, b = fit_loglinear(n, loss.mean(1))
+        xs = np.geomspace(min(n), max(n), 50)
+        ax.plot(xs, a + b * np.log(xs), color=color(v), lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("non-embedding parameters")
+    ax.set_ylabel("validation loss (test half)")
+    ax.set_title("Fig. 3a at CPU scale: each variant at its lr per width, seed mean +- sd", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_tokens(res: dict[str, Any], path: Path) -> Path:
+    """Fig. 3b: the largest width's test-half loss curves against training tokens (seed mean, band: min-max)."""
+    from ..retrieval.plots import _save, color, label, plt
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    base = registry.reference().name
+    for v, c in res["curves"].items():
+        y = np.array(c["test_loss"], dtype=float)
+        ax.plot(c["tokens"], y.mean(0), color=color(v), label=label(v), marker=".")
+        ax.fill_between(c["tokens"], y.min(0), y.max(0), color=color(v), alpha=0.15)
+    ax.axhline(float(np.mean([c[-1] for c in res["curves"][base]["test_loss"]])), color="k", ls=":", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (test half)")
+    ax.set_title(f"Fig. 3b at CPU scale: d_model {max(res['widths'])}, dotted: the baseline's final loss", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_lr(res: dict[str, Any], path: Path) -> Path:
+    """Loss against learning rate at every width (seed mean of the test half; diverged runs at the cap)."""
+    from ..retrieval.plots import _save, color, label, plt
+    ws = res["widths"]
+    fig, axes = plt.subplots(1, len(ws), figsize=(2.6 * len(ws), 3.0), sharey=False)
+    for ax, (i, w) in zip(np.atleast_1d(axes), enumerate(ws)):
+        for v, rows in res["table"].items():
+            g = rows[i]["grid"]
+            ax.plot([s["lr"] for s in g], [s["test_loss"] for s in g], marker="o", color=color(v), label=label(v))
+            ax.plot([rows[i]["lr"]], [min(s["test_loss"] for s in g if s["lr"] == rows[i]["lr"])], marker="*",
+                    ms=11, color=color(v), ls="none")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"d_model {w}", fontsize=9)
+        ax.set_xlabel("peak lr")
+    np.atleast_1d(axes)[0].set_ylabel("validation loss (test half)")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.suptitle("loss against learning rate (star: the lr chosen on the tuning half)", fontsize=9)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------- text
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, str):
+        return x
+    return f"{x:+.3f}" if abs(x) < 10 else f"{x:.3g}"
+
+
+def _ratio(x: Any) -> str:
+    return "n/a" if x is None else (">1 (not reached)" if x == "inf" else f"{x:.3f}")
+
+
+def verdict_rows(res: dict[str, Any]) -> list[list[str]]:
+    """[endpoint, variant, estimate [interval], n, verdict, paper] for every pre-registered endpoint."""
+    big = str(max(res["widths"]))
+    rows = []
+    for v, e in res["endpoints"].items():
+        def diffrow(name: str, d: dict[str, Any], ref: str, v: str = v) -> None:
+            rows.append([name, v, f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, {_fmt(d['ci'][1])}]",
+                         str(d.get("n", len(res["seeds"]))), d["verdict"], ref])
+
+        def ratiorow(name: str, d: dict[str, Any], ref: str, v: str = v) -> None:
+            rows.append([name, v, f"{_ratio(d['estimate'])} [{_ratio(d['ci'][0])}, {_ratio(d['ci'][1])}]",
+                         str(len(res["seeds"])), d["verdict"], ref])
+        diffrow(f"(a) loss, d={big} (primary)", e["loss"][big], "lower (V2: -0.02 to -0.03)")
+        for w in res["widths"][:-1]:
+            diffrow(f"(a) loss, d={w}", e["loss"][str(w)], "lower")
+        ratiorow("(b) Fig. 3a parameter ratio", e["param_ratio"], "0.62")
+        ratiorow("(c) Fig. 3b token ratio", e["token_ratio"], "0.64")
+        for key, name, ref in (("outliers_attention_logit", "(d) top |attention logit| ratio", "0.12"),
+                               ("outliers_hidden_state", "(d) top |hidden state| ratio", "0.47")):
+            d = e[key]
+            rows.append([name, v, "n/a" if d["estimate"] is None else
+                         f"{d['estimate']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]", str(d.get("n", "")),
+                         d["verdict"], ref])
+        diffrow(f"(e) lr robustness, d={big}", e["lr_robustness"][big], "V2: stable at high lr")
+    return rows
+
+
+def sensitivity_rows(res: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for v, e in res["endpoints"].items():
+        for w in res["widths"]:
+            d = e["loss_matched_lr"][str(w)]
+            rows.append([f"(a) loss at the baseline's lr, d={w}", v,
+                         f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, {_fmt(d['ci'][1])}]", d["verdict"]])
+        d = e["param_ratio_total"]
+        rows.append(["(b) parameter ratio, total parameters", v,
+                     f"{_ratio(d['estimate'])} [{_ratio(d['ci'][0])}, {_ratio(d['ci'][1])}]", d["verdict"]])
+        for w in res["widths"][:-1]:
+            d = e["lr_robustness"][str(w)]
+            rows.append([f"(e) lr robustness, d={w}", v, f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, "
+                         f"{_fmt(d['ci'][1])}]", d["verdict"]])
+    return rows
+
+
+def format_sweep(res: dict[str, Any]) -> str:
+    from ..retrieval.plots import label
+    lines = [f"language-model sweep (protocol v{res['protocol_version']}): {len(res['seeds'])} seeds, "
+             f"{res['tokens_per_run']:,} training tokens per run; test-half loss at each variant's lr (seed mean)"]
+    ws = res["widths"]
+    lines.append(f"{'variant':<10}" + "".join(f"{'d=' + str(w):>26}" for w in ws))
+    for v, rows in res["table"].items():
+        lines.append(f"{label(v):<10}" + "".join(
+            f"{r['params_non_embedding']:>9,} {np.mean(r['test_loss']):.3f} lr {r['lr']:<7g}" for r in rows))
+    lines.append("")
+    lines.append(f"{'endpoint':<36} {'variant':<8} {'estimate [95% interval]':<34} {'n':>2}  {'verdict':<26} paper")
+    for r in verdict_rows(res):
+        lines.append(f"{r[0]:<36} {r[1]:<8} {r[2]:<34} {r[3]:>2}  {r[4]:<26} {r[5]}")
+    lines.append("")
+    lines.append("sensitivity:")
+    for r in sensitivity_rows(res):
+        lines.append(f"  {r[0]:<40} {r[1]:<8} {r[2]:<34} {r[3]}")
+    lines.append("diverged runs: " + ", ".join(f"{label(v)} {n} of {res['runs_total'][v]}"
+                                               for v, n in res["diverged_runs"].items())
+                 + "; above the unigram floor: " + ", ".join(f"{label(v)} {n}"
+                                                             for v, n in res["failed_floor_runs"].items()))
+    t = res["timings"]
+    lines.append(f"{t['jobs']} jobs ({t['jobs_run']} run now), wall {t['wall_s'] / 60:.1f} min on {t['workers']} "
+                 "workers")
+    return "\n".join(lines)

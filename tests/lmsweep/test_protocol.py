@@ -1,0 +1,104 @@
+"""PROTOCOL.md's decisions on made-up job results: the lr choice on the tuning half, the widening at an edge, a
+diverged run counted at the cap, the job list and when it is final, and the floor rule of the verdicts."""
+
+import math
+
+import pytest
+
+from difftransformer.eval import stats
+from difftransformer.lmsweep.analysis import Job, assemble, choose_lr, lr_choice, lr_scores, needed_jobs
+from difftransformer.lmsweep.config import LMSweepConfig
+
+CAP = math.log(4096)
+
+
+def cfg(**kw):
+    return LMSweepConfig(**{"widths": (16, 32), "seeds": 2, "seed_base": 0, "lr_grid": (2e-3, 4e-3, 8e-3),
+                            "lr_widen": 1, "variants": ("baseline", "diff_v1"), **kw})
+
+
+def run(width, variant, seed, lr, tune, test=None, diverged=False, floor=6.0):
+    loss = tune if test is None else test
+    return {"width": width, "variant": variant, "seed": seed, "lr": lr, "diverged": diverged,
+            "tune_loss": None if diverged else tune, "test_loss": None if diverged else loss, "floor": floor,
+            "params": 1000 * width, "params_non_embedding": 100 * width,
+            "curve": {"steps": [1, 2, 3], "test_loss": [loss + 1, loss + 0.5, loss]},
+            "outliers": None if diverged else {"attention_logit_top1": 5.0 + seed, "hidden_state_top1": 9.0 + seed}}
+
+
+def bowl(c, best_lr, widths=None, variants=None, lrs=None, depth=1.0):
+    """Every job's result, the loss lowest at best_lr (quadratic in log2 lr)."""
+    out = {}
+    for w in widths or c.widths:
+        for v in variants or c.variants:
+            for lr in lrs or c.lr_grid:
+                for s in c.test_seeds:
+                    loss = 4.0 - 0.001 * w + depth * (math.log2(lr / best_lr)) ** 2 + 0.01 * s
+                    out[Job(w, v, s, lr)] = run(w, v, s, lr, loss)
+    return out
+
+
+def test_choice_is_the_lowest_seed_mean_tuning_loss_not_the_test_loss():
+    runs = [run(16, "baseline", s, lr, tune, test) for s in (0, 1)
+            for lr, tune, test in ((2e-3, 4.0, 3.0), (4e-3, 3.9, 3.5))]
+    assert choose_lr(lr_scores(runs, CAP)) == 4e-3
+
+
+def test_a_diverged_run_counts_at_the_cap():
+    runs = [run(16, "baseline", 0, 8e-3, 3.0), run(16, "baseline", 1, 8e-3, 0, diverged=True),
+            run(16, "baseline", 0, 4e-3, 4.0), run(16, "baseline", 1, 4e-3, 4.0)]
+    s = {x["lr"]: x for x in lr_scores(runs, CAP)}
+    assert s[8e-3]["tune_loss"] == pytest.approx((3.0 + CAP) / 2) and s[8e-3]["diverged"] == 1
+    assert choose_lr(list(s.values())) == 4e-3
+
+
+def test_an_edge_choice_widens_the_grid_once_then_settles():
+    c = cfg()
+    done = bowl(c, 16e-3)  # best past the top edge
+    ch = lr_choice(c, 32, "baseline", done, CAP)
+    assert ch.lr is None and ch.widened == [16e-3]
+    jobs, final = needed_jobs(c, done, CAP)
+    assert not final and Job(32, "baseline", 0, 16e-3) in jobs
+    done.update(bowl(c, 16e-3, lrs=[16e-3]))
+    ch = lr_choice(c, 32, "baseline", done, CAP)
+    assert ch.lr == 16e-3 and ch.grid == [2e-3, 4e-3, 8e-3, 16e-3]  # still at an edge, but widened once only
+    jobs, final = needed_jobs(c, done, CAP)
+    assert final and set(jobs) == set(done)
+
+
+def test_inside_choice_needs_no_widening():
+    c = cfg()
+    done = bowl(c, 4e-3)
+    jobs, final = needed_jobs(c, done, CAP)
+    assert final and len(jobs) == 2 * 2 * 3 * 2
+    assert lr_choice(c, 16, "diff_v1", done, CAP).lr == 4e-3
+
+
+def test_assemble_the_floor_rule_and_the_loss_endpoint():
+    c = cfg(lr_widen=0)
+    done = bowl(c, 4e-3)
+    for s in c.test_seeds:  # DIFF better by 0.1 (+- a little) at the largest width
+        j = Job(32, "diff_v1", s, 4e-3)
+        done[j] = run(32, "diff_v1", s, 4e-3, done[j]["tune_loss"], done[j]["test_loss"] - 0.1 - 0.01 * s)
+    res = assemble(c, done, CAP)
+    e = res["endpoints"]["diff_v1"]
+    assert e["loss"]["32"]["verdict"] == stats.HELD and e["loss"]["32"]["estimate"] == pytest.approx(-0.105)
+    assert e["loss"]["16"]["verdict"] == stats.INCONCLUSIVE  # identical losses: the interval is a point at 0
+    # one DIFF run above the unigram floor: the comparison is inconclusive whatever its interval
+    j = Job(32, "diff_v1", 1, 4e-3)
+    done[j] = {**done[j], "floor": 1.0}
+    res = assemble(c, done, CAP)
+    assert res["endpoints"]["diff_v1"]["loss"]["32"]["verdict"] == stats.INCONCLUSIVE
+    assert "unigram floor" in res["endpoints"]["diff_v1"]["loss"]["32"]["why"]
+    assert res["failed_floor_runs"]["diff_v1"] == 1
+
+
+def test_config_refuses_bad_values():
+    for kw, needle in (({"widths": (32,)}, "two distinct"), ({"lr_grid": (0.0,)}, "positive"),
+                       ({"n_heads": 3}, "n_heads"), ({"warmup_steps": 400}, "warmup_steps"),
+                       ({"variants": ("baseline",)}, "DIFF"), ({"cpu_code_path": "avx9"}, "cpu_code_path"),
+                       ({"widths": (16, 18)}, "divisible")):
+        with pytest.raises(ValueError, match=needle):
+            LMSweepConfig(**kw)
+    with pytest.raises(ValueError, match="unknown"):
+        LMSweepConfig.from_dict({"width": 3})
