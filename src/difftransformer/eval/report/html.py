@@ -92,8 +92,11 @@ def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figu
                   table(["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"],
                         [[r["claim"], label(r["variant"]), r["verdict"], r["paper"], r["measure"], r["why"]]
                          for r in rrows], cls=[_slug(r["verdict"]) for r in rrows], left=6),
-                  extra["retrieval"],
-                  "<h2>Language models on the embedded corpus</h2>"]
+                  extra["retrieval"]]
+    if "lm_sweep" in extra:  # the pre-registered language-model claims (Fig. 3), before the descriptive models
+        parts.append(extra["lm_sweep"])
+    if "retrieval" in extra or "lm_sweep" in extra:
+        parts.append("<h2>Language models on the embedded corpus</h2>")
     # models
     mrows = []
     for r in runs:

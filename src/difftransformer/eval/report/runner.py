@@ -71,11 +71,13 @@ def _multi_run(runs: Sequence[RunResults], settings: Settings, out: Path,
 
 
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: bool = True, seed: int = 0,
-                 progress: bool = True, preface: str = "", retrieval_dir: Optional[str | Path] = None) -> Path:
+                 progress: bool = True, preface: str = "", retrieval_dir: Optional[str | Path] = None,
+                 lm_sweep_dir: Optional[str | Path] = None) -> Path:
     """Evaluate ``run_dirs`` and write ``out_dir/report.html`` (returned) and ``out_dir/results.json``.
 
     ``retrieval_dir``: the output directory of ``difftransformer retrieval`` (its ``results.json`` and plots), shown
-    first on the page with its own verdicts."""
+    first on the page with its own verdicts. ``lm_sweep_dir``: the output directory of ``difftransformer lm-sweep``
+    (its ``sweep.json`` and plots), shown after it with its own verdicts."""
     from ... import __version__
 
     if not run_dirs:
@@ -90,6 +92,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
         if labels.count(ev.label) > 1:
             ev.label = f"{ev.label} ({Path(ev.source).name})"
     bench = read_json(Path(retrieval_dir) / "results.json") if retrieval_dir is not None else None
+    sweep = read_json(Path(lm_sweep_dir) / "sweep.json") if lm_sweep_dir is not None else None
     settings = Settings(quick, seed, progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +115,10 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     if bench is not None and retrieval_dir is not None:  # one is None only when the other is
         extra["retrieval_rows"] = retrieval_verdicts(bench)
         extra["retrieval"] = retrieval_section(bench, Path(retrieval_dir), table, image)
+    if sweep is not None and lm_sweep_dir is not None:
+        from .html import _slug
+        from .lmsweep import section as lm_sweep_section
+        extra["lm_sweep"] = lm_sweep_section(sweep, Path(lm_sweep_dir), table, image, _slug)
     page = render_html(runs, rows, figures, settings, extra)
     results = {"settings": vars(settings), "verdicts": rows, "retrieval_verdicts": extra.get("retrieval_rows", []),
                "runs": [{"model": r.ev.describe(), "training": r.training, "results": r.results,

@@ -1,0 +1,56 @@
+"""The report page's section for ``difftransformer lm-sweep``'s output (its sweep.json and plots)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from ...model.variants import label
+
+
+def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
+    """The HTML of the sweep's section; ``table``/``image``/``slug`` are the page's own helpers."""
+    from ...lmsweep.sweep import sensitivity_rows, verdict_rows
+    cfg = res["config"]
+    grid = ", ".join(f"{x:g}" for x in cfg["lr_grid"])
+    intro = (f"Pre-registered in the sweep's PROTOCOL.md (version {res['protocol_version']}). Widths d_model "
+             f"{', '.join(str(w) for w in res['widths'])}, {cfg['n_layers']} layers; {res['tokens_per_run']:,} "
+             f"training tokens per run (windows of {cfg['seq_len']}); every variant and width sees the same windows "
+             f"in the same order at a seed. The lr grid ({grid}, widened once at a chosen edge) ran on each of the "
+             f"{len(res['seeds'])} paired seeds ({', '.join(str(s) for s in res['seeds'])}); each variant's lr per "
+             "width was chosen on the tuning half of the validation windows, every endpoint is measured on the "
+             "test half. Parameters are counted without the embedding and the output head. Intervals: paired t "
+             "(95%) for differences and outlier ratios; for the Fig. 3 ratios a bootstrap over seeds, and a verdict "
+             "needs every seed's own ratio on the same side of 1.")
+    parts = ["<h2>Language-model sweep: loss against parameters, tokens and learning rate</h2>",
+             f"<p>{html.escape(intro)}</p>"]
+    if res.get("deviations"):
+        parts.append("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
+                     + "".join(f"<li>{html.escape(d)}</li>" for d in res["deviations"]) + "</ul>")
+    rows = verdict_rows(res)
+    parts.append(table(["endpoint", "variant", "estimate [95% interval]", "n", "verdict", "paper"],
+                       [[r[0], label(r[1]), r[2], r[3], r[4], r[5]] for r in rows], cls=[slug(r[4]) for r in rows],
+                       left=6))
+    per_width = []
+    for v, ws in res["table"].items():
+        for w in ws:
+            mean = sum(w["test_loss"]) / len(w["test_loss"])
+            per_width.append([label(v), w["width"], w["params_non_embedding"], w["params"], f"{w['lr']:g}"
+                              + (" (widened)" if w["widened"] else ""), f"{mean:.4f}", f"{w['floor']:.3f}"])
+    parts.append(table(["variant", "d_model", "non-embedding parameters", "parameters", "chosen lr",
+                        "test-half loss (seed mean)", "unigram floor"], per_width, left=1))
+    srows = sensitivity_rows(res)
+    parts.append("<h3>Sensitivity rows (not counted as verdicts)</h3>"
+                 + table(["endpoint", "variant", "estimate [95% interval]", "verdict"],
+                         [[r[0], label(r[1]), r[2], r[3]] for r in srows], left=4))
+    div = ", ".join(f"{label(v)} {n} of {res['runs_total'][v]}" for v, n in res["diverged_runs"].items())
+    parts.append(f"<p class='note'>Diverged runs over the whole sweep: {html.escape(div)}. Wall time "
+                 f"{res['timings']['wall_s'] / 60:.0f} min for {res['timings']['jobs']} jobs on "
+                 f"{res['timings']['workers']} workers.</p>")
+    for name, alt in (("lm-sweep-params.png", "loss against parameters"), ("lm-sweep-tokens.png",
+                                                                           "loss against training tokens"),
+                      ("lm-sweep-lr.png", "loss against learning rate")):
+        if (fig_dir / name).is_file():
+            parts.append(image(fig_dir / name, alt))
+    return "".join(parts)
