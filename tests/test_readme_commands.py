@@ -55,6 +55,9 @@ SMALL_TRAIN = ("--train.steps", "2", "--train.batch_size", "4", "--train.micro_b
 # The retrieval benchmark's smoke run, smaller still, in this process (--workers 1).
 SMALL_RETRIEVAL = ("--quick", "--steps", "20", "--seeds", "2", "--eval-contexts", "16", "--workers", "1",
                    "--no-progress")
+# The language-model sweep's smoke run, smaller still (2 widths x 3 variants x 2 lrs x 2 seeds of 4 steps).
+SMALL_LM_SWEEP = ("--quick", "--steps", "4", "--warmup-steps", "1", "--eval-every", "2", "--seq-len", "32",
+                  "--workers", "1", "--no-progress")
 
 # README command (without its comment) -> (how it is checked, arguments appended when run, files it must write).
 COMMANDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -71,7 +74,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (RUN, SMALL_TRAIN, ("runs/ddp/checkpoints/step_00000002/model.safetensors",)),
     "difftransformer eval needles --run runs/v2 --out needles.json": (RUN, (), ("needles.json",)),
     "difftransformer retrieval --out runs/kv": (RUN, SMALL_RETRIEVAL, ("runs/kv/results.json",)),
-    "difftransformer report runs/base runs/v2 --retrieval runs/kv --out report":
+    "difftransformer lm-sweep --out runs/lm-sweep": (RUN, SMALL_LM_SWEEP, ("runs/lm-sweep/sweep.json",)),
+    "difftransformer report runs/base runs/v2 --retrieval runs/kv --lm-sweep runs/lm-sweep --out report":
         (RUN, ("--no-progress",), ("report/report.html", "report/results.json")),
     'difftransformer generate --run runs/v2 --prompt "In the beginning" --max-new-tokens 64': (RUN, (), ()),
 }
