@@ -229,6 +229,12 @@ CASES: list[tuple[list[str], str]] = [
     (["demo", "--out", "{ws}/o", "--config", "nope"], "nope"),
     (["demo", "--out", "{ws}/o", "--retrieval-seeds", "0"], "--retrieval-seeds"),
     (["demo", "--out", "{ws}/o", "--steps", "-3"], "--steps"),
+    (["demo", "--out", "{ws}/o", "--lm-sweep", "{ws}/nothing"], "holds no sweep.json"),
+    (["lm-sweep", "--out", "{ws}/o", "--widths", "32,32"], "two distinct"),
+    (["lm-sweep", "--out", "{ws}/o", "--seeds", "0"], "seeds must be"),
+    (["lm-sweep", "--out", "{ws}/o", "--lr-grid", "1e-3,-1"], "lr_grid"),
+    (["lm-sweep", "--out", "{ws}/o", "--steps", "10", "--warmup-steps", "10"], "warmup_steps"),
+    (["report", "{ws}/nothing", "--lm-sweep", "{ws}/nothing"], "nothing"),
     (["demo", "--out", "{ws}/o", "--init-from", "{ws}/nothing"], "not a directory"),
     (["demo", "--out", "{ws}/o", "--init-from", "{ws}/plain", "--retrieval-seeds", "2"], "--retrieval-seeds"),
     # --- text that is not UTF-8: every text flag (named by the parser) and every text file (the flag and the file)

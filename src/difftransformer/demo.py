@@ -241,6 +241,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
     if args.retrieval_seeds is not None and args.retrieval_seeds < 1:
         raise ValueError(f"--retrieval-seeds must be >= 1, got {args.retrieval_seeds}")
+    if args.lm_sweep is not None and not (Path(args.lm_sweep) / "sweep.json").is_file():
+        raise ValueError(f"--lm-sweep {args.lm_sweep}: holds no sweep.json (run `difftransformer lm-sweep --out "
+                         f"{args.lm_sweep}` first)")
     out = Path(args.out)
     config = args.config or ("pretrained" if args.init_from else "demo")
     from .train.config import load_config
@@ -270,10 +273,11 @@ def run(args: argparse.Namespace) -> int:
                (f"; every run continues the pretrained {args.init_from} (DIFF V1 and V2 from its conversions that "
                 "keep its function)." if source else ".") +
                (f" The language models train {lm_steps} steps each at the preset's one learning rate and one seed: "
-                "their losses and analyses are descriptive (no verdict on loss; the retrieval benchmark above is the "
-                "pre-registered comparison)." if lm_steps else ""))
+                "their losses and analyses are descriptive (no verdict on loss; the retrieval benchmark above and "
+                "`difftransformer lm-sweep` are the pre-registered comparisons)." if lm_steps else ""))
     path = write_report(runs, out / "report", quick=args.quick or not args.full_eval, seed=0,
-                        progress=not args.no_progress, preface=preface, retrieval_dir=bench_dir)
+                        progress=not args.no_progress, preface=preface, retrieval_dir=bench_dir,
+                        lm_sweep_dir=args.lm_sweep)
     print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
     print_verdicts(path.parent / "results.json")
     print(f"report: {path.resolve()}")
@@ -304,5 +308,8 @@ def register(sub) -> None:
                    help="skip the token-level retrieval benchmark (the report then has only the language models)")
     p.add_argument("--retrieval-seeds", type=int, default=None, metavar="N",
                    help="test seeds per variant of the retrieval benchmark (default 12; quick 2)")
+    p.add_argument("--lm-sweep", default=None, metavar="DIR",
+                   help="the output of `difftransformer lm-sweep` (run beforehand: about an hour) to show on the page "
+                        "after the retrieval benchmark; the demo does not run the sweep")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
