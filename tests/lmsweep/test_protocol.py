@@ -102,3 +102,17 @@ def test_config_refuses_bad_values():
             LMSweepConfig(**kw)
     with pytest.raises(ValueError, match="unknown"):
         LMSweepConfig.from_dict({"width": 3})
+
+
+def test_a_diverged_seed_at_the_chosen_lr_is_tabled_at_the_cap_and_makes_its_comparisons_inconclusive():
+    c = cfg(lr_widen=0)
+    done = bowl(c, 4e-3)
+    for lr in c.lr_grid:  # seed 0 diverges at every lr: the choice still falls on 4e-3 (the other seed's best)
+        done[Job(32, "diff_v1", 0, lr)] = run(32, "diff_v1", 0, lr, 0, diverged=True)
+    res = assemble(c, done, CAP)
+    row = res["table"]["diff_v1"][1]
+    assert row["lr"] == 4e-3 and row["test_loss"][0] == CAP and row["diverged"] == [0]
+    e = res["endpoints"]["diff_v1"]
+    assert e["loss"]["32"]["verdict"] == stats.INCONCLUSIVE and "diverged" in e["loss"]["32"]["why"]
+    assert e["token_ratio"]["verdict"] == stats.INCONCLUSIVE and e["token_ratio"]["estimate"] is None
+    assert res["diverged_runs"]["diff_v1"] == 3

@@ -209,7 +209,8 @@ def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) ->
                for v in cfg.variants}
     table = {v: [{"width": w, "lr": choices[w][v].lr, "widened": choices[w][v].widened,
                   "params": at[v][w][0]["params"], "params_non_embedding": at[v][w][0]["params_non_embedding"],
-                  "test_loss": [r["test_loss"] for r in at[v][w]], "floor": at[v][w][0]["floor"],
+                  "test_loss": [loss_of(r, "test_loss", cap) for r in at[v][w]],  # a diverged seed at the cap
+                  "diverged": [r["seed"] for r in at[v][w] if r["diverged"]], "floor": at[v][w][0]["floor"],
                   "grid": lr_scores((r for j, r in done.items() if j.width == w and j.variant == v), cap)}
                  for w in ws] for v in cfg.variants}
     test = lambda r: loss_of(r, "test_loss", cap)  # noqa: E731
