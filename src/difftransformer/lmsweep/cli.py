@@ -51,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-code-path", choices=CODE_PATHS,
                    help="the CPU kernels every job runs: 'machine' (default) or a pinned instruction set; rerun under "
                         "another to check that the verdicts survive its rounding")
+    p.add_argument("--rounding-of", metavar="DIR",
+                   help="the rounding check: DIR is a finished sweep of the same configuration under another "
+                        "--cpu-code-path; after this run, print both verdict tables and what differs "
+                        "(OUT/rounding.json)")
     p.add_argument("--workers", type=int, default=2,
                    help="worker processes, one torch thread each (default 2); the numbers do not depend on it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -75,12 +79,38 @@ def config_from_args(args) -> LMSweepConfig:
 def run_cli(args) -> int:
     if isinstance(args.workers, bool) or args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    from .sweep import format_sweep, run_lm_sweep
-    res = run_lm_sweep(config_from_args(args), args.out, workers=args.workers, progress=not args.no_progress)
+    from .sweep import RESULTS, format_sweep, run_lm_sweep
+    cfg = config_from_args(args)
+    other = None
+    if args.rounding_of is not None:
+        import json
+        from pathlib import Path
+        path = Path(args.rounding_of) / RESULTS
+        if not path.is_file():
+            raise ValueError(f"--rounding-of {args.rounding_of}: holds no {RESULTS} (a finished sweep)")
+        other = json.loads(path.read_text(encoding="utf-8"))
+        mine = {k: v for k, v in cfg.to_dict().items() if k != "cpu_code_path"}
+        if {k: v for k, v in other.get("config", {}).items() if k != "cpu_code_path"} != mine:
+            raise ValueError(f"--rounding-of {args.rounding_of}: that sweep ran another configuration (only "
+                             "--cpu-code-path may differ)")
+        if other["config"].get("cpu_code_path") == cfg.cpu_code_path:
+            raise ValueError(f"--rounding-of: that sweep ran the same CPU code path ({cfg.cpu_code_path}); pass "
+                             "another --cpu-code-path")
+    res = run_lm_sweep(cfg, args.out, workers=args.workers, progress=not args.no_progress)
     if args.quick:
         print("QUICK SMOKE RUN: far too little training to measure anything; run without --quick.")
     print(format_sweep(res))
     print(f"wrote {args.out}/sweep.json and lm-sweep-params.png, lm-sweep-tokens.png, lm-sweep-lr.png")
+    if other is not None:
+        import json
+        from pathlib import Path
+
+        from ..fileio import atomic_write
+        from .sweep import format_rounding, rounding_check
+        check = rounding_check(res, other)
+        atomic_write(Path(args.out) / "rounding.json", json.dumps(check, indent=1) + "\n")
+        print(format_rounding(check))
+        print(f"wrote {args.out}/rounding.json")
     return 0
 
 

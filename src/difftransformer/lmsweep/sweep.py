@@ -220,3 +220,32 @@ def format_sweep(res: dict[str, Any]) -> str:
     lines.append(f"{t['jobs']} jobs ({t['jobs_run']} run now), wall {t['wall_s'] / 60:.1f} min on {t['workers']} "
                  "workers")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- the rounding check
+def rounding_check(res: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """The same sweep under two CPU code paths (``res`` this run, ``other`` the reference run's sweep.json): both
+    verdict tables side by side, the verdicts and lr choices that differ."""
+    if {k: v for k, v in res["config"].items() if k != "cpu_code_path"} != \
+            {k: v for k, v in other["config"].items() if k != "cpu_code_path"}:
+        raise ValueError("--rounding-of: that sweep ran another configuration (only the CPU code path may differ)")
+    a, b = verdict_rows(other), verdict_rows(res)
+    rows = [[x[0], x[1], x[2], x[4], y[2], y[4], "yes" if x[4] == y[4] else "NO"] for x, y in zip(a, b)]
+    lrs = {v: [(w, x, y) for w, x, y in zip(res["widths"], other["chosen_lr"][v], res["chosen_lr"][v]) if x != y]
+           for v in res["chosen_lr"]}
+    return {"code_paths": [other["config"]["cpu_code_path"], res["config"]["cpu_code_path"]], "rows": rows,
+            "verdicts_same": sum(r[-1] == "yes" for r in rows), "verdicts": len(rows),
+            "lr_choices_differ": {v: d for v, d in lrs.items() if d}}
+
+
+def format_rounding(check: dict[str, Any]) -> str:
+    p, q = check["code_paths"]
+    lines = [f"rounding check: the same sweep under CPU code path {p!r} (reference) and {q!r}",
+             f"{'endpoint':<36} {'variant':<8} {p + ': estimate':<30} {'verdict':<26} {q + ': estimate':<30} "
+             f"{'verdict':<26} same"]
+    for r in check["rows"]:
+        lines.append(f"{r[0]:<36} {r[1]:<8} {r[2]:<30} {r[3]:<26} {r[4]:<30} {r[5]:<26} {r[6]}")
+    lines.append(f"{check['verdicts_same']} of {check['verdicts']} verdicts the same; lr choices that differ: "
+                 + (", ".join(f"{v} at d={w}: {x:g} vs {y:g}" for v, d in check["lr_choices_differ"].items()
+                              for w, x, y in d) or "none"))
+    return "\n".join(lines)
