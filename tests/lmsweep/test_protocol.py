@@ -141,3 +141,30 @@ def test_rounding_check_lines_up_the_verdicts_and_names_what_differs():
     assert "lr choices that differ: baseline at d=16: 0.004 vs 0.008" in format_rounding(check)
     with pytest.raises(ValueError, match="another configuration"):
         rounding_check({**b, "config": {**b["config"], "steps": 7}}, a)
+
+
+def test_partial_rounding_compares_the_widths_both_journals_finished(tmp_path):
+    import json
+
+    from difftransformer.lmsweep.sweep import JOURNAL, format_partial_rounding, partial_rounding
+    c = cfg(widths=(16, 32, 48), lr_widen=0)
+    full = bowl(c, 4e-3)
+
+    def journal(path, code_path, jobs):
+        path.mkdir()
+        lines = [json.dumps({"journal": {"config": {**c.to_dict(), "cpu_code_path": code_path}, "data": "x"}})]
+        lines += [json.dumps({"key": str(i), "job": list(j), "result": r}) for i, (j, r) in enumerate(jobs.items())]
+        (path / JOURNAL).write_text("\n".join(lines) + "\n")
+    journal(tmp_path / "ref", "machine", full)
+    other = {j: r for j, r in full.items() if j.width != 16}  # the other run stopped before width 16
+    j = Job(48, "diff_v1", 0, 2e-3)
+    other[j] = {**other[j], "test_loss": other[j]["test_loss"] + 1e-6}  # one loss rounded otherwise
+    journal(tmp_path / "avx2", "avx2", other)
+    check = partial_rounding(tmp_path / "ref", tmp_path / "avx2")
+    assert check["widths"] == [32, 48] and check["jobs_both"] == len(other) and check["jobs_equal"] == len(other) - 1
+    assert check["max_abs_loss_gap"] == pytest.approx(1e-6)
+    assert check["verdicts_same"] == check["verdicts"] and not any(r[0].startswith("(b)") for r in check["rows"])
+    assert "widths both finished: [32, 48]" in format_partial_rounding(check)
+    journal(tmp_path / "same", "machine", other)
+    with pytest.raises(ValueError, match="nothing to check"):
+        partial_rounding(tmp_path / "ref", tmp_path / "same")

@@ -55,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the rounding check: DIR is a finished sweep of the same configuration under another "
                         "--cpu-code-path; after this run, print both verdict tables and what differs "
                         "(OUT/rounding.json)")
+    p.add_argument("--rounding-partial", metavar="REF_DIR",
+                   help="train nothing: compare OUT's journal (a sweep under another --cpu-code-path, finished or "
+                        "not) with REF_DIR's on the widths both have finished; prints the verdicts side by side "
+                        "(all but the Fig. 3a ratio) and how many job losses are bitwise equal")
     p.add_argument("--workers", type=int, default=2,
                    help="worker processes, one torch thread each (default 2); the numbers do not depend on it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -80,6 +84,10 @@ def run_cli(args) -> int:
     if isinstance(args.workers, bool) or args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     from .sweep import RESULTS, format_sweep, run_lm_sweep
+    if args.rounding_partial is not None:
+        from .sweep import format_partial_rounding, partial_rounding
+        print(format_partial_rounding(partial_rounding(args.rounding_partial, args.out)))
+        return 0
     cfg = config_from_args(args)
     other = None
     if args.rounding_of is not None:

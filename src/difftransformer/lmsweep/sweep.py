@@ -249,3 +249,70 @@ def format_rounding(check: dict[str, Any]) -> str:
                  + (", ".join(f"{v} at d={w}: {x:g} vs {y:g}" for v, d in check["lr_choices_differ"].items()
                               for w, x, y in d) or "none"))
     return "\n".join(lines)
+
+
+def read_journal(out_dir: str | Path) -> tuple[dict[str, Any], dict[Job, dict[str, Any]]]:
+    """(header, {job: result}) of a sweep's journal, finished or not (a torn last line is skipped)."""
+    path = Path(out_dir) / JOURNAL
+    if not path.is_file():
+        raise ValueError(f"{out_dir} holds no {JOURNAL} (not a language-model sweep's output)")
+    lines = path.read_text(encoding="utf-8").split("\n")
+    header = json.loads(lines[0])["journal"]
+    done = {}
+    for line in lines[1:]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        done[Job(*rec["job"])] = rec["result"]
+    return header, done
+
+
+def partial_rounding(ref_dir: str | Path, other_dir: str | Path) -> dict[str, Any]:
+    """The rounding check on the widths that two sweeps (same configuration, two CPU code paths) have both
+    finished, one or both runs unfinished: the verdicts of those widths side by side (not the Fig. 3a ratio: its
+    fit needs every width) and, over every job both ran, how many losses are bitwise equal."""
+    from .analysis import lr_choice
+    from .job import train_config
+    (ha, da), (hb, db) = read_journal(ref_dir), read_journal(other_dir)
+    ca, cb = LMSweepConfig.from_dict(ha["config"]), LMSweepConfig.from_dict(hb["config"])
+    if ca.replace(cpu_code_path="machine") != cb.replace(cpu_code_path="machine") or ha["data"] != hb["data"]:
+        raise ValueError("the two sweeps ran other configurations (only the CPU code path may differ)")
+    if ca.cpu_code_path == cb.cpu_code_path:
+        raise ValueError(f"both sweeps ran the CPU code path {ca.cpu_code_path!r}: nothing to check")
+    cap = math.log(train_config(ca, ca.widths[0], ca.variants[0], 0, 1e-3, "").model.vocab_size)
+    base = registry.reference().name
+
+    def complete(c: LMSweepConfig, done: dict[Job, dict[str, Any]], w: int) -> bool:
+        ch = {v: lr_choice(c, w, v, done, cap).lr for v in c.variants}
+        matched = ch[base]
+        return matched is not None and all(x is not None for x in ch.values()) and all(
+            Job(w, v, s, matched) in done for v in c.variants for s in c.test_seeds)
+    widths = tuple(w for w in sorted(ca.widths) if complete(ca, da, w) and complete(cb, db, w))
+    both = sorted(set(da) & set(db))
+    equal = sum(da[j]["test_loss"] == db[j]["test_loss"] for j in both)
+    gaps = [abs(da[j]["test_loss"] - db[j]["test_loss"]) for j in both
+            if da[j]["test_loss"] is not None and db[j]["test_loss"] is not None]
+    out: dict[str, Any] = {"widths": list(widths), "jobs_both": len(both), "jobs_equal": equal,
+                           "max_abs_loss_gap": max(gaps) if gaps else None, "jobs": [len(da), len(db)]}
+    if len(widths) < 2:
+        out.update(rows=[], note=f"widths finished by both: {list(widths)}; at least two are needed to assemble")
+        return out
+    sub_a, sub_b = ca.replace(widths=widths), cb.replace(widths=widths)
+    res_a = {"config": sub_a.to_dict(), **assemble(sub_a, da, cap)}
+    res_b = {"config": sub_b.to_dict(), **assemble(sub_b, db, cap)}
+    check = rounding_check(res_b, res_a)
+    rows = [r for r in check["rows"] if not r[0].startswith("(b)")]  # a fit over a subset is not the protocol's
+    out.update(code_paths=check["code_paths"], rows=rows, verdicts_same=sum(r[-1] == "yes" for r in rows),
+               verdicts=len(rows), lr_choices_differ=check["lr_choices_differ"],
+               note="the Fig. 3a ratio is left out: its fit needs every width")
+    return out
+
+
+def format_partial_rounding(check: dict[str, Any]) -> str:
+    lines = [f"jobs run by both: {check['jobs_both']} (of {check['jobs'][0]} and {check['jobs'][1]}); test losses "
+             f"bitwise equal: {check['jobs_equal']}; largest difference {check['max_abs_loss_gap']}",
+             f"widths both finished: {check['widths']}; {check['note']}"]
+    if check["rows"]:
+        lines.insert(0, format_rounding(check))
+    return "\n".join(lines)
