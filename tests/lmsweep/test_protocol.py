@@ -168,3 +168,20 @@ def test_partial_rounding_compares_the_widths_both_journals_finished(tmp_path):
     journal(tmp_path / "same", "machine", other)
     with pytest.raises(ValueError, match="nothing to check"):
         partial_rounding(tmp_path / "ref", tmp_path / "same")
+
+
+def test_partial_rounding_on_a_single_finished_width(tmp_path):
+    import json
+
+    from difftransformer.lmsweep.sweep import JOURNAL, partial_rounding
+    c = cfg(widths=(16, 32, 48), lr_widen=0)
+    full = bowl(c, 4e-3)
+    for name, code_path, jobs in (("ref", "machine", full),
+                                  ("avx2", "avx2", {j: r for j, r in full.items() if j.width == 48})):
+        (tmp_path / name).mkdir()
+        lines = [json.dumps({"journal": {"config": {**c.to_dict(), "cpu_code_path": code_path}, "data": "x"}})]
+        lines += [json.dumps({"key": str(i), "job": list(j), "result": r}) for i, (j, r) in enumerate(jobs.items())]
+        (tmp_path / name / JOURNAL).write_text("\n".join(lines) + "\n")
+    check = partial_rounding(tmp_path / "ref", tmp_path / "avx2")
+    assert check["widths"] == [48] and check["verdicts"] == check["verdicts_same"] > 0
+    assert {r[0] for r in check["rows"]} >= {"(a) loss, d=48 (primary)", "(c) Fig. 3b token ratio"}

@@ -196,11 +196,13 @@ def _compare(cfg: LMSweepConfig, base_runs: list[dict], diff_runs: list[dict], v
     return out
 
 
-def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) -> dict[str, Any]:
+def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float,
+             widths: Optional[Sequence[int]] = None) -> dict[str, Any]:
     """sweep.json's body from the finished jobs: choices, per-width tables, every endpoint with its verdict."""
     base = registry.reference().name
     diffs = [v for v in cfg.variants if v != base]
-    S, ws, big = cfg.test_seeds, sorted(cfg.widths), cfg.largest
+    S, ws = cfg.test_seeds, sorted(widths or cfg.widths)  # ``widths``: a subset (a partial rounding check)
+    big = max(ws)
     choices = {w: {v: lr_choice(cfg, w, v, done, cap) for v in cfg.variants} for w in ws}
     chosen = {v: [choices[w][v].lr for w in ws] for v in cfg.variants}
     at = {v: {w: [done[Job(w, v, s, choices[w][v].lr)] for s in S] for w in ws}  # type: ignore[arg-type]
@@ -219,7 +221,8 @@ def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) ->
         e = endpoints[v]
         e["loss"] = {str(w): _compare(cfg, at[base][w], at[v][w], test) for w in ws}
         e["loss_matched_lr"] = {str(w): _compare(cfg, matched[base][w], matched[v][w], test) for w in ws}
-        for key, count in (("param_ratio", "params_non_embedding"), ("param_ratio_total", "params")):
+        fits = (("param_ratio", "params_non_embedding"), ("param_ratio_total", "params")) if len(ws) > 1 else ()
+        for key, count in fits:
             nb = [at[base][w][0][count] for w in ws]
             nd = [at[v][w][0][count] for w in ws]
             lb = np.array([[test(r) for r in at[base][w]] for w in ws])  # (widths, seeds)
