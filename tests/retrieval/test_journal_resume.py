@@ -114,3 +114,24 @@ def test_code_paths():
     with pytest.raises(ValueError, match="machine, avx2, avx512"):
         code_path_env("sse")
     assert not in_code_path("avx2") or os.environ.get("MKL_CBWR") == "AVX2"  # this process was not started pinned
+
+
+ORDER: list[str] = []
+
+
+def _record(name: str) -> dict:
+    ORDER.append(name)
+    return {"name": name}
+
+
+def test_a_job_declared_later_runs_before_jobs_queued_behind_a_busy_worker(tmp_path):
+    """The scheduler hands a worker one job at a time, so a job the protocol declares once results are in (a
+    widened lr, listed first) runs next instead of after everything queued before it."""
+    from difftransformer.retrieval.scheduler import run_jobs
+
+    def needed(done):
+        return (["a", "w", "b", "c"], True) if "a" in done else (["a", "b", "c"], False)
+    ORDER.clear()
+    journal = Journal(tmp_path / JOURNAL, {"test": 1})
+    done, ran = run_jobs(needed, _record, lambda j: (j,), lambda j: j, journal, 1, "machine", progress=False)
+    assert ORDER == ["a", "w", "b", "c"] and ran == 4 and set(done) == {"a", "w", "b", "c"}

@@ -3,7 +3,8 @@
 What runs is not decided here: a caller passes ``needed(done) -> (jobs, final)`` (``protocol.needed_jobs`` for the
 benchmark, the width sweep's list for the sweep) and a job function; this module runs every needed job not yet
 done, appends each result to the journal as it finishes, and asks again until the list is final and all of it is
-done. The results are the same whatever the order, the number of workers or the interruptions: every job runs at
+done. A worker is handed one job at a time, in the order the list declares them, so a job declared once results
+are in (a widened lr) runs next rather than after every job already listed. The results are the same whatever the order, the number of workers or the interruptions: every job runs at
 one torch thread from its own seed, and a finished job is read back from the journal instead of run again.
 
 **The journal** (``OUT/jobs.jsonl``): a header line naming what the journal belongs to (the configuration), then one
@@ -200,12 +201,15 @@ def run_jobs(needed: Callable[[dict[Any, dict]], tuple[list, bool]], job_fn: Cal
                 for j in jobs:
                     if j in done or j in pending.values():
                         continue
-                    new += 1
                     old = journal.get(key_of(j))
                     if old is not None:
+                        new += 1
                         done[j] = old
                         bar.update(1)
                         continue
+                    if len(pending) >= workers:  # every worker busy: submitted when one frees, so that a job
+                        continue                 # declared later (a widened lr) runs in the declared order
+                    new += 1
                     pending[ex.submit(job_fn, *job_args(j))] = j
                 bar.refresh()
                 if all(j in done for j in jobs) and final:
