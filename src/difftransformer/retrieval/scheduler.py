@@ -4,8 +4,9 @@ What runs is not decided here: a caller passes ``needed(done) -> (jobs, final)``
 benchmark, the width sweep's list for the sweep) and a job function; this module runs every needed job not yet
 done, appends each result to the journal as it finishes, and asks again until the list is final and all of it is
 done. A worker is handed one job at a time, in the order the list declares them, so a job declared once results
-are in (a widened lr) runs next rather than after every job already listed. The results are the same whatever the order, the number of workers or the interruptions: every job runs at
-one torch thread from its own seed, and a finished job is read back from the journal instead of run again.
+are in (a widened lr) runs next rather than after every job already listed. The results are the same whatever the
+order, the number of workers or the interruptions: every job runs at one torch thread from its own seed, and a
+finished job is read back from the journal instead of run again.
 
 **The journal** (``OUT/jobs.jsonl``): a header line naming what the journal belongs to (the configuration), then one
 line per finished job: ``{"key": sha256 of everything that determines the job, "job": [...], "result": {...}}``.
