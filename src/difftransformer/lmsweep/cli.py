@@ -14,8 +14,8 @@ from .config import LMSweepConfig, quick_config
 
 HELP = ("language-model sweep, pre-registered (PROTOCOL.md, version 1): baseline vs DIFF V1/V2 at 4 widths, an lr "
         "grid per variant and width on 3 paired seeds; final loss, Fig. 3a (parameters) and 3b (tokens) ratios with "
-        "bootstrap intervals, activation outliers, lr robustness; plots; resumable (OUT/lm-jobs.jsonl); about an "
-        "hour on 2 CPU cores")
+        "bootstrap intervals, activation outliers, lr robustness; plots; resumable (OUT/lm-jobs.jsonl); about 100 "
+        "minutes on 2 CPU cores")
 
 
 def _list(text: str, flag: str, kind):
