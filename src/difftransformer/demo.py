@@ -309,7 +309,7 @@ def register(sub) -> None:
     p.add_argument("--retrieval-seeds", type=int, default=None, metavar="N",
                    help="test seeds per variant of the retrieval benchmark (default 12; quick 2)")
     p.add_argument("--lm-sweep", default=None, metavar="DIR",
-                   help="the output of `difftransformer lm-sweep` (run beforehand: about 100 minutes) to show on the page "
-                        "after the retrieval benchmark; the demo does not run the sweep")
+                   help="the output of `difftransformer lm-sweep` (run beforehand: about 100 minutes) to show on the "
+                        "page after the retrieval benchmark; the demo does not run the sweep")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
