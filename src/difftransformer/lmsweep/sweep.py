@@ -130,6 +130,9 @@ def plot_lr(res: dict[str, Any], path: Path) -> Path:
             ax.plot([rows[i]["lr"]], [min(s["test_loss"] for s in g if s["lr"] == rows[i]["lr"])], marker="*",
                     ms=11, color=color(v), ls="none")
         ax.set_xscale("log", base=2)
+        lrs = sorted({s["lr"] for v in res["table"] for s in res["table"][v][i]["grid"]})
+        ax.set_xticks(lrs, [f"{x:g}" for x in lrs], fontsize=7)
+        ax.minorticks_off()
         ax.set_title(f"d_model {w}", fontsize=9)
         ax.set_xlabel("peak lr")
     np.atleast_1d(axes)[0].set_ylabel("validation loss (test half)")
