@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from ..model import variants as registry
+from ..retrieval.cli import _floats, _ints
 from ..retrieval.scheduler import CODE_PATHS
 from .config import LMSweepConfig, quick_config
 
@@ -16,16 +17,6 @@ HELP = ("language-model sweep, pre-registered (PROTOCOL.md, version 1): baseline
         "grid per variant and width on 3 paired seeds; final loss, Fig. 3a (parameters) and 3b (tokens) ratios with "
         "bootstrap intervals, activation outliers, lr robustness; plots; resumable (OUT/lm-jobs.jsonl); about 100 "
         "minutes on 2 CPU cores")
-
-
-def _list(text: str, flag: str, kind):
-    try:
-        vals = tuple(kind(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{flag} must be comma-separated {kind.__name__}s, got {text!r}") from None
-    if not vals:
-        raise ValueError(f"{flag} must list at least one value")
-    return vals
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,9 +63,9 @@ def config_from_args(args) -> LMSweepConfig:
         if getattr(args, flag) is not None:
             ch[flag] = getattr(args, flag)
     if args.widths is not None:
-        ch["widths"] = _list(args.widths, "--widths", int)
+        ch["widths"] = _ints(args.widths, "--widths")
     if args.lr_grid is not None:
-        ch["lr_grid"] = _list(args.lr_grid, "--lr-grid", float)
+        ch["lr_grid"] = _floats(args.lr_grid, "--lr-grid")
     if args.variants is not None:
         ch["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     return cfg.replace(**ch) if ch else cfg

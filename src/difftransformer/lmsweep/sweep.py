@@ -59,18 +59,11 @@ def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, prog
                            "tokens_per_run": cfg.steps * cfg.batch * cfg.seq_len, **assemble(cfg, done, cap)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
-    res["deviations"] = deviations()
+    from ..retrieval.benchmark import protocol_deviations
+    res["deviations"] = protocol_deviations(Path(__file__).with_name("PROTOCOL.md"))
     atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
     plot_all(res, out)
     return res
-
-
-def deviations() -> list[str]:
-    """The "Deviations" section of this module's PROTOCOL.md, one string per bullet."""
-    path = Path(__file__).with_name("PROTOCOL.md")
-    text = path.read_text().split("## Deviations", 1)[-1]
-    bullets = [b.strip() for b in ("\n" + text).split("\n- ")[1:]]
-    return [" ".join(b.replace("**", "").split()) for b in bullets]
 
 
 # ---------------------------------------------------------------------------------------------- plots

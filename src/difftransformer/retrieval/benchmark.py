@@ -68,10 +68,10 @@ def _load() -> Optional[list[float]]:
         return None
 
 
-def protocol_deviations() -> list[str]:
-    """The "Deviations" section of PROTOCOL.md beside this module, one string per bullet (dated, with the reason):
-    results.json carries them so that the report page says what changed after results were seen."""
-    path = Path(__file__).with_name("PROTOCOL.md")
+def protocol_deviations(path: Optional[Path] = None) -> list[str]:
+    """The "Deviations" section of a PROTOCOL.md (default: the one beside this module), one string per bullet
+    (dated, with the reason): results carry them so that the report page says what changed after results were seen."""
+    path = Path(__file__).with_name("PROTOCOL.md") if path is None else path
     if not path.is_file():
         return ["PROTOCOL.md is missing beside the benchmark: its deviations cannot be listed"]
     text = path.read_text().split("## Deviations", 1)[-1]
