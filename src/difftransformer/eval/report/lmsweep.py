@@ -37,7 +37,7 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
         for w in ws:
             mean = sum(w["test_loss"]) / len(w["test_loss"])
             per_width.append([label(v), w["width"], w["params_non_embedding"], w["params"], f"{w['lr']:g}"
-                              + (" (widened)" if w["widened"] else ""), f"{mean:.4f}", f"{w['floor']:.3f}"])
+                              + (" (grid widened)" if w["widened"] else ""), f"{mean:.4f}", f"{w['floor']:.3f}"])
     parts.append(table(["variant", "d_model", "non-embedding parameters", "parameters", "chosen lr",
                         "test-half loss (seed mean)", "unigram floor"], per_width, left=1))
     srows = sensitivity_rows(res)
