@@ -10,10 +10,9 @@ evaluates it, at one torch thread, as a benchmark worker does. The two paths:
   kernel, and DIFF V1 then needs two maps instead of four value products), the fused CPU AdamW, and the last block
   at the scored positions only (``DiffTransformerLM.forward(logits_at=...)``).
 
-Also timed: the stacked engine (``train/stacked.py``: S members as one model, one batched matmul per weight),
-per member, against one model at a time on the v3 path. The jobs of the rows are interleaved round by round and the
-median is reported, with the load average: another process on the machine skews every timing, so run it idle.
-Training is timed over ``--steps`` steps and scaled to the benchmark's 600; evaluation is timed whole.
+The jobs of the rows are interleaved round by round and the median is reported, with the load average: another
+process on the machine skews every timing, so run it idle. Training is timed over ``--steps`` steps and scaled to
+the benchmark's 600; evaluation is timed whole.
 """
 
 from __future__ import annotations
@@ -40,17 +39,10 @@ def _job_time(cfg, variant: str, seed: int, path: str, steps: int) -> tuple[floa
     return r["train_cpu_s"] * cfg.steps / steps, time.process_time() - t0
 
 
-def _stacked_time(cfg, variant: str, members: int, steps: int) -> float:
-    """Training CPU seconds per member of a stacked group, scaled to cfg.steps."""
-    from ..retrieval.train import train_group
-    r = train_group(cfg.replace(steps=steps), variant, list(range(9000, 9000 + members)), 2e-3)
-    return r["train_cpu_s"] * cfg.steps / steps / members
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    for name in ("steps", "rounds", "members"):
+    for name in ("steps", "rounds"):
         v = getattr(args, name)
         if isinstance(v, bool) or v < 1:
             raise ValueError(f"--{name} must be >= 1, got {v}")
@@ -70,13 +62,10 @@ def _measure(args: argparse.Namespace) -> int:
     base = registry.reference().name
     print_load("before")
     times: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    stacked: dict[str, list[float]] = {}
     for rnd in range(args.rounds):
         for v in names:
             for path in PATHS:
                 times.setdefault((v, path), []).append(_job_time(cfg, v, 9000 + rnd, path, args.steps))
-            if args.members > 1:
-                stacked.setdefault(v, []).append(_stacked_time(cfg, v, args.members, args.steps))
         print(f"# round {rnd + 1} of {args.rounds} done", flush=True)
     med: dict[tuple[str, str], tuple[float, float]] = {
         k: (statistics.median(t for t, _ in xs), statistics.median(e for _, e in xs)) for k, xs in times.items()}
@@ -94,23 +83,15 @@ def _measure(args: argparse.Namespace) -> int:
     per_min = {p: 60 / statistics.fmean(job[(v, p)] for v in names) for p in PATHS}  # equal jobs of each variant
     print(f"jobs per minute per worker (the v3 workload: as many jobs of each variant): v2 path "
           f"{per_min['v2 path']:.2f}, v3 path {per_min['v3 path']:.2f}: {per_min['v3 path'] / per_min['v2 path']:.2f}x")
-    if stacked:
-        print(f"stacked engine, {args.members} members as one model (v3 path's backend and AdamW), training CPU s per "
-              "member vs one model at a time:")
-        for v in names:
-            s = statistics.median(stacked[v])
-            print(f"  {v:<9} {s:.1f} s vs {med[(v, 'v3 path')][0]:.1f} s: {med[(v, 'v3 path')][0] / s:.2f}x")
     print_load("after")
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("retrieval", help="the retrieval benchmark's jobs per minute: the v2 path vs the v3 path, "
-                                         "DIFF's job time over the baseline's, the stacked engine",
+                                         "DIFF's job time over the baseline's",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--steps", type=int, default=150,
                    help="training steps timed per job, scaled to the benchmark's 600 (default 150)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every row, interleaved; median (default 3)")
-    p.add_argument("--members", type=int, default=4,
-                   help="members of the stacked engine's group (default 4; 1 skips that row)")
     p.set_defaults(func=run)

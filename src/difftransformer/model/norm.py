@@ -18,10 +18,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         acc = torch.promote_types(x.dtype, torch.float32)  # at least fp32, float64 stays float64
         w = None if self.weight is None else self.weight.to(acc)
-        if w is not None and w.dim() == 2:  # S models stacked (train/stacked.py): x's batch is S member blocks
-            S = w.shape[0]
-            y = F.rms_norm(x.to(acc).reshape(S, -1, self.dim), (self.dim,), None, self.eps)  # (S, rows, dim)
-            return (y * w[:, None, :]).view(x.shape).to(x.dtype)
         return F.rms_norm(x.to(acc), (self.dim,), w, self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:

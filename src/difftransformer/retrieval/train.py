@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from typing import Any, Optional, cast
 
 import torch
-import torch.nn.functional as F
 
 from ..model import DiffTransformerLM, ModelConfig
 from ..model import variants as registry
 from ..model.config import Backend
 from .config import RetrievalConfig
-from .task import Batch, train_stream
+from .task import train_stream
 
 
 def model_config(cfg: RetrievalConfig, variant: str, backend: Optional[Backend] = None) -> ModelConfig:
@@ -103,47 +101,3 @@ def train_model(cfg: RetrievalConfig, variant: str, seed: int, lr: float, progre
     model.eval()
     return {"model": model, "params": model.num_parameters(), "losses": losses,
             "train_s": time.perf_counter() - t0, "train_cpu_s": time.process_time() - c0, "copied": copied}
-
-
-def stacked_batch(batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The members' batches as one: (tokens (S*B, T_max), query_pos (S*B, Q), answers (S*B, Q)). A shorter
-    member's sequences are padded on the right with BOS: under causal attention no real position sees a pad, and
-    the answers are read at the query positions only, so the padding changes nothing but the work."""
-    T = max(b.tokens.shape[1] for b in batches)
-    tokens = torch.cat([F.pad(b.tokens, (0, T - b.tokens.shape[1]), value=0) for b in batches])
-    return tokens, torch.cat([b.query_pos for b in batches]), torch.cat([b.answers for b in batches])
-
-
-def train_group(cfg: RetrievalConfig, variant: str, seeds: Sequence[int], lr: float) -> dict[str, Any]:
-    """Train the models of ``variant`` for ``seeds`` at ``lr`` as ONE stacked model (``train/stacked.py``): each
-    member with its own paired initialisation and training stream, exactly as ``train_model`` trains it alone
-    except for float rounding. Returns {'models' (plain models, eval mode), 'params', 'losses' (per member),
-    'copied', 'train_s', 'train_cpu_s'} (the times are the group's)."""
-    from ..train.stacked import clip_grad_norm_per_member, member_model, stack_models
-    built = [build_paired(cfg, variant, s) for s in seeds]
-    model = stack_models([m for m, _ in built])
-    del built[1:]
-    model.train()
-    S = len(seeds)
-    opt = optimizer(cfg, model.parameters(), lr)
-    streams = [train_stream(cfg, s) for s in seeds]
-    losses: list[list[list[float]]] = [[] for _ in seeds]
-    t0, c0 = time.perf_counter(), time.process_time()
-    for step in range(cfg.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg, lr)
-        tokens, query_pos, answers = stacked_batch([next(st) for st in streams])
-        logits = model(tokens, logits_at=query_pos).logits  # (S*B, Q, vocab)
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), answers.flatten(), reduction="none")
-        per_member = nll.view(S, -1).mean(1)  # (S,): each member's mean answer loss, as answer_loss alone
-        opt.zero_grad(set_to_none=True)
-        per_member.sum().backward()  # members share no parameter: each gets its own loss's gradient
-        clip_grad_norm_per_member(model.parameters(), 1.0)
-        opt.step()
-        if step % 25 == 0 or step == cfg.steps - 1:
-            for i, x in enumerate(per_member.detach().tolist()):
-                losses[i].append([step, x])
-    train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    models = [member_model(model, i) for i in range(S)]
-    return {"models": models, "params": models[0].num_parameters(), "losses": losses, "copied": built[0][1],
-            "train_s": train_s, "train_cpu_s": train_cpu_s}

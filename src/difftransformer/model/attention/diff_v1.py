@@ -100,9 +100,8 @@ class DiffV1Attention(Attention):
         the lambda that the layer applies, which is what the analyses and the metrics read.
         """
         acc = torch.promote_types(self.lambda_q1.dtype, torch.float32)
-        # dim=-1: a 0-dim lambda, or (S,) one per member when S models are stacked (train/stacked.py)
-        lam1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc), dim=-1))
-        lam2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc), dim=-1))
+        lam1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc)))
+        lam2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
         lam = lam1 - lam2 + self.lambda_init
         return lam if self.neg_weight is None else lam * self.neg_weight.to(acc)
 
@@ -131,10 +130,7 @@ class DiffV1Attention(Attention):
         k, v = self.update_cache(input_pos, k, v)
         # Eq. (1): half-heads (2i, 2i+1) are (Q1, Q2) of head i and (K1, K2) of KV group g = i // (h / h_kv); Q1
         # reads K1 and Q2 reads K2 of that group ("paired" keys: split, then repeat).
-        lam = self.generation_lambda()
-        if lam.dim():  # (S,) stacked members, each owning B / S consecutive rows: (B, 1, 1, 1)
-            lam = lam.repeat_interleave(B // lam.shape[0]).view(B, 1, 1, 1)
-        out, maps = diff_attention(self, xq, q, k, v, lam, mask, input_pos, return_maps,
+        out, maps = diff_attention(self, xq, q, k, v, self.generation_lambda(), mask, input_pos, return_maps,
                                    keys="paired")  # (B, h, T, 2d) = (A1 - lambda A2) V
         if self.subln is not None:
             out = self.subln(out)  # Eq. (3): RMSNorm over each head's 2d channels
