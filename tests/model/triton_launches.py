@@ -40,6 +40,9 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from difftransformer.model.attention import triton_decode as tdd  # noqa: E402
 from difftransformer.model.attention import triton_diff as td  # noqa: E402
+from difftransformer.model.attention import triton_tuning as tuning  # noqa: E402
+
+FITS_PATH = os.path.join(os.path.dirname(tuning.__file__), "triton_fits.py")
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (label, value width as a multiple of d, one key tensor for both maps, lambda per row): the three DIFF forms
@@ -120,8 +123,12 @@ def recording(arch: int):
 
 
 def record(variant: str, dtype: str, d: int, arch: int, *, b: int = 2, hq: int = 4, hk: int = 2, t: int = 1024,
-           n_cache: int = 4096, mask: bool = True) -> list[Launch]:
-    """The launches of one training step (forward and backward, with a padding mask) and one decode step."""
+           n_cache: int = 4096, mask: bool = True, override: Any = None) -> list[Launch]:
+    """The launches of one training step (forward and backward, with a padding mask) and one decode step;
+    ``override``: a (block_m, block_n, num_warps, num_stages) both wrappers are called with (candidates)."""
+    tiles: dict = {}
+    if override is not None:
+        tiles = dict(block_n=override[1], num_warps=override[2], num_stages=override[3])
     dv_mult, shared_k, lam_row = VARIANTS[variant]
     dt = DTYPES[dtype]
     case = f"{variant}/{dtype}/d{d}"
@@ -137,7 +144,8 @@ def record(variant: str, dtype: str, d: int, arch: int, *, b: int = 2, hq: int =
     key_mask = torch.ones(b, t, dtype=torch.bool) if mask else None
     key_mask is not None and key_mask[0, :3].fill_(False)
     with recording(arch) as calls:
-        out = td.triton_diff_attention(q1, q2, k1, k2, v, lam, d ** -0.5, key_mask)
+        out = td.triton_diff_attention(q1, q2, k1, k2, v, lam, d ** -0.5, key_mask,
+                                       **(dict(tiles, block_m=max(16, override[0])) if tiles else {}))
         out.backward(torch.zeros_like(out))
         with torch.no_grad():
             kc1, kc2 = torch.zeros(b, hk, n_cache, d, dtype=dt), torch.zeros(b, hk, n_cache, d, dtype=dt)
@@ -146,7 +154,7 @@ def record(variant: str, dtype: str, d: int, arch: int, *, b: int = 2, hq: int =
             dlam = torch.zeros(b, hq, 1, 1) if lam_row else torch.zeros(())
             td_mask = torch.ones(b, n_cache, dtype=torch.bool)
             tdd.triton_diff_decode(torch.zeros(b, hq, 1, d, dtype=dt), torch.zeros(b, hq, 1, d, dtype=dt), kc1, kc2,
-                                   vc, dlam, d ** -0.5, td_mask)
+                                   vc, dlam, d ** -0.5, td_mask, **tiles)
     return [Launch(name, case, arch, where, a, k) for name, where, a, k in calls]
 
 
@@ -200,6 +208,63 @@ def representative(archs=DEFAULT_ARCHS, consumer: bool = True, full: bool = Fals
     return unique
 
 
+def candidate_jobs(archs=DEFAULT_ARCHS) -> list[tuple]:
+    """Every autotune candidate (``triton_tuning.CANDIDATES_16BIT`` plus the default) of the 16-bit launches of
+    ``REPRESENTATIVE`` for each arch, as the wrappers launch it (bf16; float16 compiles to the same resources)."""
+    jobs, seen = [], set()
+    for arch in archs:
+        for variant, d in REPRESENTATIVE:
+            dv = VARIANTS[variant][0] * d
+            grid = tuning.CANDIDATES_16BIT[tuning.width_class(d, dv)]
+            default = td.default_config(d, dv, torch.bfloat16, arch)
+            for kernel in tuning.KERNELS:
+                for cfg in dict.fromkeys((default[kernel], *grid[kernel])):
+                    launch = next(x for x in record(variant, "bf16", d, arch, override=cfg) if x.kernel == kernel)
+                    key = (tuning.fit_key(arch, variant, d, kernel), cfg)
+                    if key not in seen:
+                        seen.add(key)
+                        jobs.append((key, _job(launch)))
+    return jobs
+
+
+def fit_rows(jobs: list[tuple], workers: int) -> dict[str, list[dict]]:
+    """Compile ``candidate_jobs``; per fit key, each candidate's resources and whether it fits (shared memory within
+    the arch's limit, at most ``MAX_SPILL_BYTES`` of spills per thread), in candidate order."""
+    with ProcessPoolExecutor(workers) as pool:
+        rows = list(pool.map(compile_launch, [job for _, job in jobs]))
+    table: dict[str, list[dict]] = {}
+    for ((key, cfg), _), r in zip(jobs, rows):
+        fits = r["shared"] <= smem_limit(r["arch"]) and r["stack"] <= tuning.MAX_SPILL_BYTES
+        table.setdefault(key, []).append(dict(config=tuple(cfg), shared=r["shared"], regs=r["regs"],
+                                              stack=r["stack"], fits=fits))
+    return table
+
+
+def fits_module(table: dict[str, list[dict]]) -> str:
+    """The source of ``triton_fits.py`` for ``table``."""
+    lines = [
+        '"""Which autotune candidates of the fused DIFF kernels fit each GPU (generated data: do not edit).',
+        "",
+        "Written by ``python tests/model/triton_launches.py --candidates --write`` with Triton "
+        f"{triton.__version__} (its ptxas),",
+        "no GPU: each candidate of ``triton_tuning.CANDIDATES_16BIT`` (and the default) compiled for sm_80 and sm_90",
+        "as the wrappers launch it (bfloat16). ``fits``: shared memory within the GPU's per-program limit and at most",
+        "``triton_tuning.MAX_SPILL_BYTES`` of spilled registers per thread. shared: bytes; stack: bytes per thread.",
+        '"""',
+        "",
+        f"TRITON_VERSION = {triton.__version__!r}",
+        "FITS: dict[str, list[dict]] = {",
+    ]
+    for key, rows in table.items():
+        lines.append(f"    {key!r}: [")
+        for r in rows:
+            lines.append(f"        {{'config': {r['config']!r}, 'shared': {r['shared']}, 'regs': {r['regs']}, "
+                         f"'stack': {r['stack']}, 'fits': {r['fits']}}},")
+        lines.append("    ],")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def smem_limit(arch: int) -> int:
     return td.smem_limit(arch)
 
@@ -213,8 +278,20 @@ def main(argv=None) -> int:
                    "(fp32 dots on TF32 tensor cores)")
     p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     p.add_argument("--json", action="store_true")
+    p.add_argument("--candidates", action="store_true", help="compile every autotune candidate (bf16, sm_80 and "
+                   "sm_90) and print the fit table (triton_fits.py's source)")
+    p.add_argument("--write", action="store_true", help=f"with --candidates: write it to {FITS_PATH}")
     a = p.parse_args(argv)
     t0 = time.time()
+    if a.candidates:
+        text = fits_module(fit_rows(candidate_jobs(tuple(a.arch)), a.jobs))
+        if a.write:
+            with open(FITS_PATH, "w") as fh:
+                fh.write(text)
+        else:
+            print(text, end="")
+        print(f"# candidates compiled in {time.time() - t0:.1f} s", file=sys.stderr)
+        return 0
     torch.backends.cuda.matmul.allow_tf32 = a.tf32  # the wrappers' fp32 dot precision follows it
     jobs = representative(tuple(a.arch), consumer=not a.no_consumer, full=a.full)
     with ProcessPoolExecutor(a.jobs) as pool:

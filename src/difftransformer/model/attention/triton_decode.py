@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_tuning as tuning
 from .triton_diff import (
     _ALLOWED_DTYPES,
     _NEG_INIT,
@@ -224,9 +225,11 @@ def triton_diff_decode(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2:
     if q1.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"inputs are on {q1.device}; the triton kernels need CUDA tensors "
                          "(or TRITON_INTERPRET=1 set before importing this module, for CPU tests)")
-    _, cfg_n, cfg_warps, cfg_stages = default_config(D, v.shape[-1], q1.dtype, _device_arch(q1.device))["decode"]
-    block_n = cfg_n if block_n is None else block_n
-    _check_pow2_block("block_n", block_n)
+    arch = _device_arch(q1.device)
+    given = (block_n, num_warps, num_stages) != (None, None, None)
+    default = default_config(D, v.shape[-1], q1.dtype, arch)["decode"]
+    if block_n is not None:
+        _check_pow2_block("block_n", block_n)
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps={num_warps!r} is not allowed; use one of 1, 2, 4, 8, 16")
     if num_stages is not None and (isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1):
@@ -244,25 +247,38 @@ def triton_diff_decode(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2:
     km = key_mask.to(torch.int8)
     pos = torch.arange(1, N + 1, device=dev, dtype=torch.int32)
     kv_len = (km.to(torch.int32) * pos).amax(dim=1).to(torch.int32).contiguous()  # last visible position + 1
-    chunk, splits = _decode_splits(N, B * HK, block_n, num_splits)
-    m1 = torch.empty(B * HQ * splits, dtype=acc, device=dev)
-    l1, m2, l2 = torch.empty_like(m1), torch.empty_like(m1), torch.empty_like(m1)
-    a1 = torch.empty(B * HQ * splits, DV, dtype=acc, device=dev)
-    a2 = torch.empty_like(a1)
     precision = dot_precision(q1.dtype, allow_tf32)
-    _diff_decode_split_kernel[(B * HK, splits)](
-        q1, q2, k1, k2, v, km, kv_len, m1, l1, a1, m2, l2, a2, _scale_tensor(scale, acc, dev),
-        q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1),
-        *_strides(k1), *_strides(k2), *_strides(v), km.stride(0),
-        HK, R, N, chunk,
-        D=D, DV=DV, BLOCK_R=max(16, triton.next_power_of_2(R)), BLOCK_N=block_n, SHARED_K=shared_k,
-        PRECISION=precision, num_warps=cfg_warps if num_warps is None else num_warps,
-        num_stages=cfg_stages if num_stages is None else num_stages,
-    )
     out = torch.empty(B, HQ, 1, DV, dtype=q1.dtype, device=dev)
     lam_acc = lam.to(acc).reshape(-1).contiguous()
-    _diff_decode_merge_kernel[(B * HQ,)](
-        m1, l1, a1, m2, l2, a2, lam_acc, out, splits, out.stride(0), out.stride(1), HQ,
-        DV=DV, BLOCK_S=MERGE_BLOCK_S, LAM_PER_ROW=lam.dim() != 0, num_warps=MERGE_NUM_WARPS,
-    )
+    scale_t = _scale_tensor(scale, acc, dev)
+
+    def step(config) -> None:  # split and merge for one tile; the partials are its own, out is rewritten whole
+        _, tile_n, warps, stages = config
+        chunk, splits = _decode_splits(N, B * HK, tile_n, num_splits)
+        m1 = torch.empty(B * HQ * splits, dtype=acc, device=dev)
+        l1, m2, l2 = torch.empty_like(m1), torch.empty_like(m1), torch.empty_like(m1)
+        a1 = torch.empty(B * HQ * splits, DV, dtype=acc, device=dev)
+        a2 = torch.empty_like(a1)
+        _diff_decode_split_kernel[(B * HK, splits)](
+            q1, q2, k1, k2, v, km, kv_len, m1, l1, a1, m2, l2, a2, scale_t,
+            q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1),
+            *_strides(k1), *_strides(k2), *_strides(v), km.stride(0),
+            HK, R, N, chunk,
+            D=D, DV=DV, BLOCK_R=max(16, triton.next_power_of_2(R)), BLOCK_N=tile_n, SHARED_K=shared_k,
+            PRECISION=precision, num_warps=warps, num_stages=stages,
+        )
+        _diff_decode_merge_kernel[(B * HQ,)](
+            m1, l1, a1, m2, l2, a2, lam_acc, out, splits, out.stride(0), out.stride(1), HQ,
+            DV=DV, BLOCK_S=MERGE_BLOCK_S, LAM_PER_ROW=lam.dim() != 0, num_warps=MERGE_NUM_WARPS,
+        )
+
+    if given:
+        _, cfg_n, cfg_warps, cfg_stages = default
+        step((0, cfg_n if block_n is None else block_n, cfg_warps if num_warps is None else num_warps,
+              cfg_stages if num_stages is None else num_stages))
+        return out
+    # the tuner's choice among the fitting candidates for this GPU, cache length bucket and form (the default first)
+    options = tuning.candidates(arch, q1.dtype, D, DV, shared_k, "decode", default)
+    key = (arch, q1.dtype, D, DV, tuning.variant_of(D, DV, shared_k), "decode", tuning.seq_bucket(N))
+    tuning.tuned_launch(key, options, step, dev)
     return out

@@ -69,12 +69,14 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-__all__ = ["triton_diff_attention", "triton_available", "default_config", "smem_limit", "dot_precision",
-           "ALLOWED_HEAD_DIMS", "SMEM_LIMITS", "CONSUMER_SMEM_LIMIT"]
+__all__ = ["triton_diff_attention", "triton_available", "default_config", "chosen_configs", "smem_limit",
+           "dot_precision", "ALLOWED_HEAD_DIMS", "SMEM_LIMITS", "CONSUMER_SMEM_LIMIT"]
 
+from . import triton_tuning as tuning
 from .launches import TRITON_HEAD_DIMS as ALLOWED_HEAD_DIMS
 from .launches import TRITON_MAX_BATCH as MAX_BATCH
 from .launches import is_triton_launch_error, triton_failed, triton_kind, triton_kind_failed
+from .triton_tuning import chosen_configs
 
 _ALLOWED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Shared memory one program (thread block) may use, in bytes, by compute capability (major * 10 + minor): A100
@@ -479,15 +481,29 @@ def _unit_last(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _launch_opts(config: tuple[int, int, int, int]) -> dict:
+    block_m, block_n, num_warps, num_stages = config
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+
+
 class _Cfg:
-    """Launch configuration: per kernel (block_m, block_n, num_warps, num_stages), and the dot precision."""
+    """Launch configuration: per kernel (block_m, block_n, num_warps, num_stages), the dot precision and, when the
+    tiles were not given, the shape the tuner keys its choice by (``triton_tuning``)."""
 
-    def __init__(self, kernels: dict[str, tuple[int, int, int, int]], precision: Optional[str]):
-        self.kernels, self.precision = kernels, precision
+    def __init__(self, kernels: dict[str, tuple[int, int, int, int]], precision: Optional[str],
+                 tune: Optional[tuple] = None):
+        self.kernels, self.precision, self.tune = kernels, precision, tune
 
-    def launch(self, kernel: str) -> dict:
-        block_m, block_n, num_warps, num_stages = self.kernels[kernel]
-        return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+    def run(self, kernel: str, launch, device: torch.device) -> None:
+        """``launch(config)`` with this kernel's config: the given one, or the tuner's choice among the fitting
+        candidates for ``self.tune`` = (arch, dtype, d, dv, shared_k, seq_len) (the default first)."""
+        if self.tune is None:
+            launch(self.kernels[kernel])
+            return
+        arch, dtype, d, dv, shared_k, seq_len = self.tune
+        options = tuning.candidates(arch, dtype, d, dv, shared_k, kernel, self.kernels[kernel])
+        key = (arch, dtype, d, dv, tuning.variant_of(d, dv, shared_k), kernel, tuning.seq_bucket(seq_len))
+        tuning.tuned_launch(key, options, launch, device)
 
 
 def dot_precision(dtype: torch.dtype, allow_tf32: Optional[bool]) -> Optional[str]:
@@ -566,16 +582,17 @@ class _TritonDiffAttention(torch.autograd.Function):
         lse2 = torch.empty(B, HQ, T, dtype=acc, device=dev)
         dummy = lse1  # stands in for absent mask pointers (never read: HAS_MASK is a constexpr)
 
-        launch = cfg.launch("fwd")
-        grid = (triton.cdiv(T, launch["BLOCK_M"]), HQ, B)
-        _diff_fwd_kernel[grid](
-            q1, q2, k1, k2, v, lam_acc, scale_t, km if km is not None else dummy,
-            first if first is not None else dummy, out, o2, lse1, lse2,
-            *_strides(q1), *_strides(q2), *_strides(k1), *_strides(k2), *_strides(v),
-            T, HQ, group,
-            D=D, DV=DV, SHARED_K=shared_k, LAM_PER_ROW=lam_per_row, HAS_MASK=km is not None,
-            PRECISION=cfg.precision, **launch,
-        )
+        def fwd(config):  # rewrites out, o2, lse1 and lse2 whole: the tuner may launch it repeatedly
+            _diff_fwd_kernel[(triton.cdiv(T, config[0]), HQ, B)](
+                q1, q2, k1, k2, v, lam_acc, scale_t, km if km is not None else dummy,
+                first if first is not None else dummy, out, o2, lse1, lse2,
+                *_strides(q1), *_strides(q2), *_strides(k1), *_strides(k2), *_strides(v),
+                T, HQ, group,
+                D=D, DV=DV, SHARED_K=shared_k, LAM_PER_ROW=lam_per_row, HAS_MASK=km is not None,
+                PRECISION=cfg.precision, **_launch_opts(config),
+            )
+
+        cfg.run("fwd", fwd, dev)
 
         ctx.save_for_backward(q1, q2, k1, v, lam_acc, scale_t, km, first, out, o2, lse1, lse2,
                               None if shared_k else k2)
@@ -655,11 +672,14 @@ class _TritonDiffAttention(torch.autograd.Function):
             dk1_buf = torch.empty(B, HK, T, D, dtype=q1.dtype, device=dev)
             dk2_buf = dk1_buf if shared_k else torch.empty(B, HK, T, D, dtype=q1.dtype, device=dev)
             dv_buf = torch.empty(B, HK, T, DV, dtype=q1.dtype, device=dev)
-            launch = cfg.launch("bwd_dkdv")
-            _diff_bwd_dkdv_kernel[(triton.cdiv(T, launch["BLOCK_N"]), HK, B)](
-                q1, q2, k1, k2, v, dout, lam_acc, scale_t, km_arg, first_arg, lse1, lse2, delta1, delta2,
-                dk1_buf, dk2_buf, dv_buf, *strides, T, HQ, group, **common, **launch,
-            )
+
+            def dkdv(config):  # rewrites dk1, dk2 and dv whole (no atomics)
+                _diff_bwd_dkdv_kernel[(triton.cdiv(T, config[1]), HK, B)](
+                    q1, q2, k1, k2, v, dout, lam_acc, scale_t, km_arg, first_arg, lse1, lse2, delta1, delta2,
+                    dk1_buf, dk2_buf, dv_buf, *strides, T, HQ, group, **common, **_launch_opts(config),
+                )
+
+            cfg.run("bwd_dkdv", dkdv, dev)
             dk1 = dk1_buf if needs[2] else None
             # shared k: the function got the same tensor twice; its gradient (both maps) goes to k1 only
             dk2 = None if shared_k else (dk2_buf if needs[3] else None)
@@ -667,11 +687,14 @@ class _TritonDiffAttention(torch.autograd.Function):
         if needs[0] or needs[1]:
             dq1_buf = torch.empty(B, HQ, T, D, dtype=q1.dtype, device=dev)
             dq2_buf = torch.empty(B, HQ, T, D, dtype=q1.dtype, device=dev)
-            launch = cfg.launch("bwd_dq")
-            _diff_bwd_dq_kernel[(triton.cdiv(T, launch["BLOCK_M"]), HQ, B)](
-                q1, q2, k1, k2, v, dout, lam_acc, scale_t, km_arg, first_arg, lse1, lse2, delta1, delta2,
-                dq1_buf, dq2_buf, *strides, T, HQ, group, **common, **launch,
-            )
+
+            def dq(config):  # rewrites dq1 and dq2 whole
+                _diff_bwd_dq_kernel[(triton.cdiv(T, config[0]), HQ, B)](
+                    q1, q2, k1, k2, v, dout, lam_acc, scale_t, km_arg, first_arg, lse1, lse2, delta1, delta2,
+                    dq1_buf, dq2_buf, *strides, T, HQ, group, **common, **_launch_opts(config),
+                )
+
+            cfg.run("bwd_dq", dq, dev)
             dq1 = dq1_buf if needs[0] else None
             dq2 = dq2_buf if needs[1] else None
         if needs[5]:
@@ -802,12 +825,14 @@ def triton_diff_attention(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, 
         raise ValueError(f"num_stages={num_stages!r} is not allowed; use an int >= 1")
     if allow_tf32 is not None and not isinstance(allow_tf32, bool):
         raise TypeError(f"allow_tf32={allow_tf32!r} is not allowed; use True, False or None")
+    arch = _device_arch(q1.device)
     kernels = {
         name: (bm if block_m is None else block_m, bn if block_n is None else block_n,
                nw if num_warps is None else num_warps, ns if num_stages is None else num_stages)
-        for name, (bm, bn, nw, ns) in default_config(q1.shape[-1], v.shape[-1], q1.dtype,
-                                                     _device_arch(q1.device)).items()
+        for name, (bm, bn, nw, ns) in default_config(q1.shape[-1], v.shape[-1], q1.dtype, arch).items()
     }
-    cfg = _Cfg(kernels, dot_precision(q1.dtype, allow_tf32))
     shared_k = _is_shared_k(k1, k2)
+    given = (block_m, block_n, num_warps, num_stages) != (None, None, None, None)
+    tune = None if given else (arch, q1.dtype, q1.shape[-1], v.shape[-1], shared_k, q1.shape[2])
+    cfg = _Cfg(kernels, dot_precision(q1.dtype, allow_tf32), tune)
     return _TritonDiffAttention.apply(q1, q2, k1, k2, v, lam, float(scale), key_mask, shared_k, cfg)

@@ -1,0 +1,178 @@
+"""Which tiles the fused DIFF kernels run with on a GPU: candidate configs per architecture, pruned ahead of time,
+chosen on the GPU by measurement on first use.
+
+Each kernel (``fwd``, ``bwd_dkdv``, ``bwd_dq``, ``decode``) has a short list of candidate (block_m, block_n,
+num_warps, num_stages) per head-width class (``CANDIDATES_16BIT``). ``tests/model/triton_launches.py --candidates
+--write`` compiles every candidate of the 16-bit launches for sm_80 (A100, 163 KB per program) and sm_90 (H100/H200,
+227 KB) with no GPU (``triton.compile`` for a ``GPUTarget``) and writes which fit -- shared memory within the GPU's
+limit, at most ``MAX_SPILL_BYTES`` of spilled registers per thread -- to ``triton_fits.py`` (generated data; the test
+``tests/model/test_triton_aot.py`` checks that it matches the candidates and recompiles a sample of it).
+
+On a CUDA GPU, for a 16-bit call whose (arch, variant, head width, kernel) has more than one fitting candidate,
+``tuned_launch`` times each fitting candidate on the call's own tensors (``triton.testing.do_bench``; every kernel
+here overwrites its outputs and reads only its inputs, so repeated launches are harmless: no atomics, nothing in
+place), keeps the fastest per shape key (arch, dtype, d, dv, variant, kernel, sequence-length bucket) for the life
+of the process, and launches it. A candidate that fails to compile or launch is skipped. It never measures under
+Triton's CPU interpreter (tests pass their own tiles or get ``default_config``), under ``torch.compile`` tracing or
+during CUDA-graph capture (then the key's choice if one was made, else the default config). ``chosen_configs()``
+reports the choices; ``bench attention|train|decode`` print them as ``# triton config:`` lines.
+
+Why not ``triton.autotune``: the decode kernel's partial buffers depend on its tile (the split count), the choice
+must be skippable under graph capture and tracing, and the ahead-of-time compile test drives the raw kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+import torch
+
+from .launches import is_triton_launch_error
+
+Config = tuple[int, int, int, int]  # (block_m, block_n, num_warps, num_stages); decode's block_m is 0 (unused)
+
+KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
+# The architectures the candidates are compiled for and tuned on; anything else runs ``default_config``.
+TUNED_ARCHS = (80, 90)
+# Per thread, bytes of stack frame (spilled registers) a candidate may use and still count as fitting.
+MAX_SPILL_BYTES = 128
+
+# Candidates for float16/bfloat16 on sm_80/sm_90, per width class ("d64": d 64, dv 64 or 128; "d128": d = dv = 128;
+# "d128v256": DIFF V1 at d 128). ``default_config``'s entry (tiles sized for 99 KB) is always a candidate too, so the
+# measured choice is never worse than it on the GPU it ran on. The grids follow FlashAttention-2's tiles on those
+# GPUs (128 x 64, 3-4 stages, 8 warps) shrunk where the kernels hold two maps of state: the forward keeps two
+# accumulators of width dv (2 * 128 * 256 float32 at 128 rows and dv 256 is 256 KB of registers: 16 warps at most).
+CANDIDATES_16BIT: dict[str, dict[str, tuple[Config, ...]]] = {
+    "d64": {
+        "fwd": ((128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3)),
+        "bwd_dkdv": ((32, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 64, 8, 3)),
+        "bwd_dq": ((64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (64, 64, 4, 3)),
+        "decode": ((0, 32, 4, 2), (0, 64, 4, 4), (0, 128, 4, 3), (0, 64, 8, 3), (0, 128, 8, 2)),
+    },
+    "d128": {
+        "fwd": ((128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 3), (64, 32, 4, 2)),
+        "bwd_dkdv": ((32, 128, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 64, 8, 3), (16, 64, 4, 2)),
+        "bwd_dq": ((64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (64, 64, 8, 3), (32, 64, 4, 2)),
+        "decode": ((0, 32, 4, 2), (0, 64, 4, 4), (0, 128, 4, 3), (0, 64, 8, 3), (0, 128, 8, 2)),
+    },
+    "d128v256": {
+        "fwd": ((128, 32, 16, 2), (64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (32, 64, 4, 2)),
+        "bwd_dkdv": ((32, 64, 8, 2), (64, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2), (16, 128, 8, 2)),
+        "bwd_dq": ((64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 8, 3), (128, 32, 16, 2)),
+        "decode": ((0, 32, 4, 2), (0, 64, 4, 4), (0, 128, 4, 3), (0, 64, 8, 3), (0, 128, 8, 2)),
+    },
+}
+
+# Timing of one candidate (milliseconds of warm-up and of measurement, triton.testing.do_bench): short, so that the
+# first call of a shape costs well under a second per kernel once compiled.
+BENCH_WARMUP_MS = 5
+BENCH_REP_MS = 20
+
+_CHOSEN: dict[tuple, Config] = {}  # shape key -> the config its launches use
+_MEASURED: set[tuple] = set()  # the keys whose config was measured among several (the others had one option)
+
+
+def width_class(d: int, dv: int) -> Optional[str]:
+    """The candidate class of head width d and value width dv (None: no candidates; ``default_config`` only)."""
+    if d == 64:
+        return "d64"
+    if d == 128:
+        return "d128" if dv == 128 else "d128v256"
+    return None
+
+
+def variant_of(d: int, dv: int, shared_k: bool) -> str:
+    """The launch's DIFF form, as the fit table names it: v1 (dv = 2d), v2 (one key tensor), v1_per_head (dv = d)."""
+    if dv == 2 * d:
+        return "v1"
+    return "v2" if shared_k else "v1_per_head"
+
+
+def fit_key(arch: int, variant: str, d: int, kernel: str) -> str:
+    return f"sm_{arch}/{variant}/d{d}/{kernel}"
+
+
+def candidates(arch: int, dtype: torch.dtype, d: int, dv: int, shared_k: bool, kernel: str,
+               default: Config) -> list[Config]:
+    """The configs the tuner may try for this launch, the default first: ``default`` plus every candidate that the
+    committed fit table (``triton_fits.FITS``) lists as fitting ``arch``; just ``[default]`` where there is no entry
+    (other GPUs, float32/float64, head widths 16 and 32, a variant or width not compiled)."""
+    cls = width_class(d, dv)
+    if dtype not in (torch.float16, torch.bfloat16) or arch not in TUNED_ARCHS or cls is None:
+        return [default]
+    from .triton_fits import FITS  # generated data (tests/model/triton_launches.py --candidates --write)
+
+    rows = FITS.get(fit_key(arch, variant_of(d, dv, shared_k), d, kernel))
+    if rows is None:
+        return [default]
+    fitting = [tuple(r["config"]) for r in rows if r["fits"]]
+    return [default, *(c for c in fitting if c != default)]
+
+
+def seq_bucket(n: int) -> int:
+    """The sequence-length bucket of a shape key: n rounded up to a power of two, at least 256."""
+    return max(256, 1 << max(0, (n - 1).bit_length()))
+
+
+def tuning_enabled(device: torch.device) -> bool:
+    """Whether calls on ``device`` may measure candidates now: on CUDA, not in the interpreter, not while
+    torch.compile traces or a CUDA graph captures (those use the key's earlier choice, else the default)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if os.environ.get("DIFFTRANSFORMER_TRITON_TUNE", "1") == "0":
+        return False
+    return not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing())
+
+
+def tuned_launch(key: tuple, options: Sequence[Config], launch: Callable[[Config], None], device: torch.device) -> None:
+    """Run ``launch(config)`` once with the config chosen for ``key``: measured among ``options`` (the default first)
+    on first use where ``tuning_enabled``, remembered for the process. With one option, or where measuring is off,
+    the key's earlier choice if any, else ``options[0]``. A candidate whose launch fails (``is_triton_launch_error``)
+    is skipped; if all fail, the last error is raised (the caller's fallback takes it)."""
+    chosen = _CHOSEN.get(key)
+    if chosen is not None or len(options) == 1 or not tuning_enabled(device):
+        cfg = chosen if chosen is not None else options[0]
+        if chosen is None and len(options) == 1 and device.type == "cuda":
+            _CHOSEN[key] = cfg  # reported too: the only config this GPU has for the key
+        launch(cfg)
+        return
+    from triton.testing import do_bench
+
+    times: dict[Config, float] = {}
+    error: Optional[BaseException] = None
+    for cfg in options:
+        try:
+            times[cfg] = float(do_bench(lambda cfg=cfg: launch(cfg), warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS))
+        except Exception as exc:
+            if not is_triton_launch_error(exc):
+                raise
+            error = exc
+    if not times:
+        assert error is not None
+        raise error
+    best = min(times, key=times.__getitem__)
+    _CHOSEN[key] = best
+    _MEASURED.add(key)
+    launch(best)
+
+
+def chosen_configs() -> dict[str, dict[str, int]]:
+    """The configs the kernels ran with on CUDA in this process, per shape key:
+    "sm_90/bfloat16/d128/dv256/v1/fwd/T4096" -> {"block_m", "block_n", "num_warps", "num_stages", "measured"}
+    (JSON-able; block_m is 0 for decode, whose rows are the query heads; measured: chosen by timing among several
+    candidates, else the only one, or the default under graph capture / tracing)."""
+    out: dict[str, dict[str, int]] = {}
+    for key, (bm, bn, nw, ns) in sorted(_CHOSEN.items(), key=str):
+        arch, dtype, d, dv, variant, kernel, bucket = key
+        name = f"sm_{arch}/{str(dtype).replace('torch.', '')}/d{d}/dv{dv}/{variant}/{kernel}/T{bucket}"
+        out[name] = {"block_m": bm, "block_n": bn, "num_warps": nw, "num_stages": ns, "measured": int(key in _MEASURED)}
+    return out
+
+
+def config_lines() -> list[str]:
+    """One ``# triton config: KEY {json}`` line per chosen config (what ``bench`` prints after its tables)."""
+    import json
+
+    return [f"# triton config: {k} {json.dumps(v, sort_keys=True)}" for k, v in chosen_configs().items()]
