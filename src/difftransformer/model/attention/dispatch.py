@@ -26,8 +26,8 @@ variant computes its projections, pairing and lambda and calls one of them. Whic
   tensor. Everything else: ``backend="sdpa"``, ``auto`` (except where measured, below), and the cases the backend
   chosen does not cover.
 
-``auto`` (the default) runs ``sdpa``, except for the (GPU, dtype, pass) entries of ``TRITON_AUTO_MEASURED``, where a
-GPU measurement in BENCHMARKS.md showed the Triton kernel faster: none yet, so ``auto`` is ``sdpa`` everywhere.
+``auto`` (the default) runs ``sdpa``, except for the (GPU, dtype, head_dim, pass) entries of ``TRITON_AUTO_MEASURED``,
+where a GPU measurement in BENCHMARKS.md showed the Triton kernel faster: none yet, so ``auto`` is ``sdpa`` everywhere.
 The fused kernels (triton, triton-decode, blocked) take the pairs within a GQA group (``pairing="interleaved"``);
 DIFF V2's "halves" ablation runs the PyTorch paths. The baseline runs eager, decode or sdpa.
 """
@@ -72,11 +72,14 @@ from .torch_paths import (
 # The oldest GPU the kernels are compiled for and checked against (tests/model/test_triton_aot.py: sm_80, sm_90).
 MIN_TRITON_CAPABILITY = (8, 0)
 
-# Where ``auto`` runs the fused Triton kernel for DIFF: (CUDA compute capability, dtype, pass) for which BENCHMARKS.md
-# holds a GPU measurement showing the kernel faster than sdpa (the same run, the same shapes). Everywhere else
-# ``auto`` is sdpa. EMPTY: the kernels have never been timed on a GPU. Add an entry only with the BENCHMARKS.md rows
-# that measured it, e.g. ``((9, 0), torch.bfloat16, "train")`` after `make gpu-bench` on an H100 shows it.
-TRITON_AUTO_MEASURED: frozenset[tuple[tuple[int, int], torch.dtype, str]] = frozenset()
+# Where ``auto`` runs the fused Triton kernel for DIFF: (CUDA compute capability, dtype, head_dim, pass) for which
+# BENCHMARKS.md holds a GPU measurement showing the kernel faster than sdpa (the same run, the same shapes).
+# Everywhere else ``auto`` is sdpa. Keyed by head width because it decides: on an H200 (2026-11-26, Triton 3.6, the
+# tiles before autotuning) DIFF V2's training step ran faster with the kernel at head_dim 64 and slower at 128.
+# EMPTY on purpose: those numbers predate the tuned kernels. Fill it ONLY from numbers measured by `make gpu-check`
+# on the GPU named (its summary's ratios, copied into BENCHMARKS.md with card and commit), e.g.
+# ``((9, 0), torch.bfloat16, 64, "train")`` where that check shows the kernel faster there.
+TRITON_AUTO_MEASURED: frozenset[tuple[tuple[int, int], torch.dtype, int, str]] = frozenset()
 
 PATHS = ("eager", "triton-decode", "decode", "triton", "blocked", "sdpa")
 
@@ -193,12 +196,14 @@ def use_triton_decode(backend: str, x: torch.Tensor, mask: Optional[torch.Tensor
     return _triton_runs(backend, x, "decode", head_dim, value_dim)
 
 
-def auto_runs_triton(capability: tuple[int, int], dtype: torch.dtype, pass_: str) -> bool:
-    """Whether ``auto`` runs the fused Triton kernel for this (GPU, dtype, pass): only where it was measured faster
-    (``TRITON_AUTO_MEASURED``; empty today, so never)."""
+def auto_runs_triton(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, pass_: str) -> bool:
+    """Whether ``auto`` runs the fused Triton kernel for this (GPU, dtype, head width, pass): only where it was
+    measured faster (``TRITON_AUTO_MEASURED``; empty today, so never)."""
     if pass_ not in TRITON_PASSES:
         raise ValueError(f"pass_={pass_!r} is not allowed; use one of {', '.join(TRITON_PASSES)}")
-    return (tuple(capability), dtype, pass_) in TRITON_AUTO_MEASURED
+    if head_dim not in TRITON_HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim!r} is not allowed; use one of {TRITON_HEAD_DIMS}")
+    return (tuple(capability), dtype, head_dim, pass_) in TRITON_AUTO_MEASURED
 
 
 def _triton_runs(backend: str, x: torch.Tensor, pass_: str, head_dim: int, value_dim: int) -> bool:
@@ -207,7 +212,7 @@ def _triton_runs(backend: str, x: torch.Tensor, pass_: str, head_dim: int, value
         # CPU: sdpa (the Triton interpreter is a test tool, not a fast path); CUDA: only where measured faster
         if not on_cuda or not triton_importable():
             return False
-        if not auto_runs_triton(cuda_capability(x.device), attention_dtype(x), pass_):
+        if not auto_runs_triton(cuda_capability(x.device), attention_dtype(x), head_dim, pass_):
             return False
     usable = triton_importable() and (on_cuda or os.environ.get("TRITON_INTERPRET") == "1")
     if not usable:
