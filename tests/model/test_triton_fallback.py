@@ -214,7 +214,7 @@ def raised_inside_triton(error: Exception) -> Exception:
 
     try:
         Kernel()[(1,)]()
-    except Exception as exc:  # noqa: BLE001 - caught to be classified
+    except Exception as exc:
         return exc
     raise AssertionError("the kernel did not raise")
 
@@ -222,7 +222,7 @@ def raised_inside_triton(error: Exception) -> Exception:
 def raised_here(error: Exception) -> Exception:
     try:
         raise error
-    except Exception as exc:  # noqa: BLE001 - caught to be classified
+    except Exception as exc:
         return exc
 
 
@@ -330,7 +330,7 @@ def test_our_argument_checks_still_raise():
 
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        with pytest.raises(TypeError, match="key_mask.dtype"):
+        with pytest.raises(TypeError, match=r"key_mask\.dtype"):
             dispatch.run_triton(x, "prefill", 16, 16, lambda: td.triton_diff_attention(
                 q, q, kv, kv, kv, lam, 0.25, torch.ones(1, 5, dtype=torch.int64, device=DEVICE)), never)
         with pytest.raises(ValueError, match="head dim d=24"):

@@ -10,6 +10,8 @@ file in a fresh process (``run_in_fresh_process``). Import it before anything th
 
 from __future__ import annotations
 
+import ast
+import builtins
 import os
 import subprocess
 import sys
@@ -43,17 +45,84 @@ def run_in_fresh_process(test_file: str) -> None:
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
 
 
-def kernel_test_model(attention: str, opts: dict, device: str):
-    """The LM both Triton test files run the kernels in: float64, 4 heads of 16 over 2 KV heads, 2 layers, the
-    `triton` backend, matrices drawn N(0, 0.2) after seed 0 (sharp enough maps that a kernel error shows)."""
+# Triton cannot compile float64 dots on CUDA (an H200, sm_90, Triton 3.6: "Currently fp64 don't support largeK MMA"),
+# so float64 kernel checks run in the interpreter (`make test`) and on CUDA the same checks run float32 (TF32 off)
+# and bfloat16 against the float64 oracle.
+ON_CUDA = torch.cuda.is_available()
+NO_FP64_ON_CUDA = ("float64 kernel checks run in the interpreter (`make test`): Triton cannot compile float64 dots on "
+                   "CUDA (sm_90: 'Currently fp64 don't support largeK MMA')")
+CUDA_ONLY = ("a CUDA check (float32 with TF32 off, bfloat16, against the float64 oracle); without a GPU the same case "
+             "runs in float64 in the interpreter")
+# The dtype the LM-level kernel tests (the whole model, the KV cache, the fallbacks) run the model in.
+MODEL_DTYPE = torch.float32 if ON_CUDA else torch.float64
+
+
+def kernel_test_model(attention: str, opts: dict, device: str, dtype: torch.dtype = torch.float64):
+    """The LM both Triton test files run the kernels in: 4 heads of 16 over 2 KV heads, 2 layers, the `triton`
+    backend, matrices drawn N(0, 0.2) after seed 0 (sharp enough maps that a kernel error shows). Built in float64
+    on the CPU, then moved to ``device`` and ``dtype``: two calls with different dtypes give the same weights
+    (rounded), so a float64 model is the oracle of a float32 one."""
     from difftransformer.model import DiffTransformerLM, ModelConfig
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
                       attention=attention, backend="triton", **opts)
-    model = DiffTransformerLM(cfg).double().to(device)
+    model = DiffTransformerLM(cfg).double()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
-    return model
+    return model.to(device=device, dtype=dtype)
+
+
+def model_error(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
+    """(max |got - want|, the tolerance) for a logit or gradient tensor of the LM run in ``dtype`` against the same
+    LM in float64 (``want``). float64: 1e-10 absolute. float32 (TF32 off): 1e-4 * max |want| + 1e-9, the bound
+    test_cuda.py holds the sdpa and eager paths to on an H200: unit roundoff 6e-8 accumulated over the model's
+    longest sums (d_model 64 projections, softmax over 21 keys, two layers) gives errors of a few 1e-6 of max |want|
+    (measured in the interpreter: at most 6e-6 for the triton backend), 1e-4 leaves room for the GPU's approximate
+    exp2/log2 and another summation order."""
+    err = (got.double() - want.double()).abs().max().item()
+    if dtype == torch.float64:
+        return err, 1e-10
+    if dtype != torch.float32:
+        raise ValueError(f"dtype={dtype} is not allowed; use float64 or float32")
+    return err, 1e-4 * want.double().abs().max().item() + 1e-9
+
+
+def fail_inside_triton(monkeypatch, module, name: str, message: str = "PassManager::run failed") -> list[str]:
+    """Make Triton itself fail with ``RuntimeError(message)`` (what an H200 raised from Triton's LLVM lowering of
+    float64 dots) when it compiles the kernel ``module.<name>``; returns the list of failed attempts (one entry each).
+
+    The error is raised inside Triton's own compile/launch machinery, below the frames of ``kernel[grid](...)``,
+    not by a stand-in for the kernel object: in the interpreter, Triton "compiles" a kernel at its launch (its
+    ``FunctionRewriter`` rewrites the kernel's AST and calls ``compile`` on it; the rewrite cache is emptied so it
+    happens again), and that ``compile`` raises for this kernel (the traceback runs through ``triton/runtime/jit.py``
+    and ``triton/runtime/interpreter.py`` as the GPU's ran through ``jit.py`` and Triton's compiler). On CUDA the
+    kernel's ``run`` method (Triton's bind-compile-launch step, which Triton's launch proxy ``kernel[grid]`` calls)
+    is replaced by one that raises, so the traceback runs through ``jit.py`` too (compiled kernels are cached per
+    process, so the compile step itself is not reliably reached there).
+    """
+    attempts: list[str] = []
+    kernel = getattr(module, name)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from triton.runtime import interpreter
+
+        real_compile = builtins.compile
+
+        def compile_(source, filename, mode, *args, **kwargs):
+            if isinstance(source, ast.Module) and any(isinstance(node, ast.FunctionDef) and node.name == name
+                                                      for node in source.body):
+                attempts.append(name)
+                raise RuntimeError(message)
+            return real_compile(source, filename, mode, *args, **kwargs)
+
+        monkeypatch.setattr(interpreter.InterpretedFunction, "rewritten_fn", {})
+        monkeypatch.setattr(interpreter, "compile", compile_, raising=False)
+    else:
+        def run(*args, **kwargs):
+            attempts.append(name)
+            raise RuntimeError(message)
+
+        monkeypatch.setattr(kernel, "run", run)
+    return attempts

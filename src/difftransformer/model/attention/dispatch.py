@@ -234,8 +234,10 @@ def _triton_runs(backend: str, x: torch.Tensor, pass_: str, head_dim: int, value
 
 def run_triton(x: torch.Tensor, pass_: str, head_dim: int, value_dim: int,
                launch: Callable[[], torch.Tensor], fallback: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``launch()`` (a Triton kernel call); if a launch fails (``is_triton_launch_error``), one warning, and this
-    call and every later one of the same ``triton_kind`` run ``fallback()`` (the PyTorch path) instead. Under
+    """``launch()`` (a Triton kernel call); if Triton fails to compile or launch a kernel (any exception raised
+    inside Triton: ``launches.is_triton_launch_error``), one warning names the kind and the reason, and this call and
+    every later one of the same ``triton_kind`` run ``fallback()`` (the PyTorch path) instead. Our own argument
+    checks (ValueError, TypeError before the kernel is entered) and any other bug of ours propagate. Under
     torch.compile the launch is traced as it is (the compiled graph launches it later, outside this frame)."""
     if torch.compiler.is_compiling():
         return launch()

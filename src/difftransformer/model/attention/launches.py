@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import warnings
+from collections.abc import Iterator
+from typing import Optional
 
 import torch
 
@@ -71,12 +73,48 @@ def describe_kind(kind: tuple) -> str:
 
 
 def is_triton_launch_error(exc: BaseException) -> bool:
-    """A Triton kernel that cannot be compiled or launched here (out of shared memory or registers, a compile or
-    ptxas error, a launch the driver refuses), as opposed to a bug in the arguments (ValueError, TypeError)."""
-    for cls in type(exc).__mro__:
-        if cls.__module__.startswith("triton.") and cls.__name__ in ("TritonError", "CompilationError"):
+    """Whether ``exc`` is a failure of Triton itself to compile or launch a kernel (then the caller takes the
+    PyTorch path), as opposed to a bug in our arguments or code (then it propagates).
+
+    The rule is WHERE the exception came from, not its type or message, because Triton fails in many ways that no
+    list can hold (``OutOfResources``, ``PTXASError``, a ``CompilationError``, a ``RuntimeError: PassManager::run
+    failed`` from its LLVM lowering as an H200 raised for float64 dots, ``RuntimeError: Triton Error [CUDA]: ...``
+    from its launcher, an assertion in a backend of another Triton version). It is a launch failure when
+
+    * it was raised inside Triton: a frame of its traceback belongs to the ``triton`` package (``kernel[grid](...)``
+      enters Triton's launch proxy first, so anything raised while Triton binds, compiles, autotunes or launches
+      passes through Triton's frames, whatever its type), or
+    * its class is one of Triton's own (``triton.*``: its errors carry their meaning wherever they are raised), or
+    * it was raised ``from`` such an exception (``__cause__``),
+
+    except memory exhaustion (``torch.OutOfMemoryError``), a state of the moment rather than of the kind of launch,
+    which propagates as it would from the PyTorch path. Our own checks (``ValueError``/``TypeError`` naming the
+    argument) run before the kernel is entered, in our frames, so they propagate; so does any other bug of ours
+    that fails before ``kernel[grid]`` is called.
+    """
+    seen: set[int] = set()
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, torch.OutOfMemoryError):
+            return False
+        if _in_triton(type(cur).__module__) or any(_in_triton(name) for name in _traceback_modules(cur)):
             return True
-    return isinstance(exc, RuntimeError) and str(exc).startswith("Triton Error")
+        cur = cur.__cause__
+    return False
+
+
+def _in_triton(module: object) -> bool:
+    return isinstance(module, str) and (module == "triton" or module.startswith("triton."))
+
+
+def _traceback_modules(exc: BaseException) -> Iterator[object]:
+    """The module name (``__name__`` of the globals) of every frame from where ``exc`` was caught to where it was
+    raised."""
+    tb = exc.__traceback__
+    while tb is not None:
+        yield tb.tb_frame.f_globals.get("__name__")
+        tb = tb.tb_next
 
 
 def triton_kind_failed(kind: tuple) -> bool:
