@@ -15,6 +15,7 @@ from train_helpers import tiny_config, weights
 
 from difftransformer import rundir
 from difftransformer.cli import main
+from difftransformer.interop.peft import export_adapter, load_adapter
 from difftransformer.model.pretrained import load_state_dict
 from difftransformer.model.transformer import DiffTransformerLM
 from difftransformer.rundir.files import (
@@ -30,8 +31,6 @@ from difftransformer.train.lora import (
     STATE_PREFIX,
     LoRALinear,
     apply_lora,
-    export_adapter,
-    load_adapter,
     lora_layers,
     merge_lora,
 )

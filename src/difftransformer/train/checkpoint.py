@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from ..interop.peft import write_run_adapter  # RUN/adapter in PEFT's format: the one import of interop here
 from ..model.config import ModelConfig
 from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_state_dict, write_model_dir
 from ..rundir import (
@@ -46,7 +47,7 @@ from ..rundir import (
     newest_complete_checkpoint,
     step_dir,
 )
-from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state, write_run_adapter
+from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -78,11 +79,11 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
                     adapter_base: str = "") -> Optional[Path]:
     """Gather full weights and optimizer state (a collective under FSDP) and let rank 0 write them.
 
-    A LoRA model's adapters also go to ``RUN/adapter`` (PEFT's format, with a model card; ``lora.write_run_adapter``),
-    just before the checkpoint: a kill between the two leaves the adapter of a step that the resumed run, exact,
-    writes again bit for bit, never an adapter older than the newest checkpoint. ``adapter_base`` is the run's
-    source (``train.init_from``); the first time, the frozen source is exported beside the adapter as its base
-    (``RUN/adapter_base``) unless ``train.lora_base`` names one."""
+    A LoRA model's adapters also go to ``RUN/adapter`` (PEFT's format, with a model card;
+    ``interop.peft.write_run_adapter``), just before the checkpoint: a kill between the two leaves the adapter of a
+    step that the resumed run, exact, writes again bit for bit, never an adapter older than the newest checkpoint.
+    ``adapter_base`` is the run's source (``train.init_from``); the first time, the frozen source is exported beside
+    the adapter as its base (``RUN/adapter_base``) unless ``train.lora_base`` names one."""
     weights = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=FULL))  # full: plain tensors
     osd = get_optimizer_state_dict(model, optimizer, options=FULL)
     if not is_main:
