@@ -23,6 +23,7 @@ import torch
 
 from ..model import variants
 from ..model.attention import build_attention
+from ..model.attention.triton_tuning import config_lines
 from ..model.rope import rope_cos_sin, rope_frequencies
 from .common import (
     add_shape_flag,
@@ -160,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         for label, _, _ in measured[1:]:
             cells.append(f"{median_ratio(times, label, ref):8.2f}x {mems[label] / max(m0, 1):8.2f}xM")
         print(table_row((n, *cells), widths), flush=True)
+    for line in config_lines():  # the Triton tiles chosen on this GPU (timed round-robin in this process)
+        print(line)
     return 0
 
 

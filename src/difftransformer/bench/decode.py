@@ -33,6 +33,7 @@ import torch
 
 from ..inference.generate import DECODE_MODES, SamplingConfig, decode_function, sample_next
 from ..model import variants
+from ..model.attention.triton_tuning import config_lines
 from ..model.config import ModelConfig
 from ..model.transformer import DiffTransformerLM
 from .common import SHAPE, bench_config, hf_diff_variant, print_load, table_row
@@ -292,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
     if diffs:
         print(f"# same weights check: max |prefill logits HF - ours V1| = {max(diffs):.2e}")
     print_load("after")
+    for line in config_lines():  # the Triton tiles chosen on this GPU (decode runs in this process)
+        print(line)
     return 0
 
 

@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from ..model import variants
+from ..model.attention.triton_tuning import chosen_configs, config_lines
 from ..model.config import ModelConfig
 from .common import (
     add_shape_flag,
@@ -49,6 +50,8 @@ from .timing import median_time
 DEFAULT_BACKENDS = ("sdpa", "blocked")
 HF_LABEL = "HF DiffLlama"
 SHAPE_DESTS = ("d_model", "layers", "heads", "kv_heads", "vocab_size")
+# The Triton configs the children ran with (triton_tuning.chosen_configs of each), printed after the table.
+CHOSEN_CONFIGS: dict[str, dict[str, int]] = {}
 
 
 def cases(args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -103,7 +106,7 @@ def _measure(cfg: ModelConfig, hf: Optional[str], args: argparse.Namespace, queu
     instead of our model. ``known``: the parent's registered variants (``model.variants.adopt``)."""
     try:
         variants.adopt(known)
-        queue.put(("ok", _time_steps(cfg, hf, args)))
+        queue.put(("ok", (*_time_steps(cfg, hf, args), chosen_configs())))
     except BaseException as e:  # the parent reads one message either way, instead of waiting for --timeout
         queue.put(("error", f"{type(e).__name__}: {e}"))
         raise
@@ -173,7 +176,9 @@ def measure(cfg: ModelConfig, args: argparse.Namespace, hf: Optional[str] = None
         raise RuntimeError(f"the benchmark child for {what} failed: {result}")
     if proc.exitcode not in (0, None):
         raise RuntimeError(f"the benchmark child for {what} exited with {proc.exitcode}")
-    return result
+    seconds, params, configs = result
+    CHOSEN_CONFIGS.update(configs)
+    return seconds, params
 
 
 def run(args: argparse.Namespace) -> int:
@@ -236,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
             if attention == hf_diff_variant():
                 print(f"{label} vs {HF_LABEL}: {t_hf / t:.2f}x (tokens/s, ours / transformers')")
     print_load("after", "targets: V1 >= 0.92x, V2 >= 0.88x (tokens/s vs baseline)")
+    for line in config_lines(CHOSEN_CONFIGS):  # the Triton tiles the children chose on this GPU
+        print(line)
     return 0
 
 

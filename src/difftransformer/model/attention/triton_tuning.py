@@ -171,8 +171,10 @@ def chosen_configs() -> dict[str, dict[str, int]]:
     return out
 
 
-def config_lines() -> list[str]:
-    """One ``# triton config: KEY {json}`` line per chosen config (what ``bench`` prints after its tables)."""
+def config_lines(configs: Optional[dict[str, dict[str, int]]] = None) -> list[str]:
+    """One ``# triton config: KEY {json}`` line per chosen config (``chosen_configs()`` of this process unless
+    ``configs`` is given, e.g. a benchmark child's): what ``bench attention|train|decode`` print after their tables."""
     import json
 
-    return [f"# triton config: {k} {json.dumps(v, sort_keys=True)}" for k, v in chosen_configs().items()]
+    configs = chosen_configs() if configs is None else configs
+    return [f"# triton config: {k} {json.dumps(v, sort_keys=True)}" for k, v in sorted(configs.items())]
