@@ -87,7 +87,8 @@ def count_cpu_kernels(events) -> tuple[collections.Counter, int]:
     """(kernel name -> count, aten calls) of a CPU profile. A kernel is an aten operator that computes
     (not ``launches_no_kernel``) and calls no other such operator (``linear`` counts as its ``mm``, ``to`` as its
     ``copy_``), except that an operator whose callees only fill its output first (``INITIALISERS``: a reduction's
-    ``fill_``, the attention backward's ``zero_``) counts as one kernel, its own."""
+    ``fill_``, the attention backward's ``zero_``) counts as one kernel, its own, and that a fused attention
+    operator counts as one kernel besides the copies it makes of its inputs."""
     kernels: collections.Counter = collections.Counter()
     calls = 0
 
@@ -100,8 +101,12 @@ def count_cpu_kernels(events) -> tuple[collections.Counter, int]:
         name = event.name[len("aten::"):]
         if launches_no_kernel(name):
             return inner
-        if not inner or (name not in INITIALISERS and all(n in INITIALISERS for n in inner)):
+        if not inner:
             return [name]
+        if name not in INITIALISERS and all(n in INITIALISERS for n in inner):
+            return [name]  # a reduction filling its output, the attention backward zeroing its gradients
+        if "attention" in name:  # the fused attention kernels: their own work besides the copies they make
+            return [name, *(n for n in inner if n not in INITIALISERS)]
         return inner
 
     for event in events:
