@@ -131,3 +131,20 @@ def test_run_file_names_are_spelled_once():
     assert {n: w for n, w in where.items() if len(w) != 1} == {}
     assert {n: where[n] for n in run} == {n: ["rundir/files.py"] for n in run}
     assert {n: where[n] for n in model} == {n: ["model/pretrained.py"] for n in model}
+
+
+def test_the_job_runner_imports_no_study():
+    """``jobs/`` (journal, resume, code path, executors) runs what a study declares and knows none: it imports only
+    itself, the variant registry (handed to workers), and the package's helpers."""
+    allowed = ("difftransformer.jobs", "difftransformer.model.variants", "difftransformer.extras",
+               "difftransformer.fileio", "difftransformer.log")
+    g = graph()
+    assert "difftransformer.jobs.runner" in g
+    for name, deps in g.items():
+        if name.startswith("difftransformer.jobs"):
+            bad = sorted(d for d in deps if not d.startswith(allowed))
+            assert not bad, f"{name} imports {bad}"
+    for study in ("difftransformer.lmsweep", "difftransformer.eval"):  # the runner is theirs, not retrieval's
+        users = sorted(n for n, deps in g.items()
+                       if n.startswith(study) and "difftransformer.retrieval.scheduler" in deps)
+        assert not users, f"{users} import the runner through retrieval"

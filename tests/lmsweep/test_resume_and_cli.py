@@ -72,7 +72,7 @@ def test_a_journal_of_another_configuration_is_refused(tmp_path):
 
 def test_bad_flags_are_one_error_line(tmp_path):
     for extra, needle in ((["--widths", "32"], "at least two distinct"), (["--widths", "30,32"], "divisible"),
-                          (["--lr-grid", "x"], "--lr-grid"), (["--variants", "diff_v1,diff_v2"], "reference"),
+                          (["--lr-grid", "x"], "--lr-grid"), (["--variants", "baseline"], "reference"),
                           (["--n-heads", "3"], "n_heads"), (["--workers", "0"], "--workers")):
         p = _cli(tmp_path / "bad", *extra)
         _, err = p.communicate(timeout=120)

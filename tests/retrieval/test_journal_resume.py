@@ -1,5 +1,6 @@
-"""The job journal (retrieval/scheduler.py): a killed benchmark resumes with only its unfinished jobs and ends with
-the results of an uninterrupted run; a torn last line is dropped; a journal of another configuration is refused."""
+"""Resuming the benchmark (its journal, run by difftransformer.jobs): a killed benchmark resumes with only its
+unfinished jobs and ends with the results of an uninterrupted run; a journal of another configuration is refused.
+The journal's own rules are tested in tests/jobs/test_runner.py."""
 
 import json
 import os
@@ -13,7 +14,7 @@ import pytest
 
 from difftransformer.retrieval.benchmark import run_benchmark
 from difftransformer.retrieval.config import Condition, RetrievalConfig
-from difftransformer.retrieval.scheduler import JOURNAL, Journal, code_path_env, in_code_path
+from difftransformer.retrieval.scheduler import JOURNAL
 
 
 def tiny(**kw) -> RetrievalConfig:
@@ -79,25 +80,6 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert "2 run now" not in out and f"{12 - n_before} run now" in out
 
 
-def test_journal_drops_a_torn_line_and_refuses_another_configuration(tmp_path):
-    path = tmp_path / JOURNAL
-    j = Journal(path, {"config": 1})
-    j.append("k1", ["baseline", 1, 0.002], {"x": 0.1 + 0.2})
-    j.append("k2", ["baseline", 2, 0.002], {"x": 1e-300})
-    with open(path, "a") as f:
-        f.write('{"key": "k3", "job": ["baseli')  # a kill in the middle of a line
-    j2 = Journal(path, {"config": 1})
-    assert j2.get("k1") == {"x": 0.1 + 0.2} and j2.get("k2") == {"x": 1e-300} and j2.get("k3") is None
-    assert path.read_text().endswith("\n") and path.read_text().count("\n") == 3  # the torn line is gone
-    j2.append("k3", ["baseline", 3, 0.002], {"x": 3})
-    assert Journal(path, {"config": 1}).get("k3") == {"x": 3}
-    with pytest.raises(ValueError, match="another configuration"):
-        Journal(path, {"config": 2})
-    path.write_text(path.read_text().replace('"k1"', "garbage", 1).replace("{", "[", 2))
-    with pytest.raises(ValueError, match="another configuration|not a journal record"):
-        Journal(path, {"config": 1})
-
-
 def test_resume_in_process_reads_every_job_back(tmp_path):
     cfg = tiny(variants=("baseline", "diff_v1"), lr_grid=(2e-3, 4e-3), lr_widen=0, seeds=2)
     a = run_benchmark(cfg, tmp_path, workers=1, progress=False)
@@ -106,32 +88,3 @@ def test_resume_in_process_reads_every_job_back(tmp_path):
     assert _comparable(a) == _comparable(b)
     with pytest.raises(ValueError, match="another configuration"):
         run_benchmark(cfg.replace(steps=4), tmp_path, workers=1, progress=False)
-
-
-def test_code_paths():
-    assert code_path_env("machine") == {}
-    assert code_path_env("avx2")["ATEN_CPU_CAPABILITY"] == "avx2" and code_path_env("avx2")["MKL_CBWR"] == "AVX2"
-    with pytest.raises(ValueError, match="machine, avx2, avx512"):
-        code_path_env("sse")
-    assert not in_code_path("avx2") or os.environ.get("MKL_CBWR") == "AVX2"  # this process was not started pinned
-
-
-ORDER: list[str] = []
-
-
-def _record(name: str) -> dict:
-    ORDER.append(name)
-    return {"name": name}
-
-
-def test_a_job_declared_later_runs_before_jobs_queued_behind_a_busy_worker(tmp_path):
-    """The scheduler hands a worker one job at a time, so a job the protocol declares once results are in (a
-    widened lr, listed first) runs next instead of after everything queued before it."""
-    from difftransformer.retrieval.scheduler import run_jobs
-
-    def needed(done):
-        return (["a", "w", "b", "c"], True) if "a" in done else (["a", "b", "c"], False)
-    ORDER.clear()
-    journal = Journal(tmp_path / JOURNAL, {"test": 1})
-    done, ran = run_jobs(needed, _record, lambda j: (j,), lambda j: j, journal, 1, "machine", progress=False)
-    assert ORDER == ["a", "w", "b", "c"] and ran == 4 and set(done) == {"a", "w", "b", "c"}

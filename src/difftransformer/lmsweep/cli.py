@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..jobs import cli as jobs_cli
+from ..jobs.codepath import CODE_PATHS
 from ..model import variants as registry
 from ..retrieval.cli import _floats, _ints
-from ..retrieval.scheduler import CODE_PATHS
 from .config import LMSweepConfig, quick_config
 
 HELP = ("language-model sweep, pre-registered (PROTOCOL.md, version 1): baseline vs DIFF V1/V2 at 4 widths, an lr "
@@ -38,7 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, help="paired seeds (default 3)")
     p.add_argument("--seed-base", type=int, help="the first seed: SEED_BASE..SEED_BASE+N-1 (default 4000)")
     p.add_argument("--eval-every", type=int, help="steps between points of the loss curve (default 25)")
-    p.add_argument("--variants", help=f"comma-separated subset of {', '.join(registry.names())} (with the baseline)")
+    p.add_argument("--variants", help=f"comma-separated subset of {', '.join(registry.names())}; the reference "
+                                      f"{registry.reference().name!r} is added when not named (every verdict compares "
+                                      "with it)")
     p.add_argument("--cpu-code-path", choices=CODE_PATHS,
                    help="the CPU kernels every job runs: 'machine' (default) or a pinned instruction set; rerun under "
                         "another to check that the verdicts survive its rounding")
@@ -50,8 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train nothing: compare OUT's journal (a sweep under another --cpu-code-path, finished or "
                         "not) with REF_DIR's on the widths both have finished; prints the verdicts side by side "
                         "(all but the Fig. 3a ratio) and how many job losses are bitwise equal")
-    p.add_argument("--workers", type=int, default=2,
-                   help="worker processes, one torch thread each (default 2); the numbers do not depend on it")
+    jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -67,13 +69,14 @@ def config_from_args(args) -> LMSweepConfig:
     if args.lr_grid is not None:
         ch["lr_grid"] = _floats(args.lr_grid, "--lr-grid")
     if args.variants is not None:
-        ch["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+        named = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+        ref = registry.reference().name
+        ch["variants"] = named if ref in named else (ref, *named)
     return cfg.replace(**ch) if ch else cfg
 
 
 def run_cli(args) -> int:
-    if isinstance(args.workers, bool) or args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    options = jobs_cli.options_from_args(args)
     from .sweep import RESULTS, format_sweep, run_lm_sweep
     if args.rounding_partial is not None:
         from .sweep import format_partial_rounding, partial_rounding
@@ -95,7 +98,7 @@ def run_cli(args) -> int:
         if other["config"].get("cpu_code_path") == cfg.cpu_code_path:
             raise ValueError(f"--rounding-of: that sweep ran the same CPU code path ({cfg.cpu_code_path}); pass "
                              "another --cpu-code-path")
-    res = run_lm_sweep(cfg, args.out, workers=args.workers, progress=not args.no_progress)
+    res = run_lm_sweep(cfg, args.out, options=options)
     if args.quick:
         print("QUICK SMOKE RUN: far too little training to measure anything; run without --quick.")
     print(format_sweep(res))

@@ -75,7 +75,7 @@ class LMSweepConfig:
         if registry.reference().name not in self.variants or len(self.variants) < 2:
             raise ValueError(f"variants must include the reference {registry.reference().name!r} and a DIFF variant "
                              f"(the sweep compares them), got {list(self.variants)}")
-        from ..retrieval.scheduler import CODE_PATHS
+        from ..jobs.codepath import CODE_PATHS
         if self.cpu_code_path not in CODE_PATHS:
             raise ValueError(f"cpu_code_path must be one of {', '.join(CODE_PATHS)}, got {self.cpu_code_path!r}")
 

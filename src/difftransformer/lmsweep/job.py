@@ -4,7 +4,7 @@ The training is ``difftransformer train``'s: the preset's ``TrainConfig`` with t
 (``train_config``), ``trainer.train_step`` for every optimizer step (AdamW, warmup + cosine, clipping, a non-finite
 step skipped) and the trainer's ``WindowSampler`` seeded by the seed, so at seed s every variant and width sees the
 same windows in the same order. No checkpoint is written: the job's result is its measures (PROTOCOL.md,
-"Measures"), journaled by the scheduler.
+"Measures"), journaled by the job runner (``difftransformer.jobs``).
 
 Measures: the validation windows (non-overlapping, of ``seq_len`` tokens) split by parity into a *tuning half* (even
 windows: the lr choice only) and a *test half* (odd windows: every endpoint); the test-half loss every
@@ -25,7 +25,8 @@ from .config import LMSweepConfig
 DIVERGED = "diverged"
 
 
-def train_config(cfg: LMSweepConfig, width: int, variant: str, seed: int, lr: float, data_dir: str):
+def train_config(cfg: LMSweepConfig, width: int, variant: str, seed: int, lr: float, data_dir: str,
+                 device: str = "cpu"):
     """The ``TrainConfig`` of one job: the preset with the sweep's model, data and optimizer settings."""
     from ..train.config import load_config
     return load_config(cfg.preset, {
@@ -33,7 +34,7 @@ def train_config(cfg: LMSweepConfig, width: int, variant: str, seed: int, lr: fl
                   "max_seq_len": max(cfg.seq_len, 8)},
         "data": {"prepared_dir": data_dir, "seq_len": cfg.seq_len},
         "train": {"steps": cfg.steps, "batch_size": cfg.batch, "micro_batch_size": cfg.batch, "lr": lr,
-                  "min_lr": lr * cfg.min_lr_ratio, "warmup_steps": cfg.warmup_steps, "seed": seed, "device": "cpu",
+                  "min_lr": lr * cfg.min_lr_ratio, "warmup_steps": cfg.warmup_steps, "seed": seed, "device": device,
                   "precision": "float32", "compile": False, "eval_every": cfg.steps},
         "log": {"tensorboard": False, "progress": False},
     })
@@ -54,11 +55,12 @@ def mean_loss(model, tokens, starts, seq_len: int, chunk: int = 32) -> float:
 
     from ..data.shards import windows
     total = 0.0
+    dev = next(model.parameters()).device
     with torch.no_grad():
         for i in range(0, starts.numel(), chunk):
             s = starts[i:i + chunk]
             x, y = windows(tokens, s, seq_len)
-            total += float(model(x, y).loss) * s.numel()
+            total += float(model(x.to(dev), y.to(dev)).loss) * s.numel()
     return total / starts.numel()
 
 
@@ -77,32 +79,33 @@ def non_embedding_parameters(model) -> int:
     return model.num_parameters() - model.tok_embeddings.weight.numel() - model.output.weight.numel()
 
 
-def run_job(cfg_d: dict, data_dir: str, width: int, variant: str, seed: int, lr: float) -> dict[str, Any]:
-    """Train and measure one model (the module docstring); one torch thread, under the configured CPU code path."""
-    from ..retrieval.benchmark import _job_threads
-    with _job_threads():
-        return _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, variant, seed, lr)
+def run_job(cfg_d: dict, data_dir: str, width: int, variant: str, seed: int, lr: float,
+            device: str = "cpu") -> dict[str, Any]:
+    """Train and measure one model (the module docstring), under the configured CPU code path, on ``device`` (the
+    GPU this process was given, for "cuda"); the job runner gives it one torch thread."""
+    return _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, variant, seed, lr, device)
 
 
-def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int, lr: float) -> dict[str, Any]:
+def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int, lr: float,
+         device: str = "cpu") -> dict[str, Any]:
     import torch
 
     from ..data.shards import WindowSampler, read_prepared
     from ..eval.outliers import collect
+    from ..jobs import check_code_path
     from ..model.transformer import DiffTransformerLM
-    from ..retrieval.scheduler import check_code_path
     from ..train.distributed import DistInfo
     from ..train.optim import build_optimizer, lr_at, negative_weight_at
     from ..train.trainer import MAX_NONFINITE_STREAK, autocast_for, rank_slice, train_step
 
     cap = check_code_path(cfg.cpu_code_path)
-    tc = train_config(cfg, width, variant, seed, lr, data_dir)
+    tc = train_config(cfg, width, variant, seed, lr, data_dir, device)
     data = read_prepared(Path(data_dir), tc.data)
     if data is None:
         raise FileNotFoundError(f"{data_dir} holds no prepared data of the preset {cfg.preset!r}")
-    info = DistInfo()
+    info = DistInfo(device=torch.device(device))
     torch.manual_seed(seed)
-    model = DiffTransformerLM(tc.model)
+    model = DiffTransformerLM(tc.model).to(info.device)
     opt = build_optimizer(model, tc.train)
     sampler = WindowSampler(data.num_tokens["train"], cfg.seq_len, seed)
     autocast = autocast_for(info.device, "float32")
@@ -147,7 +150,7 @@ def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int,
         return out
     from ..data.shards import windows
     x, _ = windows(val, test[:cfg.outlier_windows], cfg.seq_len)
-    logit_stats, hidden_stats, _, _ = collect(model, x)
+    logit_stats, hidden_stats, _, _ = collect(model, x.to(info.device))
     out.update(diverged=False, tune_loss=mean_loss(model, val, tune, cfg.seq_len), test_loss=curve_loss[-1],
                curve={"steps": curve_steps, "test_loss": curve_loss},
                outliers={"attention_logit_top1": logit_stats["top1"], "hidden_state_top1": hidden_stats["top1"],

@@ -1,8 +1,9 @@
 """``run_lm_sweep``: the pre-registered language-model sweep (PROTOCOL.md) into OUT/sweep.json and three plots.
 
 The tokens are prepared once into OUT/data (the preset's [data] section); ``analysis.needed_jobs`` declares the jobs,
-the retrieval benchmark's scheduler runs them in worker processes (one torch thread each) and journals each one in
-OUT/lm-jobs.jsonl, so a killed sweep resumes with its unfinished jobs only and ends with the same results.
+the job runner (``difftransformer.jobs``: local worker processes or a Ray cluster, one torch thread each) runs them
+and journals each one in OUT/lm-jobs.jsonl, so a killed sweep resumes with its unfinished jobs only and ends with the
+same results.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
+from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, run_jobs
 from ..model import variants as registry
 from .analysis import Job, assemble, needed_jobs
 from .config import LMSweepConfig
@@ -24,9 +26,11 @@ JOURNAL = "lm-jobs.jsonl"
 RESULTS = "sweep.json"
 
 
-def job_description(cfg: LMSweepConfig, data_fingerprint: str, job: Job) -> dict[str, Any]:
-    """Everything that determines a job's result (its journal key is this, hashed)."""
-    return {"protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(), "data": data_fingerprint, "job": list(job)}
+def job_description(cfg: LMSweepConfig, data_fingerprint: str, job: Job, device: str = "cpu") -> dict[str, Any]:
+    """Everything that determines a job's result (its journal key is this, hashed); on a GPU the device and its
+    precision too (``jobs.device_key``: nothing for the CPU, whose keys are those of before)."""
+    return {"protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(), "data": data_fingerprint, "job": list(job),
+            **device_key(device)}
 
 
 def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
@@ -38,26 +42,33 @@ def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
     return data, fingerprint(tc.data), tc.model.vocab_size
 
 
-def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) every job of the protocol, decide, and write OUT/sweep.json and the plots."""
+def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, progress: bool = True,
+                 options: Optional[RunOptions] = None) -> dict[str, Any]:
+    """Run (or resume) every job of the protocol, decide, and write OUT/sweep.json and the plots. ``options``: how
+    the jobs run (default: ``workers`` local processes, ``progress``)."""
     from ..fileio import atomic_write
-    from ..retrieval.scheduler import Journal, job_key, run_jobs
     from .job import run_job
+    options = options or RunOptions(workers=workers, progress=progress)
+    dev = options.device
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data, fp, vocab = prepare(cfg, out, progress)
+    data, fp, vocab = prepare(cfg, out, options.progress)
     cap = math.log(vocab)
     header = {"benchmark": "language-model sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
               "data": fp}
     journal = Journal(out / JOURNAL, header)
     data_dir = str(data.directory)
-    done, ran = run_jobs(lambda d: needed_jobs(cfg, d, cap), run_job, lambda j: (cfg.to_dict(), data_dir, *j),
-                         lambda j: job_key(job_description(cfg, fp, j)), journal, workers, cfg.cpu_code_path,
-                         progress, desc="language-model sweep (jobs)")
+    cfg_d = cfg.to_dict()
+    spec: JobSpec[Job] = JobSpec(needed=lambda d: needed_jobs(cfg, d, cap), run=run_job,
+                                 args=lambda j: (cfg_d, data_dir, *j, dev),
+                                 key=lambda j: job_key(job_description(cfg, fp, j, dev)), code_path=cfg.cpu_code_path,
+                                 desc="language-model sweep (jobs)")
+    done, ran = run_jobs(spec, journal, options)
     res: dict[str, Any] = {"benchmark": "lm_sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
                            "tokens_per_run": cfg.steps * cfg.batch * cfg.seq_len, **assemble(cfg, done, cap)}
-    res["timings"] = {"wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(done), "jobs_run": ran,
+    res["timings"] = {"wall_s": time.perf_counter() - t0, "workers": options.workers, **options.describe(),
+                      "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
     from ..retrieval.benchmark import protocol_deviations
     res["deviations"] = protocol_deviations(Path(__file__).with_name("PROTOCOL.md"))
@@ -250,20 +261,14 @@ def format_rounding(check: dict[str, Any]) -> str:
 
 
 def read_journal(out_dir: str | Path) -> tuple[dict[str, Any], dict[Job, dict[str, Any]]]:
-    """(header, {job: result}) of a sweep's journal, finished or not (a torn last line is skipped)."""
+    """(header, {job: result}) of a sweep's journal, finished or not (read by the runner's one rule: a torn last line
+    is skipped)."""
+    from ..jobs import read_journal as read
     path = Path(out_dir) / JOURNAL
     if not path.is_file():
         raise ValueError(f"{out_dir} holds no {JOURNAL} (not a language-model sweep's output)")
-    lines = path.read_text(encoding="utf-8").split("\n")
-    header = json.loads(lines[0])["journal"]
-    done = {}
-    for line in lines[1:]:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        done[Job(*rec["job"])] = rec["result"]
-    return header, done
+    header, records = read(path)
+    return header, {Job(*rec["job"]): rec["result"] for rec in records.values()}
 
 
 def partial_rounding(ref_dir: str | Path, other_dir: str | Path) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """``run_benchmark``: the pre-registered protocol (``PROTOCOL.md``, version 3) into one results dict.
 
 ``protocol.py`` declares the jobs (every variant x lr of the grid x test seed; a widened lr once a variant's grid
-is in; the matched lr where a variant lacks it) and decides the learning rates and the robustness endpoint;
-``scheduler.py`` runs the jobs in worker processes, journals each one in ``OUT/jobs.jsonl`` and resumes after a
-kill. A job (``_job``) trains one model and measures it on the validation split (the lr choice) and the test split
-(the verdicts).
+is in; the matched lr where a variant lacks it) and decides the learning rates and the robustness endpoint; the job
+runner (``difftransformer.jobs``) runs them on the local pool or a Ray cluster, journals each one in
+``OUT/jobs.jsonl`` and resumes after a kill. A job (``_job``) trains one model and measures it on the validation
+split (the lr choice) and the test split (the verdicts).
 
-Bitwise reproducible for a seed on one machine: every job runs with one torch thread (``_job_threads``), in a
-worker process or in this one, under the configuration's CPU code path, so the numbers do not depend on the
-process layout, the machine's thread count or an interruption.
+Bitwise reproducible for a seed on one kind of machine: the runner runs every job at one torch thread, under the
+configuration's CPU code path, so the numbers do not depend on the process layout, the executor, the machine's
+thread count or an interruption.
 """
 
 from __future__ import annotations
@@ -16,49 +16,43 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
+from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, run_jobs
 from .config import RetrievalConfig
 from .protocol import Job, assemble, needed_jobs
-from .scheduler import JOURNAL, Journal, job_key, run_jobs
+from .scheduler import JOURNAL
 
 PROTOCOL_VERSION = 3
 
 
-@contextmanager
-def _job_threads() -> Iterator[None]:
-    """One torch thread for the job (restored after): the same reduction order whatever the process layout."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _job(cfg_d: dict, variant: str, seed: int, lr: float) -> dict[str, Any]:
+def _job(cfg_d: dict, variant: str, seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
     """Train ``variant`` on ``seed`` at ``lr``; the validation measures (lr choice) and the test split's
-    (``evaluate_model``), the training curve and times, and the kernels torch ran."""
-    with _job_threads():
-        from .evaluate import evaluate_model, validation
-        from .scheduler import check_code_path
-        from .train import train_model
-        cfg = RetrievalConfig.from_dict(cfg_d)
-        cap = check_code_path(cfg.cpu_code_path)
+    (``evaluate_model``), the training curve and times, and the kernels torch ran. On "cuda" every tensor the
+    job creates is made on the GPU its process was given (``torch.device`` as the default device)."""
+    import contextlib
+
+    import torch
+
+    from ..jobs import check_code_path
+    from .evaluate import evaluate_model, validation
+    from .train import train_model
+    cfg = RetrievalConfig.from_dict(cfg_d)
+    cap = check_code_path(cfg.cpu_code_path)
+    with torch.device(device) if device != "cpu" else contextlib.nullcontext():
         r = train_model(cfg, variant, seed, lr)
         model = r.pop("model")
         out = {"variant": variant, "seed": seed, "lr": lr, "params": r["params"], "losses": r["losses"],
                "train_s": r["train_s"], "train_cpu_s": r["train_cpu_s"], "paired_tensors": len(r["copied"]),
                "cpu_capability": cap}
+        if device != "cpu":
+            out["device"] = torch.cuda.get_device_name()
         t0 = time.perf_counter()
         out.update(validation(model, cfg))
         out.update(evaluate_model(model, cfg))
         out["eval_s"] = time.perf_counter() - t0
-        return out
+    return out
 
 
 def _load() -> Optional[list[float]]:
@@ -83,28 +77,39 @@ def journal_header(cfg: RetrievalConfig, kind: str = "benchmark") -> dict[str, A
     return {"benchmark": f"kv_retrieval {kind}", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict()}
 
 
-def job_description(cfg_d: dict[str, Any], job: tuple) -> dict[str, Any]:
+def job_description(cfg_d: dict[str, Any], job: tuple, device: str = "cpu") -> dict[str, Any]:
     """Everything that determines one job's numbers: the configuration's fields that shape a model, its training
     and its measurement (not which jobs exist: seeds, grid, widening, variants, matched lr), the job, the code
-    path, the protocol version."""
+    path, the protocol version, and on a GPU the device and precision (``jobs.device_key``; nothing for the CPU,
+    whose keys are those of before)."""
     selection = {"seeds", "seed_base", "lr_grid", "lr_widen", "variants", "matched_lr", "sweep_widths"}
     return {"config": {k: v for k, v in cfg_d.items() if k not in selection}, "job": list(job),
-            "protocol_version": PROTOCOL_VERSION}
+            "protocol_version": PROTOCOL_VERSION, **device_key(device)}
+
+
+def job_spec(cfg: RetrievalConfig, device: str = "cpu") -> JobSpec[Job]:
+    """The benchmark's jobs as the runner takes them: what the protocol needs, ``_job``, the key."""
+    cfg_d = cfg.to_dict()
+    return JobSpec(needed=lambda d: needed_jobs(cfg, d), run=_job,
+                   args=lambda j: (cfg_d, j.variant, j.seed, j.lr, device),
+                   key=lambda j: job_key(job_description(cfg_d, tuple(j), device)), code_path=cfg.cpu_code_path,
+                   desc="retrieval benchmark (jobs)")
 
 
 def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, workers: int = 2,
-                  progress: bool = True, quick: bool = False) -> dict[str, Any]:
+                  progress: bool = True, quick: bool = False, options: Optional[RunOptions] = None
+                  ) -> dict[str, Any]:
     """Every job of the protocol (resuming from ``out_dir/jobs.jsonl``), then results.json and the plots.
 
-    Without ``out_dir`` the journal lives in a temporary directory (nothing to resume)."""
+    ``options``: how the jobs run (default: ``workers`` local processes, ``progress``). Without ``out_dir`` the
+    journal lives in a temporary directory (nothing to resume)."""
     import tempfile
+    options = options or RunOptions(workers=workers, progress=progress)
     t0, load0 = time.perf_counter(), _load()
     cfg_d = cfg.to_dict()
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(Path(out_dir or tmp) / JOURNAL, {**journal_header(cfg), "quick": quick})
-        done, ran = run_jobs(lambda d: needed_jobs(cfg, d), _job, lambda j: (cfg_d, j.variant, j.seed, j.lr),
-                             lambda j: job_key(job_description(cfg_d, tuple(j))), journal, workers,
-                             cfg.cpu_code_path, progress, desc="retrieval benchmark (jobs)")
+        done, ran = run_jobs(job_spec(cfg, options.device), journal, options)
     done = {Job(*j): r for j, r in done.items()}
     variants = assemble(cfg, done)
     caps = sorted({r["cpu_capability"] for r in done.values()})
@@ -122,7 +127,8 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
                        for c in cfg.conditions],
         "variants": variants,
         "cpu": {"code_path": cfg.cpu_code_path, "torch_kernels": caps},
-        "timings": {"wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(done), "jobs_run": ran,
+        "timings": {"wall_s": time.perf_counter() - t0, "workers": options.workers, **options.describe(),
+                    "jobs": len(done), "jobs_run": ran,
                     "train_s_per_job": {v: statistics.fmean(r["train_s"] for r in x["grid_runs"])
                                         for v, x in variants.items()},
                     "loadavg_before": load0, "loadavg_after": _load(), "cpu_count": os.cpu_count()},

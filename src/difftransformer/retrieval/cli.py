@@ -10,9 +10,10 @@ import argparse
 from pathlib import Path
 from typing import Any, Optional
 
+from ..jobs import cli as jobs_cli
+from ..jobs.codepath import CODE_PATHS
 from ..model import variants as registry
 from .config import RetrievalConfig, quick_config
-from .scheduler import CODE_PATHS
 
 HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md, version 3): baseline vs DIFF V1/V2, "
         "the lr grid on 12 paired test seeds, tuned and matched learning rates, lr robustness, attention share, "
@@ -84,8 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounding-check", metavar="CODE_PATH", choices=CODE_PATHS,
                    help="after the benchmark, rerun every job under this CPU code path into OUT/rounding-CODE_PATH and "
                         "print both verdict tables and the verdicts that differ (written to OUT/rounding.json)")
-    p.add_argument("--workers", type=int, default=2, help="worker processes, one torch thread each (default 2); "
-                                                         "the numbers do not depend on it")
+    jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -161,34 +161,40 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"  {v:<9} {m[0]:.3f}+-{m[1]:.3f}   floor passed {d['floor_pass_share']:.0%}")
     t = results["timings"]
     lines.append(f"wall {t['wall_s']:.0f} s, {t['jobs']} jobs ({t['jobs_run']} run now, the rest read back from "
-                 f"jobs.jsonl) on {t['workers']} workers; CPU code path {results['cpu']['code_path']} (torch kernels "
+                 f"jobs.jsonl) on {_where(t)}; CPU code path {results['cpu']['code_path']} (torch kernels "
                  f"{', '.join(results['cpu']['torch_kernels'])}); load average before {t['loadavg_before']}, after "
                  f"{t['loadavg_after']}")
     return "\n".join(lines)
 
 
+def _where(t: dict[str, Any]) -> str:
+    """Where the jobs ran, from results.json's timings (older files name the workers only)."""
+    if t.get("executor") == "ray":
+        return (f"Ray ({t.get('ray_address') or 'a local instance'}, {t['cpus_per_job']:g} CPU + "
+                f"{t['gpus_per_job']:g} GPU per job, device {t['device']})")
+    return f"{t['workers']} workers" + (f", device {t['device']}" if t.get("device", "cpu") != "cpu" else "")
+
+
 def run_cli(args) -> int:
-    if isinstance(args.workers, bool) or args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    options = jobs_cli.options_from_args(args)
     cfg = config_from_args(args)
     if args.reuse_jobs is not None and (args.sweep_width is None or not Path(args.reuse_jobs).is_file()):
         raise ValueError(f"--reuse-jobs {args.reuse_jobs}: needs --sweep-width and an existing journal file")
     if args.sweep_width is not None:
         from .sweep import format_sweep, run_sweep
         widths = _ints(args.sweep_width, "--sweep-width")
-        res = run_sweep(cfg, widths, args.out, workers=args.workers, progress=not args.no_progress,
-                        reuse=args.reuse_jobs)
+        res = run_sweep(cfg, widths, args.out, reuse=args.reuse_jobs, options=options)
         print(format_sweep(res))
         print(f"wrote {args.out}/sweep.json and sweep.png")
         return 0
     from .benchmark import run_benchmark
-    results = run_benchmark(cfg, args.out, workers=args.workers, progress=not args.no_progress, quick=args.quick)
+    results = run_benchmark(cfg, args.out, quick=args.quick, options=options)
     print(format_table(results))
     print(f"wrote {args.out}/results.json and plots")
     if args.rounding_check is not None:
         from .rounding import format_rounding, rounding_check
-        check = rounding_check(results, cfg.replace(cpu_code_path=args.rounding_check), args.out,
-                               workers=args.workers, progress=not args.no_progress, quick=args.quick)
+        check = rounding_check(results, cfg.replace(cpu_code_path=args.rounding_check), args.out, quick=args.quick,
+                               options=options)
         print(format_rounding(check))
         print(f"wrote {args.out}/rounding.json")
     return 0

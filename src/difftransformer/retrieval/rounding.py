@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from ..jobs import RunOptions
 from .config import RetrievalConfig
 
 ROUNDING_JSON = "rounding.json"
@@ -41,7 +42,7 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 
 
 def rounding_check(first: dict[str, Any], cfg: RetrievalConfig, out_dir: str | Path, workers: int = 2,
-                   progress: bool = True, quick: bool = False) -> dict[str, Any]:
+                   progress: bool = True, quick: bool = False, options: Optional[RunOptions] = None) -> dict[str, Any]:
     """Run the benchmark of ``cfg`` (the first run's configuration under another code path) into
     ``out_dir/rounding-PATH`` and write ``out_dir/rounding.json``."""
     from ..fileio import atomic_write
@@ -50,7 +51,7 @@ def rounding_check(first: dict[str, Any], cfg: RetrievalConfig, out_dir: str | P
         raise ValueError(f"--rounding-check {cfg.cpu_code_path}: the benchmark already ran that CPU code path; "
                          "name another one")
     second = run_benchmark(cfg, Path(out_dir) / f"rounding-{cfg.cpu_code_path}", workers=workers, progress=progress,
-                           quick=quick)
+                           quick=quick, options=options)
     check = compare(first, second)
     atomic_write(Path(out_dir) / ROUNDING_JSON, json.dumps(check, indent=1) + "\n")
     return check

@@ -10,8 +10,8 @@ default width (its fitted value there), over the baseline's parameters at that w
 baseline's accuracy with fewer parameters. The interval: a paired bootstrap over seeds (the same resampled seeds for
 every variant and width, the lr choices held fixed, 2000 draws, fixed generator), percentile 95%. A draw whose
 fitted slope is not positive (at most 1e-6: flat) has no ratio; more than 5% of such draws: inconclusive.
-Pre-registered in PROTOCOL.md ("The scaling sweep"). Jobs are journaled in ``OUT/sweep-jobs.jsonl`` (resumable,
-``scheduler.py``).
+Pre-registered in PROTOCOL.md ("The scaling sweep"). Jobs are journaled in ``OUT/sweep-jobs.jsonl`` (resumable;
+run by ``difftransformer.jobs``, on the local pool or a Ray cluster).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..model import variants as registry
 from .config import RetrievalConfig
 
@@ -103,11 +104,12 @@ def analyse(res: dict[str, Any], default_width: int) -> dict[str, Any]:
 
 
 def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str | Path] = None, workers: int = 2,
-              progress: bool = True, reuse: Optional[str | Path] = None) -> dict[str, Any]:
+              progress: bool = True, reuse: Optional[str | Path] = None, options: Optional[RunOptions] = None
+              ) -> dict[str, Any]:
     """Train every width x variant x lr x test seed (resuming from ``out_dir/sweep-jobs.jsonl``), choose each
     variant's lr per width, fit and bootstrap; write sweep.json and sweep.png. ``reuse``: another run's journal
     (e.g. the benchmark's ``jobs.jsonl``, whose jobs are the sweep's at the default width) whose jobs are read
-    instead of run where their keys match."""
+    instead of run where their keys match. ``options``: how the jobs run (default: ``workers`` local processes)."""
     if len(widths) < 2 or len(set(widths)) != len(widths):
         raise ValueError(f"--sweep-width needs at least two distinct widths, got {list(widths)}")
     if registry.reference().name not in cfg.variants or len(cfg.variants) < 2:
@@ -117,7 +119,8 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
 
     from .benchmark import PROTOCOL_VERSION, _job, job_description
     from .protocol import choose_lr, lr_scores
-    from .scheduler import Journal, job_key, run_jobs
+    options = options or RunOptions(workers=workers, progress=progress)
+    dev = options.device
     t0 = time.perf_counter()
     ws = sorted(widths)
     jobs = [(w, v, s, lr) for w in sorted(widths, reverse=True) for v in cfg.variants for lr in cfg.lr_grid
@@ -129,9 +132,10 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
         journal = Journal(Path(out_dir or tmp) / SWEEP_JOURNAL, header)
         if reuse is not None:
             journal.adopt(Path(reuse))
-        runs, ran = run_jobs(lambda done: (jobs, True), _job, lambda j: (dicts[j[0]], j[1], j[2], j[3]),
-                           lambda j: job_key(job_description(dicts[j[0]], tuple(j[1:]))), journal, workers,
-                           cfg.cpu_code_path, progress, desc="retrieval width sweep (jobs)")
+        spec = JobSpec(needed=lambda done: (jobs, True), run=_job, args=lambda j: (dicts[j[0]], j[1], j[2], j[3], dev),
+                       key=lambda j: job_key(job_description(dicts[j[0]], tuple(j[1:]), dev)),
+                       code_path=cfg.cpu_code_path, desc="retrieval width sweep (jobs)")
+        runs, ran = run_jobs(spec, journal, options)
     S, P = cfg.test_seeds, cfg.primary
     chosen = {v: [choose_lr(lr_scores(runs[(w, v, s, lr)] for lr in cfg.lr_grid for s in S)) for w in ws]
               for v in cfg.variants}
@@ -146,7 +150,7 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
         "validation": {v: [[{"lr": g["lr"], "val_accuracy": g["val_accuracy"], "passed_floor": g["passed_floor"]}
                             for g in lr_scores(runs[(w, v, s, lr)] for lr in cfg.lr_grid for s in S)] for w in ws]
                        for v in cfg.variants},
-        "wall_s": time.perf_counter() - t0, "workers": workers, "jobs": len(jobs), "jobs_run": ran,
+        "wall_s": time.perf_counter() - t0, "workers": options.workers, "jobs": len(jobs), "jobs_run": ran,
     }
     res["analysis"] = analyse(res, cfg.d_model)
     if out_dir is not None:

@@ -1,0 +1,38 @@
+"""The flags of every command that runs jobs (``retrieval``, ``lm-sweep``; ``demo`` takes ``--device``), parsed into
+one ``RunOptions`` (validated there, once)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .codepath import DEVICES
+from .runner import EXECUTORS, RunOptions
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..fileio import text_arg
+    p.add_argument("--workers", type=int, default=2,
+                   help="local worker processes, one torch thread each (default 2; --executor local); the numbers "
+                        "do not depend on it")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="where jobs run: 'local' (default) worker processes on this machine; 'ray' one Ray task per "
+                        "job on a Ray cluster (pip install 'difftransformer[ray]'; docs/cluster.md); the results are "
+                        "the same, the journal the same (a run may move between them and resume)")
+    p.add_argument("--ray-address", type=text_arg, metavar="HOST:PORT",
+                   help="with --executor ray: the cluster to join (its head's HOST:PORT, or 'auto' for the one this "
+                        "node belongs to); without it, a local Ray instance on this machine, stopped at the end")
+    p.add_argument("--cpus-per-job", type=float, default=1,
+                   help="with --executor ray: CPUs each job's task asks for (default 1; a job uses one thread)")
+    p.add_argument("--gpus-per-job", type=float, default=0,
+                   help="with --executor ray: GPUs each job's task asks for (default 0; a fraction such as 0.125 "
+                        "runs several small jobs on one GPU; needed with --device cuda)")
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where each job trains: 'cpu' (default) or 'cuda' (the GPU its process was given); GPU "
+                        "results differ from CPU ones and are journaled apart (the device and precision are part "
+                        "of the job's key)")
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    return RunOptions(workers=args.workers, executor=args.executor, ray_address=args.ray_address,
+                      cpus_per_job=args.cpus_per_job, gpus_per_job=args.gpus_per_job, device=args.device,
+                      progress=not getattr(args, "no_progress", False))

@@ -1,0 +1,116 @@
+"""The Ray executor (``--executor ray``): each job a Ray task with the resources it asks for.
+
+``ray.init`` joins the cluster at ``--ray-address`` (``auto``: the one this node belongs to; none: a local instance
+on this machine, stopped again at the end). Before any job: a missing Ray, an address that does not answer, or a
+cluster with no node offering one job's CPUs and GPUs is one ``ValueError`` (never a hang). A task is
+``local.call`` (the driver's variant registry, one torch thread, the device) under the CPU code path's variables as
+its runtime environment (set before its worker process loads torch); Ray gives it ``--gpus-per-job`` of a GPU
+(``CUDA_VISIBLE_DEVICES``) and retries it when its worker or node is lost (``MAX_RETRIES``). Only the driver writes
+the journal: a result travels back to it as the task's return value.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Optional
+
+from .codepath import code_path_env
+from .local import call
+
+MAX_RETRIES = 3  # times Ray reruns a task whose worker process or node died (an exception in a job is not retried)
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _resolve(address: str) -> str:
+    """``host:port`` of the cluster ``address`` names ("auto": the one this node's ``ray start`` recorded)."""
+    if address != "auto":
+        return address
+    from ray._private import services  # no public call resolves "auto" without connecting
+    try:
+        return str(services.canonicalize_bootstrap_address_or_die("auto"))
+    except ConnectionError as e:
+        raise ValueError(f"--ray-address auto: no Ray cluster runs on this node ({e}); start one with "
+                         "`ray start --head` or name its address") from None
+
+
+def slots(nodes: list[dict[str, Any]], cpus: float, gpus: float) -> int:
+    """How many jobs of ``cpus`` CPUs and ``gpus`` GPUs the alive nodes run at once."""
+    total = 0
+    for n in nodes:
+        if not n.get("Alive"):
+            continue
+        res = n.get("Resources", {})
+        fits = [math.floor(res.get(name, 0.0) / need + 1e-9) for name, need in (("CPU", cpus), ("GPU", gpus))
+                if need > 0]
+        total += min(fits)
+    return total
+
+
+class RayExecutor:
+    """``address``, ``cpus``, ``gpus``, ``device``: ``RunOptions``' ray_address, cpus_per_job, gpus_per_job, device."""
+
+    def __init__(self, address: Optional[str], cpus: float, gpus: float, device: str, code_path: str,
+                 variants: Any) -> None:
+        from ..extras import require
+        ray = require("ray", "ray", "--executor ray")
+        self.ray, self.variants, self.device = ray, variants, device
+        self.started = not ray.is_initialized()
+        if self.started:
+            named = address
+            if address is not None and not address.startswith("ray://"):
+                address = _resolve(address)
+                if not _answers(address):
+                    raise ValueError(f"--ray-address {named}: nothing answers at {address} (is the head node up? "
+                                     "`ray status --address ...` says)")
+            try:
+                ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=False, configure_logging=True)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                where = named or "a new local instance"
+                raise ValueError(f"--executor ray: could not join the Ray cluster at {where}: {e}") from None
+        try:
+            nodes = ray.nodes()
+            self.slots = slots(nodes, cpus, gpus)
+            if self.slots < 1:
+                have = "; ".join(f"{n.get('NodeManagerAddress')}: CPU {n['Resources'].get('CPU', 0):g}, GPU "
+                                 f"{n['Resources'].get('GPU', 0):g}" for n in nodes if n.get("Alive"))
+                raise ValueError(f"--executor ray: no node of the cluster offers one job's {cpus:g} CPU and "
+                                 f"{gpus:g} GPU (--cpus-per-job, --gpus-per-job); its nodes: {have or 'none alive'}")
+        except BaseException:
+            self.close()
+            raise
+        env = code_path_env(code_path)
+        self.task = ray.remote(call).options(
+            num_cpus=cpus, num_gpus=gpus, max_retries=MAX_RETRIES,
+            retry_exceptions=False, runtime_env={"env_vars": env} if env else None)
+
+    def submit(self, fn: Callable[..., dict], args: Sequence[Any]) -> Future:
+        ref = self.task.remote(fn, tuple(args), self.variants, self.device)
+        out: Future = Future()
+
+        def done(f: Future) -> None:
+            e = f.exception()
+            if e is None:
+                out.set_result(f.result())
+            else:  # the job's own exception, not Ray's wrapper of it (a ValueError stays one error line)
+                cause = getattr(e, "cause", None)
+                out.set_exception(cause if isinstance(cause, BaseException) else e)
+        ref.future().add_done_callback(done)
+        return out
+
+    def close(self) -> None:
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()

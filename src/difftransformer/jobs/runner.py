@@ -1,0 +1,153 @@
+"""Running a study's declared jobs: what runs where, journaled, resumable; the study decides what runs.
+
+A study hands ``run_jobs`` a ``JobSpec`` (what its jobs are: ``needed(done) -> (jobs, final)``, the job function and
+its arguments, the key) and ``RunOptions`` (how to run them: the executor and its resources, the device). The runner
+runs every needed job the journal does not hold, appends each result as it finishes, and asks again until the list is
+final and all of it is done. A job is handed out only when a worker (a local process, or a slot of the Ray cluster)
+is free, in the order the list declares them, so a job declared once results are in (a widened lr) runs next rather
+than after every job already listed. The results are the same whatever the order, the number of workers, the
+executor or the interruptions: every job runs at one torch thread from its own seed under the CPU code path, and a
+finished job is read back from the journal instead of run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Hashable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from typing import Any, Generic, Optional, TypeVar
+
+from .codepath import CODE_PATHS, DEVICES, check_device, in_code_path, process_env
+from .journal import Journal
+
+J = TypeVar("J", bound=Hashable)
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class JobSpec(Generic[J]):
+    """What a study declares about its jobs.
+
+    ``needed(done)``: the jobs the protocol asks for given the finished ones ({job: result}), and whether that list
+    is final; ``run(*args(job))``: one job, a module-level function (it is pickled to a worker by name) returning a
+    JSON-serialisable dict; ``key(job)``: the journal key (a hash of everything that determines the job's numbers);
+    ``code_path``: the CPU code path every job runs; ``desc``: the progress bar's label."""
+    needed: Callable[[dict[J, dict]], tuple[list[J], bool]]
+    run: Callable[..., dict]
+    args: Callable[[J], tuple]
+    key: Callable[[J], str]
+    code_path: str = "machine"
+    desc: str = "jobs"
+
+    def __post_init__(self) -> None:
+        if self.code_path not in CODE_PATHS:
+            raise ValueError(f"code_path must be one of {', '.join(CODE_PATHS)}, got {self.code_path!r}")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How jobs run (``jobs.cli.add_arguments`` gives every command the same flags): ``workers`` local processes
+    (the local executor), or ``executor="ray"`` on the cluster at ``ray_address`` (None: a local Ray instance;
+    "auto": the cluster this node belongs to) with ``cpus_per_job``/``gpus_per_job`` per task; ``device`` where
+    each job trains ("cpu" or "cuda"); ``progress`` a progress bar."""
+    workers: int = 2
+    executor: str = "local"
+    ray_address: Optional[str] = None
+    cpus_per_job: float = 1
+    gpus_per_job: float = 0
+    device: str = "cpu"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        for name, lo in (("cpus_per_job", 0.0), ("gpus_per_job", 0.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
+                raise ValueError(f"--{name.replace('_', '-')} must be a number >= {lo:g}, got {v!r}")
+        if self.cpus_per_job == 0 and self.gpus_per_job == 0:
+            raise ValueError("--cpus-per-job and --gpus-per-job cannot both be 0 (a job needs somewhere to run)")
+        if self.executor == "local" and (self.ray_address is not None or self.gpus_per_job or self.cpus_per_job != 1):
+            raise ValueError("--ray-address, --cpus-per-job and --gpus-per-job need --executor ray")
+        if self.executor == "ray" and self.device == "cuda" and not self.gpus_per_job > 0:
+            raise ValueError("--device cuda with --executor ray needs --gpus-per-job > 0 (a fraction shares a GPU)")
+        if self.gpus_per_job > 1 and self.gpus_per_job != int(self.gpus_per_job):
+            raise ValueError(f"--gpus-per-job above 1 must be a whole number, got {self.gpus_per_job!r}")
+
+    def replace(self, **changes: Any) -> RunOptions:
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict[str, Any]:
+        """What a results file records about how its jobs ran (not part of any job's key)."""
+        d: dict[str, Any] = {"executor": self.executor, "device": self.device}
+        if self.executor == "ray":
+            d.update(ray_address=self.ray_address, cpus_per_job=self.cpus_per_job, gpus_per_job=self.gpus_per_job)
+        return d
+
+
+def _executor(spec: JobSpec, options: RunOptions):
+    from ..model import variants as registry
+    if options.executor == "ray":
+        from .ray_executor import RayExecutor
+        return RayExecutor(options.ray_address, options.cpus_per_job, options.gpus_per_job, options.device,
+                           spec.code_path, registry.variants())
+    from .local import Inline, LocalPool
+    check_device(options.device)  # the driver sees the local workers' GPUs: refuse before any job starts
+    if options.workers == 1 and in_code_path(spec.code_path):
+        return Inline(device=options.device)
+    return LocalPool(options.workers, process_env(spec.code_path), registry.variants(), options.device)
+
+
+def run_jobs(spec: JobSpec[J], journal: Journal, options: Optional[RunOptions] = None) -> tuple[dict[J, dict], int]:
+    """Run every job ``spec.needed`` declares that the journal does not hold, until the list is final and done.
+    Returns ({job: result}, the number of jobs run now, not read back)."""
+    from tqdm import tqdm
+    options = options or RunOptions()
+    done: dict[J, dict] = {}
+    pending: dict[Future, J] = {}
+    ran = 0
+    ex = _executor(spec, options)  # a refusal (no Ray, no answer, too few resources) comes before any job
+    bar = tqdm(total=0, desc=spec.desc, disable=not options.progress)
+    try:
+        while True:
+            jobs, final = spec.needed(done)
+            bar.total = len(jobs)
+            new = 0
+            for j in jobs:
+                if j in done or j in pending.values():
+                    continue
+                old = journal.get(spec.key(j))
+                if old is not None:
+                    new += 1
+                    done[j] = old
+                    bar.update(1)
+                    continue
+                if len(pending) >= ex.slots:
+                    continue  # every worker busy: submitted when one frees, in the declared order
+                new += 1
+                pending[ex.submit(spec.run, spec.args(j))] = j
+            bar.refresh()
+            if all(j in done for j in jobs) and final:
+                break
+            if not pending:
+                if not new:
+                    raise RuntimeError("the job list is not final, yet every job it names is done")
+                continue  # read back from the journal only: ask again with the new results
+            finished = [f for f in pending if f.done()] or list(wait(list(pending), return_when=FIRST_COMPLETED)[0])
+            for f in finished:
+                j = pending.pop(f)
+                r = f.result()
+                journal.append(spec.key(j), list(j) if isinstance(j, (tuple, list)) else [j], r)
+                done[j] = r
+                ran += 1
+                bar.update(1)
+    finally:
+        bar.close()
+        ex.close()
+    return done, ran

@@ -1,0 +1,35 @@
+"""A local worker process (``local.LocalPool``): ``python -m difftransformer.jobs.worker READ_FD WRITE_FD``.
+
+First message: (the driver's variant registry, its ``sys.path``: a job function from a script or a test imports
+here as there); then one (function, arguments, device) per job, answered ("ok", result) or ("error", exception).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from multiprocessing.connection import Connection
+
+
+def main(read_fd: int, write_fd: int) -> None:
+    recv, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    variants, path = pickle.loads(recv.recv_bytes())
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    from .local import call
+    while True:
+        try:
+            message = recv.recv_bytes()
+        except EOFError:  # the driver closed the pipe (done, or gone)
+            return
+        try:
+            fn, args, device = pickle.loads(message)
+            send.send(("ok", call(fn, args, variants, device)))
+        except Exception as e:  # the driver raises it (as itself when it pickles, else as its text)
+            try:
+                send.send(("error", e))
+            except Exception:
+                send.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,121 @@
+"""The job runner apart from any study (difftransformer.jobs): the journal's one rule for a bad line, the CPU code
+paths, the declared order, the options' validation, the local pool's own environment."""
+
+import json
+import os
+
+import pytest
+
+from difftransformer.jobs import (JobSpec, Journal, RunOptions, code_path_env, in_code_path, parse, read_journal,
+                                  run_jobs)
+from difftransformer.jobs.codepath import process_env
+
+JOURNAL = "jobs.jsonl"
+
+
+def test_journal_drops_a_torn_line_and_refuses_another_configuration(tmp_path):
+    path = tmp_path / JOURNAL
+    j = Journal(path, {"config": 1})
+    j.append("k1", ["baseline", 1, 0.002], {"x": 0.1 + 0.2})
+    j.append("k2", ["baseline", 2, 0.002], {"x": 1e-300})
+    with open(path, "a") as f:
+        f.write('{"key": "k3", "job": ["baseli')  # a kill in the middle of a line
+    j2 = Journal(path, {"config": 1})
+    assert j2.get("k1") == {"x": 0.1 + 0.2} and j2.get("k2") == {"x": 1e-300} and j2.get("k3") is None
+    assert path.read_text().endswith("\n") and path.read_text().count("\n") == 3  # the torn line is gone
+    j2.append("k3", ["baseline", 3, 0.002], {"x": 3})
+    assert Journal(path, {"config": 1}).get("k3") == {"x": 3}
+    with pytest.raises(ValueError, match="another configuration"):
+        Journal(path, {"config": 2})
+    path.write_text(path.read_text().replace('"k1"', "garbage", 1).replace("{", "[", 2))
+    with pytest.raises(ValueError, match="another configuration|not a journal record"):
+        Journal(path, {"config": 1})
+
+
+def test_code_paths():
+    assert code_path_env("machine") == {}
+    assert code_path_env("avx2")["ATEN_CPU_CAPABILITY"] == "avx2" and code_path_env("avx2")["MKL_CBWR"] == "AVX2"
+    with pytest.raises(ValueError, match="machine, avx2, avx512"):
+        code_path_env("sse")
+    assert not in_code_path("avx2") or os.environ.get("MKL_CBWR") == "AVX2"  # this process was not started pinned
+
+
+ORDER: list[str] = []
+
+
+def _record(name: str) -> dict:
+    ORDER.append(name)
+    return {"name": name}
+
+
+def test_a_job_declared_later_runs_before_jobs_queued_behind_a_busy_worker(tmp_path):
+    """The scheduler hands a worker one job at a time, so a job the protocol declares once results are in (a
+    widened lr, listed first) runs next instead of after everything queued before it."""
+    def needed(done):
+        return (["a", "w", "b", "c"], True) if "a" in done else (["a", "b", "c"], False)
+    ORDER.clear()
+    journal = Journal(tmp_path / JOURNAL, {"test": 1})
+    spec = JobSpec(needed=needed, run=_record, args=lambda j: (j,), key=lambda j: j, code_path="machine")
+    done, ran = run_jobs(spec, journal, RunOptions(workers=1, progress=False))
+    assert ORDER == ["a", "w", "b", "c"] and ran == 4 and set(done) == {"a", "w", "b", "c"}
+
+
+def test_one_rule_for_a_bad_line_everywhere(tmp_path):
+    """Every reader (a journal opened to append, a read-only reader, adopt) applies parse's rule: a bad last line
+    is dropped, a bad line before it is an error naming the line."""
+    path = tmp_path / JOURNAL
+    j = Journal(path, {"c": 1})
+    j.append("k1", [1], {"x": 1})
+    j.append("k2", [2], {"x": 2})
+    text = path.read_text()
+    path.write_text(text + '{"key": 3}\n')  # a whole line, but not a record: the last one, so dropped
+    assert set(read_journal(path)[1]) == {"k1", "k2"} and parse(path).dropped
+    other = Journal(tmp_path / "other.jsonl", {"c": 2})
+    assert other.adopt(path) == 2 and other.get("k2") == {"x": 2}
+    lines = text.split("\n")
+    path.write_text("\n".join([lines[0], "not json", *lines[1:]]))  # a bad line in the middle
+    for read in (read_journal, lambda p: Journal(p, {"c": 1}), lambda p: other.adopt(p)):
+        with pytest.raises(ValueError, match="line 2: not a journal record"):
+            read(path)
+    (tmp_path / "empty.jsonl").write_text("nothing\n")
+    with pytest.raises(ValueError, match="not a job journal"):
+        read_journal(tmp_path / "empty.jsonl")
+
+
+@pytest.mark.parametrize("kw, needle", [(dict(workers=0), "--workers"), (dict(workers=True), "--workers"),
+                                        (dict(executor="slurm"), "--executor"), (dict(device="tpu"), "--device"),
+                                        (dict(gpus_per_job=-1, executor="ray"), "--gpus-per-job"),
+                                        (dict(gpus_per_job=1.5, executor="ray"), "whole number"),
+                                        (dict(cpus_per_job=0, executor="ray"), "both be 0"),
+                                        (dict(ray_address="h:1"), "need --executor ray"),
+                                        (dict(executor="ray", device="cuda"), "--gpus-per-job > 0")])
+def test_run_options_are_validated_once(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        RunOptions(**kw)
+
+
+def _environment(name: str) -> dict:
+    return {"value": os.environ.get(name), "pinned": {k: os.environ.get(k) for k in code_path_env("avx2")}}
+
+
+def test_the_local_pool_gives_workers_their_own_environment_and_leaves_ours(tmp_path):
+    """A pinned code path reaches the worker processes as their own environment; this process's os.environ is
+    never touched (before, during or after)."""
+    before = dict(os.environ)
+    env = process_env("avx2", {**os.environ, "MKL_CBWR": "COMPATIBLE"})
+    assert env["MKL_CBWR"] == "AVX2" and env["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert "MKL_CBWR" not in process_env("machine", {"MKL_CBWR": "AVX2", "HOME": "/h"})
+    seen = []
+
+    def needed(done):
+        seen.append(dict(os.environ))
+        return ["PATH"], True
+    spec = JobSpec(needed=needed, run=_environment, args=lambda j: (j,), key=lambda j: j, code_path="avx2")
+    try:
+        done, _ = run_jobs(spec, Journal(tmp_path / JOURNAL, {"t": 1}), RunOptions(workers=1, progress=False))
+    except ValueError as e:  # a CPU without AVX2: the job refuses; the environment still travelled (not here)
+        pytest.skip(str(e))
+    r = done["PATH"]
+    assert r["value"] == os.environ.get("PATH") and r["pinned"] == code_path_env("avx2")
+    assert dict(os.environ) == before and all(s == before for s in seen)
+    assert json.loads(json.dumps(r)) == r
