@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Pinned: a plain `torch` could pull a multi-GB CUDA build; 2.13.0 is the CPU wheel on disk.
 TORCH := torch==2.13.0
 
-.PHONY: install chromium demo test bench gpu-test gpu-bench clean
+.PHONY: install chromium demo test bench gpu-check gpu-check-dry gpu-test gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,18 +39,33 @@ test: install chromium
 bench: install
 	$(PY) -m difftransformer bench attention
 
-# On a CUDA machine with triton: the GPU-only tests (compiled kernels, bf16 cases) and the GPU measurements of
-# BENCHMARKS.md, each printed and saved under runs/gpu/. Not part of `make test`: CI has no GPU. GPU_PY is a
-# Python whose torch has CUDA; the default is this repository's venv, which `make install` builds with the CPU
-# wheel, so on a GPU machine pass one, e.g. `make gpu-test GPU_PY=python3`.
+# On a CUDA machine: the GPU verification, outside `make test` (CI has no GPU). GPU_PY is a Python whose torch has
+# CUDA; the default is this repository's venv, which `make install` builds with the CPU wheel, so on a GPU machine
+# pass one: `make gpu-check GPU_PY=python3` (the machine's own torch and Triton; no network, no venv needed).
 GPU_PY ?= $(PY)
+GPU_HAS_TORCH = $(GPU_PY) -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('torch') else 'make $@ needs PyTorch: $(GPU_PY) cannot import torch (pass GPU_PY=...)')"
 GPU_CHECK = $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make $@ needs a CUDA device: torch.cuda.is_available() is False')"
 GPU_RUN = bash -o pipefail -c
-gpu-test:
-	@$(GPU_CHECK)
-	mkdir -p runs/gpu
-	$(GPU_RUN) 'PYTHONPATH=src $(GPU_PY) -m pytest -q tests/model/test_triton_diff.py tests/model/test_triton_fallback.py tests/model/test_cuda.py 2>&1 | tee runs/gpu/tests.txt'
 
+# The whole check in at most 6 minutes (src/difftransformer/bench/gpu_check.py; docs/gpu.md): each step under its
+# own time limit (env 20 s, tests 75, attention paper-3b 40, attention bench 35, decode sdpa 25, decode triton 30,
+# train bench 55, train paper-3b 110, small jobs 35) and all under a 350 s budget; a step that overruns is killed
+# and recorded, the rest still run. Writes runs/gpu/summary.md, summary.json and each step's raw output.
+# `make gpu-check-dry`: the same steps on the CPU at toy size (the plumbing, not a measurement) into runs/gpu-dry/.
+gpu-check:
+	@$(GPU_HAS_TORCH)
+	@PYTHONPATH=src $(GPU_PY) -m difftransformer.bench.gpu_check run --out runs/gpu
+
+gpu-check-dry: install
+	PYTHONPATH=src $(PY) -m difftransformer.bench.gpu_check run --dry-run --out runs/gpu-dry
+
+# Only the GPU tests (gpu-check's "tests" step, its file list and 75 s limit): runs/gpu/tests.txt and a summary.
+gpu-test:
+	@$(GPU_HAS_TORCH)
+	@PYTHONPATH=src $(GPU_PY) -m difftransformer.bench.gpu_check run --steps tests --out runs/gpu
+
+# Every GPU command of BENCHMARKS.md at full length, without time limits (tens of minutes; memory columns included),
+# each printed and saved under runs/gpu/.
 gpu-bench:
 	@$(GPU_CHECK)
 	mkdir -p runs/gpu
