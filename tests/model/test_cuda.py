@@ -1,22 +1,29 @@
 """The fast paths on a CUDA device against the float64 CPU eager model (skipped without a GPU).
 
 CI has no GPU, so these run on the GPU machine (`pytest tests/model/test_cuda.py`): every variant and backend
-forward and backward in float32 (TF32 off) against the float64 CPU eager oracle, bf16 autocast within a loose
-bound, the KV-cache decode against the full forward, and the decode modes (eager, compile, cuda-graph) against
-each other.
+(the fused Triton kernels included, checked not to have fallen back) forward and backward in float32 (TF32 off)
+against the float64 CPU eager oracle, bf16 autocast within a loose bound, the KV-cache decode against the full
+forward, and the decode modes (eager, compile, cuda-graph) against each other.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import warnings
 
 import pytest
 import torch
 
 from difftransformer.inference.generate import SamplingConfig, generate
 from difftransformer.model import DiffTransformerLM, ModelConfig
+from difftransformer.model.attention import launches
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
+# "triton": DIFF's fused kernels (the baseline runs sdpa under it); skipped where the triton package is missing.
+TRITON = pytest.param("triton", marks=pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                                        reason="the triton package is not installed"))
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +55,19 @@ def loss_and_grads(model, idx):
     return out.loss.detach().double().cpu(), {n: p.grad.double().cpu() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])  # "blocked" is a CPU path: sdpa on CUDA
+@pytest.fixture
+def no_triton_fallback():
+    """Fails the test if a Triton launch fell back to the PyTorch path (the comparison would not test the kernel)."""
+    launches._TRITON_FAILED.clear()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        yield
+    said = [str(w.message) for w in record if "fused Triton kernel cannot run" in str(w.message)]
+    assert not said and not launches._TRITON_FAILED, said
+
+
+@pytest.mark.usefixtures("no_triton_fallback")
+@pytest.mark.parametrize("backend", ["sdpa", "eager", TRITON])  # "blocked" is a CPU path: sdpa on CUDA
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
 @pytest.mark.parametrize("attention", VARIANTS)
 def test_cuda_float32_matches_float64_oracle(attention, backend, n_kv_heads):
@@ -63,9 +82,11 @@ def test_cuda_float32_matches_float64_oracle(attention, backend, n_kv_heads):
         assert err <= 1e-4 * scale + 1e-9, f"{name}: max |grad error| {err:.3g} vs max |grad| {scale:.3g}"
 
 
+@pytest.mark.usefixtures("no_triton_fallback")
+@pytest.mark.parametrize("backend", ["sdpa", TRITON])
 @pytest.mark.parametrize("attention", VARIANTS)
-def test_cuda_bf16_autocast_close(attention):
-    ref, fast = pair(attention, "sdpa")
+def test_cuda_bf16_autocast_close(attention, backend):
+    ref, fast = pair(attention, backend)
     idx = torch.randint(0, 128, (4, 129))
     with torch.no_grad():
         loss_ref = ref(idx[:, :-1], targets=idx[:, 1:]).loss.item()

@@ -3,7 +3,9 @@
 Without CUDA the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set below before triton is
 imported); small shapes and 16-wide blocks keep the file fast there. The oracle is written from the equations
 (arXiv 2410.05258 eq. 1): materialised softmax maps with the causal + padding-mask rule, autograd for the
-gradients.
+gradients. The kernel checks run in float64 in the interpreter (exact to 1e-10); on CUDA, where Triton cannot
+compile float64 dots (sm_90), the same cases run the kernels in float32 (TF32 off) and bfloat16 against the float64
+oracle (``KERNEL_RTOL``), and each dtype's case is collected everywhere and skipped where it does not apply.
 """
 
 from __future__ import annotations
@@ -11,11 +13,22 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import warnings
 
 import pytest
 import torch
 
-from triton_interp import NEEDS_FRESH_PROCESS, kernel_test_model, run_in_fresh_process, skip_unless_interpreting
+from triton_interp import (
+    CUDA_ONLY,
+    MODEL_DTYPE,
+    NEEDS_FRESH_PROCESS,
+    NO_FP64_ON_CUDA,
+    ON_CUDA,
+    kernel_test_model,
+    model_error,
+    run_in_fresh_process,
+    skip_unless_interpreting,
+)
 
 td = importlib.import_module("difftransformer.model.attention.triton_diff")
 tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
@@ -24,6 +37,10 @@ tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
 @pytest.fixture(autouse=True)
 def _interpreter_or_fresh_process(request):
     skip_unless_interpreting(request)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 kernels (which follow it) and matmuls in IEEE fp32
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 @pytest.mark.skipif(not NEEDS_FRESH_PROCESS, reason="this process already runs the kernels directly")
@@ -34,6 +51,32 @@ def test_in_fresh_interpreter_process():
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F64_TOL = 1e-10
 F32_TOL = 1e-5
+# On CUDA: max |kernel - float64 oracle| per tensor <= KERNEL_RTOL[dtype] * max(1, max |oracle|). The oracle runs on
+# the kernel's own (rounded) inputs, so only the kernel's arithmetic is measured.
+# * float32, IEEE dots (TF32 off): unit roundoff u = 2^-24 = 6e-8. The longest sums here are a d <= 64 dot, the
+#   online softmax over T <= 70 keys and the dK/dV sums over T queries times a GQA group of up to 4 (<= 280 terms):
+#   at most 280 u = 1.7e-5 of the summed magnitudes, plus the GPU's approximate exp2/log2/division (a few ulp each,
+#   exp's scaled by |logit| <~ 20: ~3e-6). 1e-4 is ~5x that worst case (the interpreter measures at most 1.2e-6).
+# * bfloat16 (float32 accumulation): u = 2^-8 = 3.9e-3. The kernels round P (forward) and P, dS (backward) to bf16
+#   before their dots: each term is off by at most u relative, so a sum of them by at most u * max|v| ~ 0.015 for
+#   N(0, 1) values (under the floor of 1 x 3e-2), and round-to-nearest errors mostly cancel in sums. 3e-2 (7.7 u) is
+#   the bound test_bfloat16_cuda's T = 300 cases passed with on an H200 (Triton 3.6, 2026-11-26).
+KERNEL_RTOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def kernel_dtypes():
+    """The dtypes a kernel check runs in: float64 in the interpreter, float32 and bfloat16 on CUDA (each collected
+    everywhere and skipped, with its reason, where it does not apply)."""
+    return [pytest.param(torch.float64, id="float64", marks=pytest.mark.skipif(ON_CUDA, reason=NO_FP64_ON_CUDA)),
+            pytest.param(torch.float32, id="float32", marks=pytest.mark.skipif(not ON_CUDA, reason=CUDA_ONLY)),
+            pytest.param(torch.bfloat16, id="bfloat16", marks=pytest.mark.skipif(not ON_CUDA, reason=CUDA_ONLY))]
+
+
+def kernel_tolerance(dtype: torch.dtype, ref: torch.Tensor) -> float:
+    """The largest error a kernel output or gradient in ``dtype`` may have against the float64 oracle ``ref``."""
+    if dtype == torch.float64:
+        return F64_TOL
+    return KERNEL_RTOL[dtype] * max(1.0, ref.double().abs().max().item())
 
 
 # ------------------------------------------------------------------------------------------------ oracle
@@ -143,10 +186,18 @@ def assert_close(res, tol):
     assert not bad, f"max abs errors above {tol}: {bad} (all: {errs})"
 
 
+def assert_kernel_close(res, dtype: torch.dtype):
+    """Every tensor of ``run_both``'s result within ``kernel_tolerance`` of the oracle."""
+    errs = max_errors(res)
+    tols = {k: kernel_tolerance(dtype, e) for k, (_, e) in res.items()}
+    bad = {k: (errs[k], tols[k]) for k in errs if not errs[k] <= tols[k]}
+    assert not bad, f"{dtype}: (max abs error, tolerance) above tolerance: {bad} (all errors: {errs})"
+
+
 # ------------------------------------------------------------------------------------------------ float64
 
 
-F64_CASES = {
+ORACLE_CASES = {
     # DIFF V1: two key maps, dv = 2d, one 0-dim lambda; odd T spanning three 16-blocks
     "v1_gqa1_T37": dict(b=2, hq=2, hk=2, t=37, lam_value=0.8),
     # DIFF V2: shared keys, dv = d, per-token lambda of both signs (and > 1); strided queries
@@ -165,22 +216,25 @@ F64_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(F64_CASES))
-def test_float64_matches_oracle(name):
-    inputs, key_mask = make_case(**F64_CASES[name])
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+@pytest.mark.parametrize("name", list(ORACLE_CASES))
+def test_kernel_matches_oracle(name, dtype):
+    inputs, key_mask = make_case(**ORACLE_CASES[name], dtype=dtype)
     res = run_both(inputs, key_mask)
-    expected = {"out", "q1", "q2", "v", "lam"} | ({"k"} if F64_CASES[name].get("shared_k") else {"k1", "k2"})
+    expected = {"out", "q1", "q2", "v", "lam"} | ({"k"} if ORACLE_CASES[name].get("shared_k") else {"k1", "k2"})
     assert set(res) == expected
-    assert_close(res, F64_TOL)
+    assert_kernel_close(res, dtype)
 
 
+@pytest.mark.parametrize("dtype", kernel_dtypes())
 @pytest.mark.parametrize("block_m,block_n", [(32, 16), (16, 32)])
-def test_float64_unequal_blocks(block_m, block_n):
+def test_unequal_blocks(block_m, block_n, dtype):
     """block_m != block_n exercises the causal loop limits of the forward, dQ and dK/dV kernels."""
-    inputs, key_mask = make_case(b=2, hq=2, hk=1, t=45, lam="row", pads=[0, 7])
-    assert_close(run_both(inputs, key_mask, block_m=block_m, block_n=block_n), F64_TOL)
+    inputs, key_mask = make_case(b=2, hq=2, hk=1, t=45, lam="row", pads=[0, 7], dtype=dtype)
+    assert_kernel_close(run_both(inputs, key_mask, block_m=block_m, block_n=block_n), dtype)
 
 
+@pytest.mark.skipif(ON_CUDA, reason=NO_FP64_ON_CUDA)
 def test_comparison_is_sensitive():
     """A wrong lambda or swapped key maps in the oracle must be caught by the same tolerance."""
     inputs, key_mask = make_case(b=1, hq=2, hk=1, t=17, lam_value=0.8)
@@ -190,33 +244,40 @@ def test_comparison_is_sensitive():
     assert min(errs[k] for k in ("out", "q1", "q2", "k1", "k2")) > 1e-3
 
 
-def test_no_grad_and_partial_grads():
+def f64(*xs):
+    return [x.detach().double() for x in xs]
+
+
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+def test_no_grad_and_partial_grads(dtype):
     """Forward under no_grad, and a backward where only some inputs require gradients."""
-    (q1, q2, k1, k2, v, lam), key_mask = make_case(b=1, hq=2, hk=1, t=17, lam_value=0.3)
+    (q1, q2, k1, k2, v, lam), key_mask = make_case(b=1, hq=2, hk=1, t=17, lam_value=0.3, dtype=dtype)
     scale = q1.shape[-1] ** -0.5
     with torch.no_grad():
         out = td.triton_diff_attention(q1, q2, k1, k2, v, lam, scale, block_m=16, block_n=16)
-        ref = reference(q1, q2, k1, k2, v, lam, scale)
-    assert not out.requires_grad and (out - ref).abs().max().item() < F64_TOL
+        ref = reference(*f64(q1, q2, k1, k2, v, lam), scale)
+    assert not out.requires_grad and (out.double() - ref).abs().max().item() <= kernel_tolerance(dtype, ref)
     vd = v.detach().requires_grad_(True)
     out = td.triton_diff_attention(q1.detach(), q2.detach(), k1.detach(), k2.detach(), vd, lam.detach(), scale,
                                    block_m=16, block_n=16)
     (gv,) = torch.autograd.grad(out.sum(), [vd])
-    vr = v.detach().requires_grad_(True)
-    (gr,) = torch.autograd.grad(reference(q1.detach(), q2.detach(), k1.detach(), k2.detach(), vr,
-                                          lam.detach(), scale).sum(), [vr])
-    assert (gv - gr).abs().max().item() < F64_TOL
+    vr = v.detach().double().requires_grad_(True)
+    (gr,) = torch.autograd.grad(reference(*f64(q1, q2, k1, k2), vr, lam.detach().double(), scale).sum(), [vr])
+    assert gv.dtype == dtype and (gv.double() - gr).abs().max().item() <= kernel_tolerance(dtype, gr)
 
 
-def test_scale_tensor_is_reused_per_scale():
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+def test_scale_tensor_is_reused_per_scale(dtype):
     """The scale tensor is made once per (scale, dtype, device); calls with two scales in turn each get their own."""
-    (q1, q2, k1, k2, v, lam), _ = make_case(b=1, hq=2, hk=1, t=17, lam_value=0.3)
+    (q1, q2, k1, k2, v, lam), _ = make_case(b=1, hq=2, hk=1, t=17, lam_value=0.3, dtype=dtype)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32  # the scale lives in the accumulation dtype
     with torch.no_grad():
         for scale in (0.125, 0.5, 0.125):
             out = td.triton_diff_attention(q1, q2, k1, k2, v, lam, scale, block_m=16, block_n=16)
-            assert (out - reference(q1, q2, k1, k2, v, lam, scale)).abs().max().item() < F64_TOL
-    assert td._scale_tensor(0.5, torch.float64, q1.device) is td._scale_tensor(0.5, torch.float64, q1.device)
-    assert td._scale_tensor(0.5, torch.float64, q1.device).item() == 0.5
+            ref = reference(*f64(q1, q2, k1, k2, v, lam), scale)
+            assert (out.double() - ref).abs().max().item() <= kernel_tolerance(dtype, ref)
+    assert td._scale_tensor(0.5, acc, q1.device) is td._scale_tensor(0.5, acc, q1.device)
+    assert td._scale_tensor(0.5, acc, q1.device).item() == 0.5
 
 
 # ------------------------------------------------------------------------------------------------ float32 / bf16
@@ -300,10 +361,12 @@ def test_block_size_validation_and_available():
                                cfg.values())
 
 
-def test_default_block_sizes():
-    """No block override: each kernel runs with its default_config tiles (here wider than T for some)."""
-    inputs, key_mask = make_case(b=1, hq=2, hk=1, t=70, d=32, lam="row", pads=[3])
-    assert_close(run_both(inputs, key_mask, block_m=None, block_n=None), F64_TOL)
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+def test_default_block_sizes(dtype):
+    """No block override: each kernel runs with its default tiles for this dtype and GPU (here wider than T for
+    some)."""
+    inputs, key_mask = make_case(b=1, hq=2, hk=1, t=70, d=32, lam="row", pads=[3], dtype=dtype)
+    assert_kernel_close(run_both(inputs, key_mask, block_m=None, block_n=None), dtype)
 
 
 # ------------------------------------------------------------------------------------------------ inside the model
@@ -313,57 +376,75 @@ MODEL_CASES = [  # (attention, options): every DIFF form the backend serves
 ]
 
 
+def no_fallback(record) -> None:
+    """The kernels really ran: no launch of this test fell back (that would compare sdpa with eager)."""
+    from difftransformer.model.attention import launches
+
+    said = [str(w.message) for w in record if "fused Triton kernel cannot run" in str(w.message)]
+    assert not said and not launches._TRITON_FAILED, said
+
+
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("attention, opts", MODEL_CASES)
-def test_triton_backend_in_the_model_matches_eager(attention, opts, padded):
-    """The `triton` backend inside the whole LM (float64, GQA 2, head_dim 16, odd length, left padding) against the
-    eager backend: logits and every parameter's gradient."""
-    model = kernel_test_model(attention, opts, DEVICE)
+def test_triton_backend_in_the_model_matches_eager(attention, opts, padded, monkeypatch):
+    """The `triton` backend inside the whole LM (GQA 2, head_dim 16, odd length, left padding; float64 in the
+    interpreter, float32 on CUDA) against the eager backend on the same LM in float64: logits and every parameter's
+    gradient (``model_error``), with the kernel called in both layers and no fallback."""
+    from difftransformer.model.attention import launches, triton_diff
+
+    launches._TRITON_FAILED.clear()
+    calls = []
+    kernel = triton_diff.triton_diff_attention
+    monkeypatch.setattr(triton_diff, "triton_diff_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    model = kernel_test_model(attention, opts, DEVICE, MODEL_DTYPE)
+    oracle = kernel_test_model(attention, opts, DEVICE)
     ids = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     pad = torch.ones(2, 21, dtype=torch.bool, device=DEVICE)
     if padded:
         pad[0, :6] = False
 
-    def run(backend):
-        model.set_backend(backend)
-        model.zero_grad()
-        logits = model(ids, attention_mask=pad if padded else None).logits
+    def run(m, backend):
+        m.set_backend(backend)
+        m.zero_grad()
+        logits = m(ids, attention_mask=pad if padded else None).logits
         logits[pad].square().mean().backward()
-        return logits[pad].detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+        return logits[pad].detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
 
-    got, g_got = run("triton")
-    want, g_want = run("eager")
-    assert (got - want).abs().max() <= 1e-10
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got, g_got = run(model, "triton")
+    no_fallback(record)
+    assert len(calls) == 2  # the kernel, in both layers
+    want, g_want = run(oracle, "eager")
+    err, tol = model_error(got, want, MODEL_DTYPE)
+    assert err <= tol, ("logits", err, tol)
     for name in g_want:
-        assert (g_got[name] - g_want[name]).abs().max() <= 1e-10, name
+        err, tol = model_error(g_got[name], g_want[name], MODEL_DTYPE)
+        assert err <= tol, (name, err, tol)
 
 
 @pytest.mark.parametrize("attention, opts", MODEL_CASES)
 def test_triton_prefill_under_a_kv_cache(attention, opts, monkeypatch):
     """A KV cache's prefill from position 0 runs the fused kernel (counted) on the prompt's own keys, with left
-    padding, and every decode step the split-KV decode kernel (counted); the prefill's logits and the decode steps
-    after it equal the eager backend's full forward (float64)."""
-    from difftransformer.model import DiffTransformerLM, ModelConfig
-    from difftransformer.model.attention import triton_decode, triton_diff
+    padding, and every decode step the split-KV decode kernel (counted), none falling back; the prefill's logits and
+    the decode steps after it equal the eager backend's full forward of the same LM in float64 (``model_error``; the
+    model in float64 in the interpreter, float32 on CUDA)."""
+    from difftransformer.model.attention import launches, triton_decode, triton_diff
 
+    launches._TRITON_FAILED.clear()
     calls, decodes = [], []
     kernel, decode_kernel = triton_diff.triton_diff_attention, triton_decode.triton_diff_decode
     monkeypatch.setattr(triton_diff, "triton_diff_attention", lambda *a, **k: calls.append(a[0].shape) or kernel(*a, **k))
     monkeypatch.setattr(triton_decode, "triton_diff_decode",
                         lambda *a, **k: decodes.append(a[0].shape) or decode_kernel(*a, **k))
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=64,
-                      attention=attention, backend="triton", **opts)
-    model = DiffTransformerLM(cfg).double().to(DEVICE).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
+    model = kernel_test_model(attention, opts, DEVICE, MODEL_DTYPE).eval()
+    oracle = kernel_test_model(attention, opts, DEVICE).eval()
     ids = torch.randint(0, 64, (2, 15), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     pad = torch.ones(2, 20, dtype=torch.bool, device=DEVICE)  # over the whole cache
     pad[0, :4] = False
-    with torch.no_grad():
-        model.setup_caches(2, 20, dtype=torch.float64)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        model.setup_caches(2, 20, dtype=MODEL_DTYPE)
         pre = model(ids[:, :11], input_pos=torch.arange(11, device=DEVICE), attention_mask=pad).logits
         steps = [model(ids[:, t:t + 1], input_pos=torch.tensor([t], device=DEVICE), attention_mask=pad).logits
                  for t in range(11, 15)]
@@ -371,11 +452,13 @@ def test_triton_prefill_under_a_kv_cache(attention, opts, monkeypatch):
         heads = 4 if attention == "diff_v2" or opts else 2
         assert calls == [(2, heads, 11, 16)] * 2  # the prefill, per layer
         assert decodes == [(2, heads, 1, 16)] * 2 * 4  # every decode step of every layer: the split-KV kernel
-        model.set_backend("eager")
-        full = model(ids, attention_mask=pad[:, :15]).logits
+        oracle.set_backend("eager")
+        full = oracle(ids, attention_mask=pad[:, :15]).logits
+    no_fallback(record)
     got = torch.cat([pre, *steps], dim=1)
     real = pad[:, :15]
-    assert (got - full)[real].abs().max() <= 1e-10
+    err, tol = model_error(got[real], full[real], MODEL_DTYPE)
+    assert err <= tol, (err, tol)
 
 
 # ------------------------------------------------------------------------------------------------ decoding
@@ -428,19 +511,25 @@ DECODE_CASES = {
 }
 
 
+@pytest.mark.parametrize("dtype", kernel_dtypes())
 @pytest.mark.parametrize("splits", [1, 3, None])
 @pytest.mark.parametrize("name", list(DECODE_CASES))
-def test_decode_kernel_matches_oracle(name, splits):
+def test_decode_kernel_matches_oracle(name, splits, dtype):
     """The split-KV decode kernel against the float64 oracle: one chunk, several chunks (the merge), the default;
     16-key tiles so a chunk spans several tiles and the last one is partial."""
-    inputs, key_mask = make_decode_case(**DECODE_CASES[name])
+    inputs, key_mask = make_decode_case(**DECODE_CASES[name], dtype=dtype)
     q1, q2, k1, k2, v, lam = inputs
     scale = q1.shape[-1] ** -0.5
     with torch.no_grad():
         out = tdd.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask, block_n=16, num_splits=splits)
     want = decode_reference(q1, q2, k1, k2, v, lam, scale, key_mask)
     assert out.shape == want.shape and out.dtype == q1.dtype
-    assert (out - want).abs().max().item() < F64_TOL
+    tol = kernel_tolerance(dtype, want)
+    assert (out.double() - want).abs().max().item() <= tol
+    if dtype != torch.float64:  # the comparison can fail: the same tolerance catches a dropped second map
+        dropped = decode_reference(q1, q2, k1, k2, v, torch.zeros_like(lam), scale, key_mask)
+        assert (out.double() - dropped).abs().max().item() > tol
+        return
     # the comparison can fail: a shifted lambda, or keys past a row's length made visible, are caught
     assert (out - decode_reference(q1, q2, k1, k2, v, lam + 1e-3, scale, key_mask)).abs().max().item() > 1e3 * F64_TOL
     if not key_mask.all():
@@ -448,9 +537,10 @@ def test_decode_kernel_matches_oracle(name, splits):
         assert (out - decode_reference(q1, q2, k1, k2, v, lam, scale, wider)).abs().max().item() > 1e-3
 
 
-def test_decode_kernel_skips_positions_past_the_last_visible():
+@pytest.mark.parametrize("dtype", kernel_dtypes())
+def test_decode_kernel_skips_positions_past_the_last_visible(dtype):
     """Cached positions after a row's last visible one are never read: NaN there changes nothing."""
-    (q1, q2, k1, k2, v, lam), key_mask = make_decode_case(lens=[20, 31])
+    (q1, q2, k1, k2, v, lam), key_mask = make_decode_case(lens=[20, 31], dtype=dtype)
     scale = q1.shape[-1] ** -0.5
     want = decode_reference(q1, q2, k1, k2, v, lam, scale, key_mask)
     for x in (k1, k2, v):
@@ -458,7 +548,7 @@ def test_decode_kernel_skips_positions_past_the_last_visible():
         x[1, :, 31:] = float("nan")
     with torch.no_grad():
         out = tdd.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask, block_n=16, num_splits=2)
-    assert (out - want).abs().max().item() < F64_TOL
+    assert (out.double() - want).abs().max().item() <= kernel_tolerance(dtype, want)
 
 
 @pytest.mark.parametrize("kw, exc, match", [
@@ -472,7 +562,7 @@ def test_decode_validation(kw, exc, match):
     inputs, key_mask = make_decode_case()
     args = dict(zip(("q1", "q2", "k1", "k2", "v", "lam"), inputs), key_mask=key_mask)
     opts = {k: kw.pop(k) for k in ("num_splits", "block_n") if k in kw}
-    args.update(kw)
+    args.update({k: x.to(DEVICE) for k, x in kw.items()})  # on the inputs' device: only the checked field is wrong
     with torch.no_grad(), pytest.raises(exc, match=match):
         tdd.triton_diff_decode(args["q1"], args["q2"], args["k1"], args["k2"], args["v"], args["lam"], 0.25,
                                args["key_mask"], **opts)
