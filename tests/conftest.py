@@ -30,3 +30,102 @@ def assert_cli_error(capsys):
     from suite_helpers import cli_fails
 
     return lambda argv, *expected, **kw: cli_fails(capsys, argv, *expected, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- markers
+# `make test-fast` runs `-m fast`: the core promises in under a minute on 2 CPU cores. `make test` runs everything
+# but `serial` on every core (pytest-xdist), then `-m serial` alone. The markers are given here, by file or test,
+# so the test files stay as they are; a file not listed runs in the parallel pass.
+
+# Whole files in the fast set: every attention variant and backend against the float64 reference, the rows-only
+# forward, the model's save/load round trips and config validation, the KV cache.
+FAST_FILES = {
+    "tests/model/test_attention.py",
+    "tests/model/test_logits_at_rows.py",
+    "tests/model/test_model.py",
+    "tests/model/test_config.py",
+    "tests/inference/test_kv_cache_bytes.py",
+}
+# Single tests (node ids without the parameters) in the fast set: cached decode vs the full forward, greedy
+# generation vs the full argmax, the checkpoint and format round trips.
+FAST_TESTS = {
+    "tests/inference/test_generate.py::test_cached_decode_equals_full_forward",
+    "tests/inference/test_generate.py::test_cached_decode_with_left_padded_batch",
+    "tests/inference/test_generate.py::test_greedy_generate_equals_repeated_full_argmax",
+    "tests/inference/test_generate.py::test_sampling_config_rejects_bad_values",
+}
+# One bad-input call per command (its first row in the table of test_bad_input_fuzz.py: `bench` and `eval` by
+# subcommand): exit 2, one error line, nothing changed.
+FUZZ = "tests/test_bad_input_fuzz.py::test_bad_input_is_one_line_and_changes_nothing"
+
+# Files whose tests must run alone, after the parallel pass: they start process pools, torchrun (ports), a Ray
+# cluster or Chromium, or kill processes with SIGKILL and wait for them; beside another worker they would be slow
+# or flaky (most use two processes, so running them alone costs little). Long tests that are one process in a
+# directory of their own stay in the parallel pass (test_lean_install.py's fresh venv, test_triton_aot.py's
+# compiles): there they overlap the rest.
+SERIAL_FILES = {
+    "tests/train/test_distributed.py",  # torchrun, 2 processes each run
+    "tests/train/test_multinode.py",  # two torchrun launchers meeting at a port
+    "tests/train/test_lock.py",  # a SIGKILLed lock holder
+    "tests/train/test_resume.py",  # a SIGKILLed child
+    "tests/train/test_fault_injection.py",  # a process killed at every write
+    "tests/retrieval/test_end_to_end.py",  # the benchmark on 2 worker processes
+    "tests/retrieval/test_journal_resume.py",  # kills the CLI and its workers mid-job
+    "tests/lmsweep/test_resume_and_cli.py",  # the same for the language-model sweep
+    "tests/jobs/test_runner.py",  # the local process pool
+    "tests/jobs/test_ray_cluster.py",  # a two-node Ray cluster on this machine
+    "tests/eval/test_report.py",  # headless Chromium
+}
+SERIAL_TESTS = {
+    "tests/test_fourth_variant.py::test_spawned_workers_know_it",  # a spawned process pool
+}
+
+
+def pytest_ignore_collect(collection_path, config):
+    """``-m fast`` alone does not import the test files that hold no fast test (collecting them all takes longer
+    than the fast tests run)."""
+    if config.option.markexpr != "fast" or collection_path.suffix != ".py" or not collection_path.name.startswith(
+            "test_"):
+        return None
+    rel = collection_path.relative_to(config.rootpath).as_posix()
+    fast = FAST_FILES | {t.split("::")[0] for t in (*FAST_TESTS, FUZZ)}
+    return True if rel not in fast else None
+
+
+def _fuzz_command(argv: list[str]) -> tuple[str, ...]:
+    return tuple(argv[:2]) if argv[0] in ("bench", "eval") else (argv[0],)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    seen_commands: set[tuple[str, ...]] = set()
+    for item in items:
+        path = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else str(item.path)
+        test = f"{path}::{item.originalname}"
+        if path in SERIAL_FILES or test in SERIAL_TESTS:
+            item.add_marker(pytest.mark.serial)
+        if path in FAST_FILES or test in FAST_TESTS:
+            item.add_marker(pytest.mark.fast)
+        elif test == FUZZ and hasattr(item, "callspec"):
+            command = _fuzz_command(item.callspec.params["argv"])
+            if command not in seen_commands:
+                seen_commands.add(command)
+                item.add_marker(pytest.mark.fast)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker gets its own transformers remote-code module cache: two workers loading the
+    same remote code at once would otherwise write the same files."""
+    import os
+    import tempfile
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "HF_MODULES_CACHE" not in os.environ:
+        os.environ["HF_MODULES_CACHE"] = config._hf_modules_cache = tempfile.mkdtemp(prefix=f"hf-modules-{worker}-")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    if getattr(config, "_hf_modules_cache", None):
+        shutil.rmtree(config._hf_modules_cache, ignore_errors=True)
