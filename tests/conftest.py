@@ -75,6 +75,7 @@ SERIAL_FILES = {
     "tests/jobs/test_runner.py",  # the local process pool
     "tests/jobs/test_ray_cluster.py",  # a two-node Ray cluster on this machine
     "tests/eval/test_report.py",  # headless Chromium
+    "tests/bench/test_gpu_check.py",  # steps under time limits, and a kill timed against the clock
 }
 SERIAL_TESTS = {
     "tests/test_fourth_variant.py::test_spawned_workers_know_it",  # a spawned process pool
