@@ -182,8 +182,9 @@ def triton_diff_decode(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2:
             excluded). Positions after a row's last True are not read at all.
         block_n: keys per tile (a power of two >= 16), num_warps, num_stages: default ``default_config(d, dv,
             dtype, arch)["decode"]`` for the GPU it runs on (sized to its shared memory; warps and stages are
-            ignored by the interpreter). num_splits: chunks of the cached length (default: enough for about 256
-            programs).
+            ignored by the interpreter), or on sm_80/sm_90 in float16/bfloat16 the fastest fitting candidate
+            measured on the first step of a cache length (``triton_tuning``; passing any of the three turns that
+            off). num_splits: chunks of the cached length (default: enough for about 256 programs).
         allow_tf32: float32 only: None (default) follows ``torch.backends.cuda.matmul.allow_tf32``.
 
     Returns:

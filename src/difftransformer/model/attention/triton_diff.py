@@ -54,9 +54,10 @@ Layout
     inputs accumulate in float64 (for exact oracle tests).
 
 This module imports ``triton`` at top level; set ``TRITON_INTERPRET=1`` *before* importing it to run the
-kernels on CPU tensors with Triton's interpreter (tests). Block sizes and stages (``default_config``) are chosen
-to fit each GPU's shared memory (checked by compiling for sm_80 and sm_90 in ``tests/model/test_triton_aot.py``),
-not for speed: nothing here has been timed on a GPU.
+kernels on CPU tensors with Triton's interpreter (tests). The default block sizes and stages (``default_config``)
+fit each GPU's shared memory (checked by compiling for sm_80 and sm_90 in ``tests/model/test_triton_aot.py``); on
+sm_80/sm_90 in 16 bits at d 64 and 128, unless tiles are passed, each kernel times the candidates that fit that GPU
+on the first call of a shape and keeps the fastest (``triton_tuning``; ``chosen_configs()`` says what it chose).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def _device_arch(device: torch.device) -> int:
 # too) and spill at most a few dozen bytes per thread. float32 with IEEE dots runs on CUDA cores (FMA): its operands
 # are twice as wide and whole rows of them sit in registers, so its tiles are smaller. The kernels keep two maps'
 # worth of state (two online softmaxes; dk1, dk2 and dv), so tiles are smaller than single-softmax FlashAttention's.
-# Tune on the target GPU (BENCHMARKS.md); tests/model/test_triton_aot.py checks that every entry still fits.
+# They are the safe default: the interpreter and GPUs other than sm_80/sm_90 use them, and on those two each is the
+# first candidate of the measured choice (triton_tuning.py). tests/model/test_triton_aot.py checks every entry fits.
 _CONFIGS_16BIT = {  # float16 / bfloat16: tensor cores
     "d32": {"fwd": (64, 64, 4, 2), "bwd_dkdv": (64, 16, 4, 2), "bwd_dq": (32, 64, 4, 2), "decode": (0, 64, 4, 2)},
     "d64": {"fwd": (64, 64, 8, 2), "bwd_dkdv": (64, 32, 8, 2), "bwd_dq": (32, 64, 8, 2), "decode": (0, 64, 4, 2)},
@@ -804,9 +806,11 @@ def triton_diff_attention(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, 
             key_mask[b, j]; a row that would see no key sees only itself (j == t).
         block_m, block_n: query / key tile sizes (powers of two >= 16) for ALL kernels; by default each
             kernel uses its entry of ``default_config(d, dv, dtype, arch)`` for the GPU it runs on (sized to fit
-            that GPU's shared memory; an override may not fit, and then the launch fails).
-        num_warps: warps per program for all kernels (default: per kernel, ``default_config``).
-        num_stages: software-pipelining stages for all kernels (default: per kernel, ``default_config``). Both
+            that GPU's shared memory; an override may not fit, and then the launch fails), or on sm_80/sm_90 in
+            float16/bfloat16 the fastest fitting candidate measured on the first call of the shape
+            (``triton_tuning``). Passing any of block_m, block_n, num_warps, num_stages turns that choice off.
+        num_warps: warps per program for all kernels (default: per kernel, as for the tiles).
+        num_stages: software-pipelining stages for all kernels (default: per kernel, as for the tiles). Both
             are ignored by the interpreter.
         allow_tf32: float32 inputs only: True uses TF32 tensor-core dots (faster, ~1e-3 relative error), False
             IEEE fp32; None (default) follows ``torch.backends.cuda.matmul.allow_tf32`` like PyTorch's matmuls.
