@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Pinned: a plain `torch` could pull a multi-GB CUDA build; 2.13.0 is the CPU wheel on disk.
 TORCH := torch==2.13.0
 
-.PHONY: install chromium demo test test-fast bench gpu-check gpu-check-dry gpu-test gpu-bench clean
+.PHONY: install chromium demo test bench gpu-check gpu-check-dry gpu-test gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,21 +30,11 @@ chromium:
 	    $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "warning: could not install chromium; the report rendering test will fail" >&2
 
-# Lint and type-check first (configured in pyproject.toml; both must report nothing), then the tests on every core
-# (pytest-xdist, a file per worker so that its fixtures are built once), then, alone, those marked `serial`
-# (process pools, torchrun, Ray, SIGKILL, Chromium: tests/conftest.py lists them). PYTEST_WORKERS=0: no workers.
-PYTEST_WORKERS ?= auto
+# Lint and type-check first (configured in pyproject.toml; both must report nothing), then the tests.
 test: install chromium
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" tests
-	$(PY) -m pytest -q -m serial tests
-
-# The core promises in under a minute (marker `fast`, tests/conftest.py): every attention variant and backend
-# against the float64 reference, cached decode vs the full forward, save/load round trips, config validation, one
-# bad input per command. No lint, no Chromium.
-test-fast: install
-	$(PY) -m pytest -q -m fast tests
+	$(PY) -m pytest -q tests
 
 bench: install
 	$(PY) -m difftransformer bench attention
@@ -61,10 +51,12 @@ GPU_RUN = bash -o pipefail -c
 # own time limit (env 20 s, tests 75, attention paper-3b 40, attention bench 35, decode sdpa 25, decode triton 30,
 # train bench 55, train paper-3b 110, small jobs 35) and all under a 350 s budget; a step that overruns is killed
 # and recorded, the rest still run. Writes runs/gpu/summary.md, summary.json and each step's raw output.
+# GPU_CHECK_ARGS: more flags of `gpu_check run`, e.g. "--commit abc1234" where the machine's copy has no .git.
 # `make gpu-check-dry`: the same steps on the CPU at toy size (the plumbing, not a measurement) into runs/gpu-dry/.
+GPU_CHECK_ARGS ?=
 gpu-check:
 	@$(GPU_HAS_TORCH)
-	@PYTHONPATH=src $(GPU_PY) -m difftransformer.bench.gpu_check run --out runs/gpu
+	@PYTHONPATH=src $(GPU_PY) -m difftransformer.bench.gpu_check run --out runs/gpu $(GPU_CHECK_ARGS)
 
 gpu-check-dry: install
 	PYTHONPATH=src $(PY) -m difftransformer.bench.gpu_check run --dry-run --out runs/gpu-dry

@@ -343,6 +343,7 @@ def test_the_dry_run_writes_the_summary(tmp_path):
     assert rc == 0
     s = json.loads((tmp_path / "summary.json").read_text())
     assert [x["name"] for x in s["steps"]] == ["env", "attention"] and s["commit"] == "abc"
+    assert re.fullmatch(r"[0-9a-f]{12}", s["source_digest"]) and s["source_digest"] == gpu_check.source_digest()
     assert s["env"]["cuda_available"] is False and s["results"]["attention"]["rows"]
     assert "dry (CPU, toy sizes)" in (tmp_path / "summary.md").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attention.txt", "env.txt", "summary.json", "summary.md"]

@@ -23,7 +23,7 @@ decode-sdpa             25 s    cuda-graph, batch 1/8, context 2048/8192: 18 s
 decode-triton           30 s    the same: 19 s, plus measuring the kernel's candidate tiles
 train                   55 s    bench shape 8 x 1024, 5 cases each in a fresh process: 49 s
 train-3b                110 s   paper-3b, 4 layers, seq 4096: 104 s (each case builds a 1.07B model on the CPU)
-small-jobs              35 s    one job at a time per variant, then 8 and 16 processes: 200 steps each
+small-jobs              35 s    one job at a time per variant, then 8 and 16 processes: 100 steps each
 ======================  ======  ==============================================================================
 
 The limits add up to 425 s; the budget (``--budget``, 350 s) caps the run and the steps are ordered so that the
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -91,8 +92,8 @@ def gpu_plan() -> list[Step]:
         Step("train", "train", _bench("train", *train, "--batch", "8"), 55),
         Step("train-3b", "train", _bench("train", *train, "--shape", "paper-3b", "--layers", "4", "--seq-len", "4096"),
              110),
-        Step("small-jobs", "small-jobs", ("difftransformer.bench.small_jobs", "--device", "cuda", "--processes", "8",
-                                          "16"), 35),
+        Step("small-jobs", "small-jobs", ("difftransformer.bench.small_jobs", "--device", "cuda", "--steps", "100",
+                                          "--processes", "8", "16"), 35),
     ]
 
 
@@ -192,6 +193,15 @@ def run_steps(steps: Sequence[Step], out_dir: Path, budget_s: float, python: str
     return results
 
 
+def source_digest() -> str:
+    """The first 12 hex digits of a SHA-256 over the package's Python files (path and content, sorted): names the
+    code that ran where the GPU machine's copy of the checkout has no ``.git`` (compute it beside a commit to match)."""
+    h = hashlib.sha256()
+    for path in sorted((SRC / "difftransformer").rglob("*.py")):
+        h.update(path.relative_to(SRC).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def commit() -> str:
     """The checkout's commit (short hash, "+dirty" with uncommitted changes), or "unknown" without git."""
     def git(*a: str) -> str:
@@ -225,7 +235,8 @@ def check(args: argparse.Namespace, python: str = sys.executable) -> int:
         return 2
     steps = [s for s in plan[1:] if not args.steps or s.name in args.steps]
     results = [probe, *run_steps(steps, out, args.budget - (time.monotonic() - t0), python)]
-    meta = {"commit": args.commit or commit(), "date": datetime.date.today().isoformat(),
+    meta = {"commit": args.commit or commit(), "source_digest": source_digest(),
+            "date": datetime.date.today().isoformat(),
             "mode": "dry (CPU, toy sizes)" if args.dry_run else "gpu", "budget_s": args.budget,
             "wall_s": time.monotonic() - t0}
     summary = gpu_summary.summarize(results, meta)

@@ -316,6 +316,7 @@ def render_md(s: dict[str, Any]) -> str:
     env = s.get("env", {})
     card = env.get("device", "no GPU")
     out = [f"# GPU check: {card}, commit {s.get('commit', 'unknown')}", "",
+           f"Source digest {s.get('source_digest', '?')} (`gpu_check.source_digest()` of the code that ran).", "",
            f"{s.get('mode', 'gpu')} run on {s.get('date', '?')}: torch {env.get('torch', '?')}, Triton "
            f"{env.get('triton', '?')}, CUDA {env.get('cuda', '?')}, capability {env.get('capability', '?')}, "
            f"{env.get('cpus', '?')} CPUs; {s.get('wall_s', 0):.0f} s of a {s.get('budget_s', 0):.0f} s budget. "
@@ -338,7 +339,7 @@ def render_md(s: dict[str, Any]) -> str:
                 + ", ".join(f"{lab} {x[lab]:.3f}x" for lab in r["labels"] if lab in x) for x in r["rows"])]
     for name, r in s["results"].items():
         if r["kind"] == "small-jobs":
-            out += ["", f"## Retrieval jobs per minute on one GPU (`{name}`)", "",
+            out += ["", f"## Retrieval jobs per minute sharing one device (`{name}`)", "",
                     "| processes | variant | job s | ms/step | jobs/min | vs one at a time |",
                     "| --- | --- | --- | --- | --- | --- |"]
             out += [f"| {x['processes']} | {x['variant']} | {x['job_s']:.2f} | {x['ms_per_step']:.2f} | "
