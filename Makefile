@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Pinned: a plain `torch` could pull a multi-GB CUDA build; 2.13.0 is the CPU wheel on disk.
 TORCH := torch==2.13.0
 
-.PHONY: install chromium demo test bench gpu-check gpu-check-dry gpu-test gpu-bench clean
+.PHONY: install chromium demo test test-fast bench gpu-check gpu-check-dry gpu-test gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,21 @@ chromium:
 	    $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "warning: could not install chromium; the report rendering test will fail" >&2
 
-# Lint and type-check first (configured in pyproject.toml; both must report nothing), then the tests.
+# Lint and type-check first (configured in pyproject.toml; both must report nothing), then the tests on every core
+# (pytest-xdist, a file per worker so that its fixtures are built once), then, alone, those marked `serial`
+# (process pools, torchrun, Ray, SIGKILL, Chromium: tests/conftest.py lists them). PYTEST_WORKERS=0: no workers.
+PYTEST_WORKERS ?= auto
 test: install chromium
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" tests
+	$(PY) -m pytest -q -m serial tests
+
+# The core promises in under a minute (marker `fast`, tests/conftest.py): every attention variant and backend
+# against the float64 reference, cached decode vs the full forward, save/load round trips, config validation, one
+# bad input per command. No lint, no Chromium.
+test-fast: install
+	$(PY) -m pytest -q -m fast tests
 
 bench: install
 	$(PY) -m difftransformer bench attention
