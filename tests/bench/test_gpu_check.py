@@ -193,6 +193,9 @@ def test_goals_read_against_item_3():
     assert goals[("training at paper-3b >= 0.93x", "V1 sdpa")]["worst"] == 0.901
     assert goals[("decode >= 0.95x", "V2 triton")]["worst"] == 0.845
     assert not any(g["met"] for g in goals.values() if g["goal"].startswith("decode"))
+    slower = goals[("fused kernel no slower than SDPA (speed triton / sdpa >= 1)", "V2 triton")]
+    assert (slower["worst"], slower["where"], slower["met"]) == (pytest.approx(1.77 / 7.45), "attention-3b N=16384",
+                                                                 False)
 
 
 # ---------------------------------------------------------------------------------------------- the proposals rule
@@ -363,3 +366,10 @@ def test_without_cuda_the_check_stops_with_one_line(tmp_path):
                        capture_output=True, text=True, env=gpu_check.child_env(), timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     assert re.fullmatch(r"gpu-check needs a CUDA device: torch \S+: torch.cuda.is_available\(\) is False\n", p.stderr)
+
+
+def test_a_small_job_process_that_fails_stops_its_group_with_the_reason():
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"2 processes: not all reached the start .*nope"):
+        small_jobs.processes_row("nope", 2, steps=1, warmup=0, device="cpu", timeout=60)
+    assert time.monotonic() - t0 < 60  # the barrier broke at once, not at its timeout

@@ -114,9 +114,9 @@ def dry_plan() -> list[Step]:
                                            "--seq-lens", "32"), 30),
         Step("attention", "attention", (MODULE, "attention-time", *attention, "--seq-lens", "16", "32"), 30),
         Step("decode-sdpa", "decode", _bench("decode", *decode), 30),
-        Step("train", "train", _bench("train", *train), 90),
+        Step("train", "train", _bench("train", *train), 150),  # 5 fresh processes: 50-60 s on 2 loaded cores
         Step("small-jobs", "small-jobs", ("difftransformer.bench.small_jobs", "--device", "cpu", "--steps", "2",
-                                          "--warmup", "1", "--processes", "2"), 90),
+                                          "--warmup", "1", "--processes", "2"), 120),
     ]
 
 

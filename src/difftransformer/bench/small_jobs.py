@@ -106,10 +106,13 @@ def processes_row(variant: str, n: int, steps: int, warmup: int, device: str, ti
     try:
         start.wait(timeout=timeout)  # every process built and warmed up
     except threading.BrokenBarrierError:
+        try:  # a process that failed before the start said why
+            why = ": " + str(results.get(timeout=5)[1])
+        except queue_module.Empty:
+            why = " (one failed or hung)"
         for p in procs:
             p.kill()
-        raise RuntimeError(f"{n} processes: not all reached the start within {timeout:g} s (one failed or "
-                           "hung)") from None
+        raise RuntimeError(f"{n} processes: not all reached the start within {timeout:g} s{why}") from None
     seconds: list[float] = []
     deadline = time.monotonic() + timeout
     try:
