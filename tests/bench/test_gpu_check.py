@@ -147,7 +147,9 @@ def test_readers_take_the_h200_tables():
 def test_readers_keep_what_a_stopped_command_printed():
     cut = H200["attention"].splitlines()[:5]  # the header and N=2048 only, as when the limit hits at N=4096
     assert sorted(gpu_summary.read_attention("\n".join(cut))["rows"]) == [2048]
-    assert gpu_summary.read_pytest("....F..\n")["finished"] is False
+    stopped = gpu_summary.read_pytest("$ python3 -m pytest -q\n" + "." * 70 + "F" + "." * 9 + " [ 40%]\n..sE\n")
+    assert stopped == {"counts": {"passed": 81, "failed": 1, "skipped": 1, "errors": 1}, "failed": [],
+                       "finished": False}
     assert gpu_summary.read_train("# training step (fwd...)\n")["rows"] == {}
     assert gpu_summary.read_decode("")["rows"] == []
     assert gpu_summary.read_env("Traceback ...\n") == {}

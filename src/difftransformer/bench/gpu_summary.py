@@ -48,7 +48,13 @@ def read_pytest(text: str) -> dict[str, Any]:
             for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)", line):
                 counts["errors" if what.startswith("error") else what] = int(n)
     failed = [m.group(2) for m in re.finditer(r"^(FAILED|ERROR) (\S+)", text, re.M)]
-    return {"counts": counts, "failed": failed, "finished": bool(counts)}
+    if not counts:  # stopped before its last line: count the progress characters -q printed ("..F.s  [ 40%]")
+        marks = "".join(m.group(1) for m in re.finditer(r"^([.FEsxX]+)\s*(?:\[\s*\d+%\])?$", text, re.M))
+        names = {".": "passed", "F": "failed", "E": "errors", "s": "skipped", "x": "xfailed", "X": "xpassed"}
+        for ch in marks:
+            counts[names[ch]] = counts.get(names[ch], 0) + 1
+        return {"counts": counts, "failed": failed, "finished": False}
+    return {"counts": counts, "failed": failed, "finished": True}
 
 
 def _shape(header: str) -> dict[str, Any]:
@@ -331,7 +337,8 @@ def render_md(s: dict[str, Any]) -> str:
         if r["kind"] == "tests":
             c = r["counts"]
             out += ["", f"## Tests (`{name}`)", "",
-                    ", ".join(f"{v} {k}" for k, v in c.items()) if c else "no pytest summary line (stopped?)"]
+                    (", ".join(f"{v} {k}" for k, v in c.items()) or "none ran")
+                    + ("" if r["finished"] else " (stopped before pytest's summary line: the cases it got to)")]
             out += [f"- FAILED {f}" for f in r["failed"]]
     out += ["", "## Ratios", "", *ratio_table(s)]
     for name, r in s["results"].items():
