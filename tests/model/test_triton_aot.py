@@ -7,12 +7,23 @@ merge; the forward is also what a prefill launches) with the tiles they choose f
 stack frame (where ptxas puts spilled registers) of each. A launch over its GPU's per-block shared memory would fail
 with OutOfResources at its first call; this test catches that without the GPU. The bf16 launches are also compiled
 for sm_86 against a consumer GPU's 99 KB. It runs in a subprocess: the kernels must be compiled, not interpreted.
+
+The autotune candidates (``triton_tuning.CANDIDATES_16BIT``): ``python tests/model/triton_launches.py --candidates
+--write`` compiles every one of them for sm_80 and sm_90 (240 compilations: 883 s on 2 cores at load 11, so not
+here) into the committed table ``triton_fits.py``; this file checks that the table lists exactly the candidates the
+script would compile now and recompiles a sample of 8 of them (one per arch and kernel) against the table's rows
+(40 s; the representative set above 278 s and the lowest Triton's check 65 s, at the same load, 2026-11-26).
+
+The lowest Triton the kernels support (``TRITON_MIN``, what ``[triton]`` in pyproject.toml says) compiles the
+default launches too when it is installed beside the repository (``make triton-min``: pip installs it into
+build/triton-MIN without dependencies; it needs no torch of its own); without it that test skips and says how.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,21 +32,41 @@ import pytest
 
 pytest.importorskip("triton")
 
+from difftransformer.model.attention import triton_tuning as tuning  # noqa: E402
+from difftransformer.model.attention.triton_fits import FITS, TRITON_VERSION  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+TRITON_MIN = "3.6.0"  # the oldest Triton the kernels are checked with (it ran them on an H200 on 2026-11-26)
+MIN_DIR = Path(os.environ.get("DIFFTRANSFORMER_TRITON_MIN_DIR", ROOT / "build" / f"triton-{TRITON_MIN}"))
 # Bytes of stack frame per thread (spill slots) a launch may use: the choices in default_config spill at most a few
-# dozen bytes; before them fp32 spilled up to 11 KB per thread and the merge kernel 5 KB.
+# dozen bytes; before them fp32 spilled up to 11 KB per thread and the merge kernel 5 KB. The same bound prunes the
+# autotune candidates (triton_tuning.MAX_SPILL_BYTES).
 MAX_SPILL_BYTES = 128
+assert MAX_SPILL_BYTES == tuning.MAX_SPILL_BYTES
 LIMITS = {80: 166_912, 90: 232_448, 86: 101_376}  # bytes per block: A100, H100, RTX 30xx
 KERNELS = {"fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "decode", "merge"}
 
 
-@pytest.fixture(scope="module")
-def compiled() -> dict:
+def launches(*flags: str, pythonpath: str = "") -> dict:
+    """The JSON that ``triton_launches.py FLAGS`` prints, run in a subprocess (compiled, not interpreted)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, str(HERE / "triton_launches.py"), "--json"], cwd=HERE.parents[1],
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    res = subprocess.run([sys.executable, str(HERE / "triton_launches.py"), *flags], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    return launches("--json")
+
+
+@pytest.fixture(scope="module")
+def table_check() -> dict:
+    return launches("--check-table")
 
 
 def test_every_launch_fits_shared_memory_and_barely_spills(compiled):
@@ -66,3 +97,53 @@ def test_the_compiled_set_is_representative(compiled):
     stages = {(r["arch"], r["config"]["num_stages"]) for r in compiled["rows"] if r["kernel"] == "decode"
               and r["case"].split("/")[1] == "bf16"}
     assert stages == {(80, 3), (90, 3), (86, 2)}
+
+
+def test_the_fit_table_is_the_scripts_output(table_check):
+    """triton_fits.py lists exactly the candidates the script compiles now (same keys, configs and order), and a
+    recompiled sample gives its rows: the same resources under the Triton that wrote it, the same verdict under
+    another (a newer ptxas may move a few bytes)."""
+    committed = [[key, list(r["config"])] for key, rows in FITS.items() for r in rows]
+    assert committed == table_check["candidates"], ("triton_fits.py is stale: rerun `python "
+                                                    "tests/model/triton_launches.py --candidates --write`")
+    assert len(table_check["sample"]) == 8
+    for key, row in table_check["sample"]:
+        want = next(r for r in FITS[key] if list(r["config"]) == row["config"])
+        assert row["fits"] == want["fits"], (key, row, want)
+        if table_check["triton"] == TRITON_VERSION:
+            assert (row["shared"], row["regs"], row["stack"]) == (want["shared"], want["regs"], want["stack"])
+
+
+def test_every_tuned_launch_keeps_a_fitting_default_and_a_choice():
+    """The default (first row of each key) fits wherever the tuner runs; on sm_90 most kernels have a larger
+    candidate that fits too (else the tables would tune nothing there)."""
+    assert {key.split("/")[0] for key in FITS} == {"sm_80", "sm_90"}
+    for key, rows in FITS.items():
+        assert rows[0]["fits"], f"{key}: the default config {rows[0]['config']} does not fit"
+        assert all(r["shared"] <= LIMITS[int(key[3:5])] for r in rows if r["fits"])
+    tunable = [key for key, rows in FITS.items() if key.startswith("sm_90") and sum(r["fits"] for r in rows) > 1]
+    assert len(tunable) >= len([k for k in FITS if k.startswith("sm_90")]) // 2, tunable
+
+
+def test_pyproject_triton_extra_names_the_supported_versions():
+    text = (ROOT / "pyproject.toml").read_text()
+    extra = re.search(r'^triton = \["triton([^"]*)"\]', text, re.M)
+    major_minor = ".".join(TRITON_MIN.split(".")[:2])
+    assert extra and extra.group(1).startswith(f">={major_minor}"), extra
+
+
+def test_the_lowest_supported_triton_compiles_the_default_launches():
+    """Triton TRITON_MIN (the GPU machine's, with torch 2.11) compiles the default launches of V1 at d 128 and V2 at
+    d 64 for sm_80 and sm_90 in bf16 and fp32: every one within its GPU's shared memory (else it could not launch),
+    and the bf16 ones within the spill bound. Its ptxas spills more in one float32 launch, V1's forward at d 128 on
+    sm_80 (480 B per thread under 3.6.0, within the bound under 3.9.0; 2026-11-26): slower, not failing. It uses the
+    repository's torch: Triton itself needs none."""
+    if not (MIN_DIR / "triton").is_dir():
+        pytest.skip(f"Triton {TRITON_MIN} is not installed at {MIN_DIR}: `make triton-min` "
+                    f"(pip install --no-deps --target {MIN_DIR} triton=={TRITON_MIN})")
+    got = launches("--json", "--quick", pythonpath=str(MIN_DIR))
+    assert got["triton"] == TRITON_MIN
+    assert {(r["arch"], r["kernel"]) for r in got["rows"]} >= {(a, k) for a in (80, 90) for k in KERNELS}
+    over = [r for r in got["rows"] if r["shared"] > LIMITS[r["arch"]]]
+    spills = [r for r in got["rows"] if r["case"].split("/")[1] == "bf16" and r["stack"] > MAX_SPILL_BYTES]
+    assert not over and not spills, [(r["arch"], r["case"], r["kernel"], r["shared"], r["stack"]) for r in over + spills]

@@ -54,6 +54,7 @@ DEFAULT_ARCHS = (80, 90)
 # maps) at the wider one (its d 64 launches lie between V1's and V2's). About two minutes on two cores.
 REPRESENTATIVE = (("v1", 64), ("v1", 128), ("v1_per_head", 128), ("v2", 64), ("v2", 128))
 CONSUMER_ARCH = 86
+QUICK = (("v1", 128), ("v2", 64))  # --quick: the widest launch and the most common one
 KERNELS = {  # module attribute -> short name
     (td, "_diff_fwd_kernel"): "fwd",
     (td, "_diff_bwd_preprocess_kernel"): "bwd_pre",
@@ -185,11 +186,12 @@ def _job(launch: Launch) -> tuple:
     return (launch.kernel, launch.case, launch.arch, launch.config()), launch.where, launch.packed()
 
 
-def representative(archs=DEFAULT_ARCHS, consumer: bool = True, full: bool = False) -> list[tuple]:
+def representative(archs=DEFAULT_ARCHS, consumer: bool = True, full: bool = False, pairs=None) -> list[tuple]:
     """The set `make test` compiles: ``REPRESENTATIVE`` in bf16 and fp32, every kernel, for each arch; for the
     consumer arch, the largest bf16 cases. ``full``: every variant at d 64 and 128, and every bf16 one on the
     consumer arch."""
-    pairs = [(v, d) for v in VARIANTS for d in (64, 128)] if full else list(REPRESENTATIVE)
+    if pairs is None:
+        pairs = [(v, d) for v in VARIANTS for d in (64, 128)] if full else list(REPRESENTATIVE)
     launches = []
     for arch in archs:
         for variant, d in pairs:
@@ -240,6 +242,23 @@ def fit_rows(jobs: list[tuple], workers: int) -> dict[str, list[dict]]:
     return table
 
 
+def sample_jobs(jobs: list[tuple]) -> list[tuple]:
+    """A sample of ``candidate_jobs`` that ``make test`` recompiles: per arch and kernel one candidate of one case,
+    rotating through the cases and the candidate positions, so that each case and each position is drawn."""
+    by_group: dict[tuple, list[tuple]] = {}
+    for job in jobs:
+        key = job[0][0]  # "sm_90/v1/d128/fwd"
+        arch, variant, d, kernel = key.split("/")
+        by_group.setdefault((arch, kernel), []).append(job)
+    sample = []
+    for i, (_, group) in enumerate(sorted(by_group.items())):
+        keys = list(dict.fromkeys(job[0][0] for job in group))
+        key = keys[i % len(keys)]
+        rows = [job for job in group if job[0][0] == key]
+        sample.append(rows[(i * 2 + 1) % len(rows)])
+    return sample
+
+
 def fits_module(table: dict[str, list[dict]]) -> str:
     """The source of ``triton_fits.py`` for ``table``."""
     lines = [
@@ -281,8 +300,21 @@ def main(argv=None) -> int:
     p.add_argument("--candidates", action="store_true", help="compile every autotune candidate (bf16, sm_80 and "
                    "sm_90) and print the fit table (triton_fits.py's source)")
     p.add_argument("--write", action="store_true", help=f"with --candidates: write it to {FITS_PATH}")
+    p.add_argument("--check-table", action="store_true", help="print as JSON the candidate set (every fit key and "
+                   "config) and the fit rows of a recompiled sample of it (what test_triton_aot.py compares with "
+                   "triton_fits.py)")
+    p.add_argument("--quick", action="store_true", help="the default launches of V1 at d 128 and V2 at d 64 only "
+                   "(sm_80 and sm_90, bf16 and fp32; the lowest supported Triton's check)")
     a = p.parse_args(argv)
     t0 = time.time()
+    if a.check_table:
+        jobs = candidate_jobs(tuple(a.arch))
+        sample = sample_jobs(jobs)
+        table = fit_rows(sample, a.jobs)
+        print(json.dumps({"triton": triton.__version__, "candidates": [[k, list(c)] for (k, c), _ in jobs],
+                          "sample": [[k, r] for k, rows in table.items() for r in rows],
+                          "seconds": round(time.time() - t0, 1)}))
+        return 0
     if a.candidates:
         text = fits_module(fit_rows(candidate_jobs(tuple(a.arch)), a.jobs))
         if a.write:
@@ -293,14 +325,15 @@ def main(argv=None) -> int:
         print(f"# candidates compiled in {time.time() - t0:.1f} s", file=sys.stderr)
         return 0
     torch.backends.cuda.matmul.allow_tf32 = a.tf32  # the wrappers' fp32 dot precision follows it
-    jobs = representative(tuple(a.arch), consumer=not a.no_consumer, full=a.full)
+    jobs = representative(tuple(a.arch), consumer=not a.no_consumer and not a.quick, full=a.full,
+                          pairs=QUICK if a.quick else None)
     with ProcessPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(compile_launch, jobs))
     total = time.time() - t0
     for r in rows:
         r["limit"] = smem_limit(r["arch"])
     if a.json:
-        print(json.dumps({"rows": rows, "seconds": round(total, 1)}))
+        print(json.dumps({"rows": rows, "seconds": round(total, 1), "triton": triton.__version__}))
         return 0
     print(f"{'arch':>4} {'case':<20} {'kernel':<9} {'shared':>8} {'limit':>8} {'regs':>4} {'stack':>5}  config")
     for r in rows:
