@@ -19,6 +19,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The lowest Triton the fused kernels support (pyproject.toml's [triton]) for tests/model/test_triton_aot.py to
+# compile with: installed under build/ without dependencies (it needs no torch of its own). Not part of `make install`.
+triton-min: install
+	$(PIP) install -q --no-deps --target build/triton-3.6.0 triton==3.6.0
+
 demo: install
 	$(PY) -m difftransformer demo $(if $(QUICK),--quick,)
 
