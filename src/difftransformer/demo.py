@@ -81,7 +81,7 @@ def _parameters(model_cfg) -> int:
 
 
 def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Optional[int] = None,
-                   preset: str = "demo", init_from: Optional[Path] = None) -> list[Path]:
+                   preset: str = "demo", init_from: Optional[Path] = None, device: Optional[str] = None) -> list[Path]:
     """Train (or reuse / resume) every variant x seed into ``out``; returns the run directories.
 
     With ``init_from`` every variant continues that (baseline) model: DIFF V1 and V2 start from its conversions.
@@ -99,6 +99,8 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
             overrides: dict[str, dict] = {"model": {"attention": kind},
                                           "data": {"prepared_dir": str(out / "data")},
                                           "train": {"seed": seed}}
+            if device is not None:  # else the preset's train.device
+                overrides["train"]["device"] = device
             if quick:
                 overrides["data"]["max_chars"] = QUICK_CHARS
                 overrides["train"].update(steps=QUICK_STEPS, eval_every=QUICK_STEPS)
@@ -156,9 +158,9 @@ def print_table(rows: list[tuple[str, int, float, float]]) -> None:
           "here)\n")
 
 
-def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: bool) -> Path:
+def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: bool, device: str = "cpu") -> Path:
     """Run (or reuse, or resume) the token-level retrieval benchmark into ``out/retrieval``; returns that directory.
-    A complete run is reused; an interrupted one resumes from its job journal (``retrieval/scheduler.py``)."""
+    A complete run on the same device is reused; an interrupted one resumes from its job journal (``difftransformer.jobs``)."""
     import dataclasses
 
     from .fileio import read_json
@@ -173,7 +175,8 @@ def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: 
     done = bench_dir / "results.json"
     if done.is_file():
         old = read_json(done)
-        if old.get("config") == cfg.to_dict() and bool(old.get("quick")) == quick:
+        if (old.get("config") == cfg.to_dict() and bool(old.get("quick")) == quick
+                and old.get("timings", {}).get("device", "cpu") == device):
             print(f"retrieval benchmark: complete in {bench_dir}, reused (delete it to rerun)")
             print(format_table(old))
             return bench_dir
@@ -183,7 +186,9 @@ def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: 
     print(f"retrieval benchmark: {len(cfg.variants)} variants x {len(cfg.lr_grid)} learning rates x {cfg.seeds} test "
           f"seeds, each variant's lr chosen on the validation split{' (quick: a smoke run)' if quick else ''}; "
           f"finished jobs are kept in {bench_dir / JOURNAL} (an interrupted demo resumes there)")
-    results = run_benchmark(cfg, bench_dir, workers=2, progress=progress, quick=quick)
+    from .jobs import RunOptions
+    results = run_benchmark(cfg, bench_dir, quick=quick, options=RunOptions(workers=2, progress=progress,
+                                                                            device=device))
     print(format_table(results))
     return bench_dir
 
@@ -253,14 +258,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--retrieval-seeds does not apply with --init-from (the retrieval benchmark is skipped)")
     if args.init_from and args.init_from != "smollm2" and not Path(args.init_from).is_dir():
         pretrained_source(args.init_from, out)  # one error line, before anything is written
+    if args.device is not None:
+        from .jobs.codepath import check_device
+        check_device(args.device)  # "cuda" without a GPU: one error line, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     source = pretrained_source(args.init_from, out) if args.init_from else None
     bench_dir = None if (args.no_retrieval or source) else retrieval_benchmark(out, args.quick, args.retrieval_seeds,
-                                                                               not args.no_progress)
+                                                                               not args.no_progress,
+                                                                               args.device or "cpu")
     t1 = time.perf_counter()
     runs = train_variants(out, args.seeds, args.quick, not args.no_progress, args.steps, config,
-                          init_from=source.resolve() if source else None)
+                          init_from=source.resolve() if source else None, device=args.device)
     t2 = time.perf_counter()
     first = "source" if source else "retrieval benchmark"
     print(f"time: {first} {(t1 - t0) / 60:.1f} min, language models {(t2 - t1) / 60:.1f} min")
@@ -311,5 +320,9 @@ def register(sub) -> None:
     p.add_argument("--lm-sweep", default=None, metavar="DIR",
                    help="the output of `difftransformer lm-sweep` (run beforehand: about 100 minutes) to show on the "
                         "page after the retrieval benchmark; the demo does not run the sweep")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="where the retrieval benchmark's jobs and the language models train; by default the "
+                        "benchmark on the CPU (the README's numbers) and the models on the preset's train.device "
+                        "(auto); GPU results differ from CPU ones and are journaled apart")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)

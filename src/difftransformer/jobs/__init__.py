@@ -4,8 +4,8 @@ declares its jobs as a ``JobSpec`` and calls ``run_jobs``; nothing here imports 
 
 from .codepath import CODE_PATHS, DEVICES, check_code_path, code_path_env, device_key, in_code_path, one_thread
 from .journal import Journal, job_key, parse, read_journal
-from .runner import EXECUTORS, JobSpec, RunOptions, run_jobs
+from .runner import EXECUTORS, JobSpec, RunOptions, open_executor, run_jobs
 
 __all__ = ["CODE_PATHS", "DEVICES", "EXECUTORS", "JobSpec", "Journal", "RunOptions", "check_code_path",
-           "code_path_env", "device_key", "in_code_path", "job_key", "one_thread", "parse",
+           "code_path_env", "device_key", "in_code_path", "job_key", "one_thread", "open_executor", "parse",
            "read_journal", "run_jobs"]

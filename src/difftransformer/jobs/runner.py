@@ -91,28 +91,33 @@ class RunOptions:
         return d
 
 
-def _executor(spec: JobSpec, options: RunOptions):
+def open_executor(code_path: str, options: RunOptions):
+    """The executor ``options`` name, ready: a refusal (no Ray, no answer, too few resources, no CUDA) comes here,
+    before any job. ``run_jobs`` opens one itself; a study that has work to do before its jobs (the language-model
+    sweep prepares its tokens) opens it first and passes it (then closes it: ``.close()``)."""
     from ..model import variants as registry
     if options.executor == "ray":
         from .ray_executor import RayExecutor
         return RayExecutor(options.ray_address, options.cpus_per_job, options.gpus_per_job, options.device,
-                           spec.code_path, registry.variants())
+                           code_path, registry.variants())
     from .local import Inline, LocalPool
     check_device(options.device)  # the driver sees the local workers' GPUs: refuse before any job starts
-    if options.workers == 1 and in_code_path(spec.code_path):
+    if options.workers == 1 and in_code_path(code_path):
         return Inline(device=options.device)
-    return LocalPool(options.workers, process_env(spec.code_path), registry.variants(), options.device)
+    return LocalPool(options.workers, process_env(code_path), registry.variants(), options.device)
 
 
-def run_jobs(spec: JobSpec[J], journal: Journal, options: Optional[RunOptions] = None) -> tuple[dict[J, dict], int]:
-    """Run every job ``spec.needed`` declares that the journal does not hold, until the list is final and done.
-    Returns ({job: result}, the number of jobs run now, not read back)."""
+def run_jobs(spec: JobSpec[J], journal: Journal, options: Optional[RunOptions] = None,
+             executor: Any = None) -> tuple[dict[J, dict], int]:
+    """Run every job ``spec.needed`` declares that the journal does not hold, until the list is final and done,
+    on ``executor`` (default: one opened, and closed, here). Returns ({job: result}, the number of jobs run now, not
+    read back)."""
     from tqdm import tqdm
     options = options or RunOptions()
     done: dict[J, dict] = {}
     pending: dict[Future, J] = {}
     ran = 0
-    ex = _executor(spec, options)  # a refusal (no Ray, no answer, too few resources) comes before any job
+    ex = executor or open_executor(spec.code_path, options)
     bar = tqdm(total=0, desc=spec.desc, disable=not options.progress)
     try:
         while True:
@@ -149,5 +154,6 @@ def run_jobs(spec: JobSpec[J], journal: Journal, options: Optional[RunOptions] =
                 bar.update(1)
     finally:
         bar.close()
-        ex.close()
+        if executor is None:
+            ex.close()
     return done, ran

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, run_jobs
+from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
 from ..model import variants as registry
 from .analysis import Job, assemble, needed_jobs
 from .config import LMSweepConfig
@@ -46,11 +46,19 @@ def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, prog
                  options: Optional[RunOptions] = None) -> dict[str, Any]:
     """Run (or resume) every job of the protocol, decide, and write OUT/sweep.json and the plots. ``options``: how
     the jobs run (default: ``workers`` local processes, ``progress``)."""
+    options = options or RunOptions(workers=workers, progress=progress)
+    ex = open_executor(cfg.cpu_code_path, options)  # a refusal (no GPU, no cluster) before the tokens are prepared
+    try:
+        return _run(cfg, Path(out_dir), options, ex)
+    finally:
+        ex.close()
+
+
+def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any) -> dict[str, Any]:
+    """``run_lm_sweep`` on the opened executor ``ex``."""
     from ..fileio import atomic_write
     from .job import run_job
-    options = options or RunOptions(workers=workers, progress=progress)
     dev = options.device
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     data, fp, vocab = prepare(cfg, out, options.progress)
@@ -64,7 +72,7 @@ def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, prog
                                  args=lambda j: (cfg_d, data_dir, *j, dev),
                                  key=lambda j: job_key(job_description(cfg, fp, j, dev)), code_path=cfg.cpu_code_path,
                                  desc="language-model sweep (jobs)")
-    done, ran = run_jobs(spec, journal, options)
+    done, ran = run_jobs(spec, journal, options, ex)
     res: dict[str, Any] = {"benchmark": "lm_sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
                            "tokens_per_run": cfg.steps * cfg.batch * cfg.seq_len, **assemble(cfg, done, cap)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, "workers": options.workers, **options.describe(),

@@ -79,13 +79,15 @@ def make_batch(layout: Layout, n_contexts: int, pairs, context: int, queries: in
     seq = np.concatenate([np.full((B, 1), layout.bos), ctx, qa], axis=1)  # (B, 1 + C + 2Q)
     ctx_end = 1 + C
     query_pos = ctx_end + 2 * np.arange(Q)[None, :].repeat(B, 0)  # (B, Q)
-    tokens = torch.from_numpy(seq[:, :-1].astype(np.int64))
-    answers = torch.from_numpy(layout.value(q_vals).astype(np.int64))
+    # as_tensor, not from_numpy: on the CPU the same tensors (no copy); under a job's default device (--device
+    # cuda, retrieval/benchmark.py) they are made on the GPU
+    tokens = torch.as_tensor(seq[:, :-1].astype(np.int64))
+    answers = torch.as_tensor(layout.value(q_vals).astype(np.int64))
     targets = torch.full_like(tokens, -100)
-    targets.scatter_(1, torch.from_numpy(query_pos), answers)
-    return Batch(tokens=tokens, targets=targets, query_pos=torch.from_numpy(query_pos),
-                 answer_pos=torch.from_numpy(np.take_along_axis(where, asked, axis=1)), answers=answers,
-                 pairs=torch.from_numpy(P), context_end=ctx_end)
+    targets.scatter_(1, torch.as_tensor(query_pos), answers)
+    return Batch(tokens=tokens, targets=targets, query_pos=torch.as_tensor(query_pos),
+                 answer_pos=torch.as_tensor(np.take_along_axis(where, asked, axis=1)), answers=answers,
+                 pairs=torch.as_tensor(P), context_end=ctx_end)
 
 
 def condition_batch(cfg: RetrievalConfig, cond: Condition, n_contexts: int, rng: np.random.Generator) -> Batch:

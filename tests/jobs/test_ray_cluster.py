@@ -1,0 +1,168 @@
+"""The Ray executor on a real two-node cluster on this machine (``ray.cluster_utils.Cluster``, the way Ray tests
+itself; one cluster for the module, dashboards off): the results equal the local executor's bitwise, a node removed
+mid-run still ends equal, a driver killed with SIGKILL and rerun runs only the unfinished jobs, and the refusals are
+one error line before any job starts."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from difftransformer.cli import main  # noqa: E402
+from difftransformer.jobs import RunOptions  # noqa: E402
+from difftransformer.retrieval.benchmark import run_benchmark  # noqa: E402
+from difftransformer.retrieval.config import Condition, RetrievalConfig  # noqa: E402
+from difftransformer.retrieval.scheduler import JOURNAL  # noqa: E402
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def tiny(**kw) -> RetrievalConfig:
+    d = dict(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=2, seed_base=10, eval_contexts=4,
+             val_contexts=4, train_pairs=(2, 3), train_context=(4, 8), queries=2, cpu_code_path="machine",
+             lr_grid=(2e-3, 4e-3), lr_widen=0, variants=("baseline", "diff_v2"), quant_bits=(4,),
+             conditions=(Condition("p3c8", 3, 8), Condition("p3c12", 3, 12)), primary="p3c8", extrapolation="p3c12")
+    return RetrievalConfig(**{**d, **kw})
+
+
+def _comparable(results: dict) -> dict:
+    """results.json without what measures the run rather than the models: times, load, where the jobs ran."""
+    r = json.loads(json.dumps(results))
+    r.pop("timings")
+    for x in r["variants"].values():
+        for key in ("runs", "matched_runs", "grid_runs"):
+            for run in x[key]:
+                for k in [k for k in run if k.endswith("_s")]:
+                    run.pop(k)
+    return r
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and a worker node of one CPU each: two job slots, on two raylets."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    yield c
+    if ray.is_initialized():
+        ray.shutdown()
+    c.shutdown()
+
+
+def ray_options(cluster, **kw) -> RunOptions:
+    return RunOptions(executor="ray", ray_address=cluster.address, progress=False, **kw)
+
+
+def test_results_equal_the_local_executors_bitwise(cluster, tmp_path):
+    cfg = tiny()
+    local = run_benchmark(cfg, tmp_path / "local", workers=2, progress=False)
+    t0 = time.perf_counter()
+    on_ray = run_benchmark(cfg, tmp_path / "ray", options=ray_options(cluster))
+    print(f"two-node cluster: {on_ray['timings']['jobs']} jobs in {time.perf_counter() - t0:.1f} s")
+    assert on_ray["timings"]["executor"] == "ray" and on_ray["timings"]["jobs_run"] == 8
+    assert _comparable(local) == _comparable(on_ray)
+    assert not ray.is_initialized()  # the command joined the cluster and left it
+
+
+def test_a_language_model_sweep_on_the_cluster_equals_the_local_one(cluster, tmp_path):
+    from difftransformer.lmsweep.config import LMSweepConfig
+    from difftransformer.lmsweep.sweep import run_lm_sweep
+    cfg = LMSweepConfig(preset="tiny", widths=(16, 32), steps=6, warmup_steps=1, batch=2, seq_len=32, seeds=2,
+                        seed_base=7, lr_grid=(4e-3, 8e-3), lr_widen=0, eval_every=3, variants=("baseline", "diff_v2"),
+                        outlier_windows=1)
+    a = run_lm_sweep(cfg, tmp_path / "local", workers=2, progress=False)
+    shutil.copytree(tmp_path / "local" / "data", tmp_path / "ray" / "data")  # the same tokens, not prepared twice
+    b = run_lm_sweep(cfg, tmp_path / "ray", options=ray_options(cluster))
+    strip = lambda r: {k: v for k, v in r.items() if k != "timings"}  # noqa: E731
+    assert b["timings"]["jobs_run"] == 16 and strip(a) == strip(b)
+
+
+def test_a_node_removed_mid_run_still_ends_equal(cluster, tmp_path):
+    """A third node joins, takes jobs, and is killed while it runs one: Ray retries its jobs on the other two."""
+    cfg = tiny(steps=60, seeds=3)
+    extra = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(r=run_benchmark(cfg, tmp_path / "ray",
+                                                                    options=ray_options(cluster))))
+    t.start()
+    deadline = time.time() + 120
+    while not (tmp_path / "ray" / JOURNAL).is_file() or (tmp_path / "ray" / JOURNAL).read_text().count("\n") < 2:
+        assert time.time() < deadline and t.is_alive(), "no job finished on the three-node cluster"
+        time.sleep(0.05)
+    cluster.remove_node(extra, allow_graceful=False)
+    t.join(timeout=300)
+    assert "r" in out, "the run did not end after the node was removed"
+    local = run_benchmark(cfg, None, workers=2, progress=False)
+    assert out["r"]["timings"]["jobs_run"] == 12 and _comparable(out["r"]) == _comparable(local)
+
+
+ARGS = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "40", "--batch", "4", "--seeds", "3",
+        "--seed-base", "50", "--lr-grid", "2e-3,4e-3", "--lr-widen", "0", "--eval-contexts", "4", "--train-pairs",
+        "8,10", "--train-context", "40,48", "--queries", "2", "--variants", "baseline,diff_v2", "--cpu-code-path",
+        "machine", "--no-progress"]
+
+
+def _cli(out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "difftransformer", *ARGS, *extra, "--out", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_a_driver_killed_and_rerun_runs_only_the_unfinished_jobs(cluster, tmp_path):
+    killed = tmp_path / "killed"
+    ray_flags = ("--executor", "ray", "--ray-address", cluster.address)
+    p = _cli(killed, *ray_flags)
+    deadline = time.time() + 240
+    while (not (killed / JOURNAL).is_file() or (killed / JOURNAL).read_text().count("\n") < 3) \
+            and p.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert p.poll() is None, f"the run ended before it could be killed: {p.communicate()}"
+    os.killpg(p.pid, signal.SIGKILL)  # the driver; its tasks on the cluster die with their owner
+    p.wait()
+    n_before = (killed / JOURNAL).read_text().count("\n") - 1
+    assert 2 <= n_before < 12 and not (killed / "results.json").exists()
+    again = _cli(killed, *ray_flags)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    whole = _cli(tmp_path / "whole", "--workers", "2")  # the local executor, for the same jobs
+    assert whole.wait(timeout=600) == 0
+    a = json.loads((tmp_path / "whole" / "results.json").read_text())
+    b = json.loads((killed / "results.json").read_text())
+    assert b["timings"]["jobs_run"] == 12 - n_before and _comparable(a) == _comparable(b)
+    assert f"{12 - n_before} run now" in out and "Ray (" in out
+
+
+def _one_error_line(capsys, tmp_path, *flags) -> str:
+    rc = main([*ARGS, "--out", str(tmp_path / "o"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert not (tmp_path / "o").exists()  # refused before any job: nothing written
+    return err[0]
+
+
+def test_refusals_are_one_line_before_any_job(cluster, tmp_path, capsys, monkeypatch):
+    t0 = time.perf_counter()
+    line = _one_error_line(capsys, tmp_path, "--executor", "ray", "--ray-address", "127.0.0.1:9")
+    assert "nothing answers at 127.0.0.1:9" in line and time.perf_counter() - t0 < 30
+    line = _one_error_line(capsys, tmp_path, "--executor", "ray", "--ray-address", cluster.address,
+                           "--gpus-per-job", "0.5")
+    assert "no node of the cluster offers one job's 1 CPU and 0.5 GPU" in line and not ray.is_initialized()
+    line = _one_error_line(capsys, tmp_path, "--executor", "ray", "--ray-address", cluster.address,
+                           "--cpus-per-job", "2")
+    assert "no node of the cluster offers" in line
+    line = _one_error_line(capsys, tmp_path, "--ray-address", cluster.address)
+    assert "need --executor ray" in line
+    monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
+    line = _one_error_line(capsys, tmp_path, "--executor", "ray")
+    assert "pip install 'difftransformer[ray]'" in line
