@@ -160,7 +160,8 @@ def print_table(rows: list[tuple[str, int, float, float]]) -> None:
 
 def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: bool, device: str = "cpu") -> Path:
     """Run (or reuse, or resume) the token-level retrieval benchmark into ``out/retrieval``; returns that directory.
-    A complete run on the same device is reused; an interrupted one resumes from its job journal (``difftransformer.jobs``)."""
+    A complete run on the same device is reused; an interrupted one resumes from its job journal
+    (``difftransformer.jobs``)."""
     import dataclasses
 
     from .fileio import read_json
