@@ -75,7 +75,7 @@ def test_tuned_launch_picks_the_fastest_skips_failures_and_remembers(fake_timer)
 
     key = (90, torch.bfloat16, 64, 64, "v2", "fwd", 1024)
     tuning.tuned_launch(key, [a, b, c], launch, torch.device("cpu"))
-    assert fake_timer["tried"] == [a, b, c] and ran[-1] == b  # timed all, then one launch with the fastest
+    assert fake_timer["tried"] == [a, b] and ran[-1] == b  # timed those that launched, then ran the fastest
     assert tuning.chosen_configs() == {"sm_90/bfloat16/d64/dv64/v2/fwd/T1024": {
         "block_m": 32, "block_n": 16, "num_warps": 4, "num_stages": 2, "measured": 1}}
     fake_timer["tried"].clear()

@@ -143,12 +143,14 @@ def tuned_launch(key: tuple, options: Sequence[Config], launch: Callable[[Config
     times: dict[Config, float] = {}
     error: Optional[BaseException] = None
     for cfg in options:
-        try:
-            times[cfg] = float(do_bench(lambda cfg=cfg: launch(cfg), warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS))
+        try:  # one launch first (it compiles): an error raised here is judged by where it came from, not inside
+            launch(cfg)  # do_bench, whose frames are Triton's and would make any error look like Triton's own
         except Exception as exc:
             if not is_triton_launch_error(exc):
                 raise
             error = exc
+            continue
+        times[cfg] = float(do_bench(lambda cfg=cfg: launch(cfg), warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS))
     if not times:
         assert error is not None
         raise error
