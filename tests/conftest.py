@@ -38,13 +38,17 @@ def assert_cli_error(capsys):
 # so the test files stay as they are; a file not listed runs in the parallel pass.
 
 # Whole files in the fast set: every attention variant and backend against the float64 reference, the rows-only
-# forward, the model's save/load round trips and config validation, the KV cache.
+# forward, the model's save/load round trips and config validation, the KV cache, Hugging Face round trips (ours ->
+# HF -> ours bitwise, logits equal), every kind of model directory the loader opens, checkpoints that resume skips.
 FAST_FILES = {
     "tests/model/test_attention.py",
     "tests/model/test_logits_at_rows.py",
     "tests/model/test_model.py",
     "tests/model/test_config.py",
     "tests/inference/test_kv_cache_bytes.py",
+    "tests/interop/test_hf.py",
+    "tests/test_loading.py",
+    "tests/train/test_checkpoints.py",
 }
 # Single tests (node ids without the parameters) in the fast set: cached decode vs the full forward, greedy
 # generation vs the full argmax, the checkpoint and format round trips.
@@ -82,15 +86,20 @@ SERIAL_TESTS = {
 }
 
 
+def _files_of(marker: str) -> set[str]:
+    if marker == "fast":
+        return FAST_FILES | {t.split("::")[0] for t in (*FAST_TESTS, FUZZ)}
+    return SERIAL_FILES | {t.split("::")[0] for t in SERIAL_TESTS}
+
+
 def pytest_ignore_collect(collection_path, config):
-    """``-m fast`` alone does not import the test files that hold no fast test (collecting them all takes longer
-    than the fast tests run)."""
-    if config.option.markexpr != "fast" or collection_path.suffix != ".py" or not collection_path.name.startswith(
+    """``-m fast`` or ``-m serial`` alone does not import the test files that hold none of its tests (collecting
+    every file takes longer than the fast tests run)."""
+    marker = config.option.markexpr
+    if marker not in ("fast", "serial") or collection_path.suffix != ".py" or not collection_path.name.startswith(
             "test_"):
         return None
-    rel = collection_path.relative_to(config.rootpath).as_posix()
-    fast = FAST_FILES | {t.split("::")[0] for t in (*FAST_TESTS, FUZZ)}
-    return True if rel not in fast else None
+    return True if collection_path.relative_to(config.rootpath).as_posix() not in _files_of(marker) else None
 
 
 def _fuzz_command(argv: list[str]) -> tuple[str, ...]:
