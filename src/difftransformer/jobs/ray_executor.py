@@ -76,7 +76,7 @@ class RayExecutor:
                     raise ValueError(f"--ray-address {named}: nothing answers at {address} (is the head node up? "
                                      "`ray status --address ...` says)")
             try:
-                ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR,
                          log_to_driver=False, configure_logging=True)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 where = named or "a new local instance"

@@ -31,9 +31,10 @@ class JobSpec(Generic[J]):
     """What a study declares about its jobs.
 
     ``needed(done)``: the jobs the protocol asks for given the finished ones ({job: result}), and whether that list
-    is final; ``run(*args(job))``: one job, a module-level function (it is pickled to a worker by name) returning a
-    JSON-serialisable dict; ``key(job)``: the journal key (a hash of everything that determines the job's numbers);
-    ``code_path``: the CPU code path every job runs; ``desc``: the progress bar's label."""
+    is final; ``run(*args(job))``: one job, a function at the top of an importable module (it is pickled to a
+    worker by name; not the driver script's ``__main__``) returning a JSON-serialisable dict; ``key(job)``: the
+    journal key (a hash of everything that determines the job's numbers); ``code_path``: the CPU code path every
+    job runs; ``desc``: the progress bar's label."""
     needed: Callable[[dict[J, dict]], tuple[list[J], bool]]
     run: Callable[..., dict]
     args: Callable[[J], tuple]
