@@ -82,3 +82,25 @@ def test_sdpa_gqa_matches_repeated_kv(mask):
     refs = torch.autograd.grad(ref.sum(), (q, k, v))
     for a, b in zip(grads, refs):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("lam_shape", [(), (2, 1, 1, 1), (2, 2, 5, 1)])
+@pytest.mark.parametrize("value_parts", [2, 1])
+def test_sdpa_diff_paired_keys_matches_eager(lam_shape, value_parts):
+    """V1's paired-key layout through the stacked SDPA call and the fused combine, against the eager oracle, with a
+    scalar lambda and with one per row (values and gradients, float64, GQA: 2 heads over 1 KV group)."""
+    from difftransformer.model.attention.torch_paths import eager_diff, sdpa_diff
+
+    g = torch.Generator().manual_seed(4)
+    h, hkv, d = 2, 1, 4
+    q = torch.randn(2, 2 * h, T, d, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(2, 2 * hkv, T, d, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(2, hkv, T, value_parts * d, dtype=torch.float64, generator=g, requires_grad=True)
+    lam = (torch.rand(lam_shape, dtype=torch.float64, generator=g) + 0.1).requires_grad_()
+    out = sdpa_diff(q, k, v, lam, None, 0.5, "paired", "interleaved")
+    ref, _ = eager_diff(q, k, v, lam, None, 0.5, None, "paired", "interleaved", torch.float64, False)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v, lam))
+    refs = torch.autograd.grad(ref.square().sum(), (q, k, v, lam))
+    for a, b in zip(grads, refs):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

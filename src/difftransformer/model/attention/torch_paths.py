@@ -226,6 +226,8 @@ def sdpa_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[t
     if mask is not None and mask.shape[0] > 1:
         mask = mask.repeat(2 * n, 1, 1, 1)
     o = sdpa(qn, kn, vn, mask, scale)  # (2nB, h, T, d): A1 V parts, then A2 V parts
+    if lam is not None and lam.dim():  # a lambda per row (B or 1, ...): the same for every value part
+        lam = lam.expand(B, *lam.shape[1:]).repeat(n, *([1] * (lam.dim() - 1)))  # (nB, ...)
     diff = pair_combine(o.unsqueeze(0), lam, "halves")  # (1, nB, h, T, d): A1 V_j - lam A2 V_j
     # (B, h, T, n*d) = [(A1 - lam A2) Va, (A1 - lam A2) Vb]; contiguous, as V1's head-wise RMSNorm wants it
     return diff.view(n, B, h2 // 2, T, d).permute(1, 2, 3, 0, 4).reshape(B, h2 // 2, T, n * d)
