@@ -88,7 +88,12 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch
     """Fused attention, q (B, Hq, T, d), k/v (B, Hk, Tk, d) with Hk dividing Hq: query head j reads KV head
     j // (Hq / Hk), as ``repeat_kv`` orders them, through SDPA's own GQA (``enable_gqa``), so the KV heads are
     not copied (nor their gradients summed). On the CPU (torch 2.13, 2 threads, B=2, T=1024, 16 query heads over
-    8) fwd+bwd took the same time as with the copy, with 7 kernels instead of 12 (``bench ops``)."""
+    8) fwd+bwd took the same time as with the copy, with 7 kernels instead of 12 (``bench ops``). With a mask on a
+    GPU the KV heads are repeated, as before: the flash kernel takes no mask, and the memory-efficient kernel's GQA
+    is not in every torch this package supports (>= 2.5)."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1 and mask is not None and q.device.type != "cpu":
+        k, v = repeat_kv(k, rep), repeat_kv(v, rep)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                           enable_gqa=k.shape[1] != q.shape[1])
 
