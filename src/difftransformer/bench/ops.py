@@ -3,16 +3,18 @@
 One step is the model's forward, the loss and the backward (no clipping, no optimizer: their operators scale with
 the parameter tensors, not with the attention), at the bench shape by default (sequence 1024 x batch 8, d_model
 512, 8 layers, 8 baseline heads of 64, FFN 1408, vocab 8192; the shape flags as in ``bench train``). The operator
-count does not depend on the batch or the sequence length, so ``--batch 1 --seq-len 128`` counts the same
-operators in a fraction of the time.
+count does not depend on the sequence length nor on a batch above 1, so ``--batch 2`` counts the bench shape's
+operators in a quarter of the time (batch 1 does not: the CPU's embedding backward takes another kernel there).
 
 Columns, per case (the baseline with SDPA, then V1 and V2 with each of ``--backends``):
 
 * ``kernels``: operators that compute or copy, as recorded by ``torch.profiler`` on the CPU: the innermost aten
   operators, without views (an operator whose outputs alias its input, such as ``transpose`` or ``slice``),
   allocations (``empty``...), composites that dispatch to others (``linear``, ``reshape``, ``to``) and operators
-  that return no tensor. On a GPU each of them is (at least) one kernel launch. With ``--device cuda`` the column
-  counts the GPU activities (kernels, copies, fills) that the profiler records instead.
+  that return no tensor; an operator that only fills its output before computing (a reduction) counts once, and
+  a fused attention operator counts besides the input copies it makes. On a GPU each is about one kernel launch.
+  With ``--device cuda`` the column counts the GPU activities (kernels, copies, fills) that the profiler records
+  instead.
 * ``aten calls``: every aten operator the dispatcher ran, views and composites included: the host-side work of
   an eager step.
 * ``GFLOP``: the floating-point operations of the step (``torch.utils.flop_counter``: matrix products and
