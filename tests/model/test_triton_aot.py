@@ -9,8 +9,8 @@ with OutOfResources at its first call; this test catches that without the GPU. T
 for sm_86 against a consumer GPU's 99 KB. It runs in a subprocess: the kernels must be compiled, not interpreted.
 
 The autotune candidates (``triton_tuning.CANDIDATES_16BIT``): ``python tests/model/triton_launches.py --candidates
---write`` compiles every one of them for sm_80 and sm_90 (240 compilations: 883 s on 2 cores at load 11, so not
-here) into the committed table ``triton_fits.py``; this file checks that the table lists exactly the candidates the
+--write`` compiles every one of them for sm_80 and sm_90 (246 compilations: 883 s for 240 on 2 cores at load 11,
+so not here) into the committed table ``triton_fits.py``; this file checks that the table lists exactly the candidates the
 script would compile now and recompiles a sample of 8 of them (one per arch and kernel) against the table's rows
 (40 s; the representative set above 278 s and the lowest Triton's check 65 s, at the same load, 2026-11-26).
 

@@ -163,3 +163,35 @@ def test_tuned_decode_matches_the_oracle(fake_timer, monkeypatch):
         out = tdd.triton_diff_decode(q1, q2, k1, k2, v, lam, scale, key_mask)
     assert (out - decode_reference(q1, q2, k1, k2, v, lam, scale, key_mask)).abs().max().item() < F64_TOL
     assert list(tuning.chosen_configs().values())[0]["block_n"] == 32 and len(fake_timer["tried"]) == 3
+
+
+SPLIT_CASES = {  # DIFF V1 (dv = 2d) with the value width split over 2 and 4 programs
+    "v1_d16_split2_padding": (dict(b=2, hq=2, hk=1, t=37, d=16, lam_value=0.8, pads=[0, 20]), 16),
+    "v1_d32_split4_gqa2": (dict(b=1, hq=4, hk=2, t=33, d=32, lam_value=-0.6), 16),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_value_split_forward_matches_the_oracle(name, fake_timer, monkeypatch):
+    """A forward candidate with a 5th entry (block_dv < dv) splits the value columns over programs that each
+    recompute the scores; output, LSEs (hence every gradient) and O2 equal the float64 oracle's. It is the only
+    forward option here (so nothing else writes the outputs first), and the launches are checked to be split."""
+    case, block_dv = SPLIT_CASES[name]
+    monkeypatch.setattr(td, "_device_arch", lambda device: 90)
+    options = {"fwd": [(16, 16, 4, 1, block_dv)], "bwd_dkdv": [(16, 16, 4, 1)], "bwd_dq": [(16, 16, 4, 1)]}
+    monkeypatch.setattr(tuning, "candidates", lambda arch, dtype, d, dv, shared_k, kernel, default: options[kernel])
+    real, seen = td._diff_fwd_kernel, []
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((grid, kwargs["BLOCK_DV"], kwargs["DV"]))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(td, "_diff_fwd_kernel", Recording())
+    inputs, key_mask = make_case(**case)
+    assert_close(run_both(inputs, key_mask, block_m=None, block_n=None), F64_TOL)
+    (grid, got_dv, dv), = seen
+    t = case["t"]
+    assert got_dv == block_dv < dv and grid[0] == -(-t // 16) * (dv // block_dv)

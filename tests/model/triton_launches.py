@@ -88,7 +88,7 @@ class Launch:
         return signature, constexprs, attrs, options.__dict__
 
     def config(self) -> dict:
-        keys = ("BLOCK_M", "BLOCK_N", "BLOCK_R", "BLOCK_S", "num_warps", "num_stages", "PRECISION")
+        keys = ("BLOCK_M", "BLOCK_N", "BLOCK_DV", "BLOCK_R", "BLOCK_S", "num_warps", "num_stages", "PRECISION")
         return {k: self.kwargs[k] for k in keys if k in self.kwargs}
 
 
@@ -221,7 +221,9 @@ def candidate_jobs(archs=DEFAULT_ARCHS) -> list[tuple]:
             default = td.default_config(d, dv, torch.bfloat16, arch)
             for kernel in tuning.KERNELS:
                 for cfg in dict.fromkeys((default[kernel], *grid[kernel])):
-                    launch = next(x for x in record(variant, "bf16", d, arch, override=cfg) if x.kernel == kernel)
+                    launch = next(x for x in record(variant, "bf16", d, arch, override=cfg[:4]) if x.kernel == kernel)
+                    if len(cfg) > 4:  # the forward's value split (block_dv): the wrapper's fwd launch makes it so
+                        launch.kwargs["BLOCK_DV"] = cfg[4]
                     key = (tuning.fit_key(arch, variant, d, kernel), cfg)
                     if key not in seen:
                         seen.add(key)

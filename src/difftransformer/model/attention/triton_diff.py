@@ -12,7 +12,8 @@ query row ``t``::
 ``j <= t and key_mask[b, j]``; a query row that would see no key at all (a left-padded prefix) sees only itself
 (``j == t``), so every softmax row is finite. Without ``key_mask`` this is plain causal attention.
 
-Forward (``_diff_fwd_kernel``, one program per (query block, query head i, batch row b))
+Forward (``_diff_fwd_kernel``, one program per (query block, query head i, batch row b); a tuned config may also
+split the value width over programs, each recomputing the scores for its BLOCK_DV columns)
     The program loops over the key blocks up to its causal limit and runs TWO online softmaxes at once
     (running max m, normaliser l and un-normalised accumulator acc for each map); each K tile is loaded once
     (only once for both maps when k1 is k2) and each V tile once for both maps. At the end it writes
@@ -240,11 +241,16 @@ def _diff_fwd_kernel(
     sq1_b, sq1_h, sq1_t, sq2_b, sq2_h, sq2_t,
     sk1_b, sk1_h, sk1_t, sk2_b, sk2_h, sk2_t, sv_b, sv_h, sv_t,
     T, HQ, GROUP,
-    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
     SHARED_K: tl.constexpr, LAM_PER_ROW: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    """One query block of one head, value columns [pid_v * BLOCK_DV, +BLOCK_DV): BLOCK_DV < DV splits the value
+    width over DV // BLOCK_DV programs (each recomputes both maps' scores; only the first stores the LSEs), so two
+    accumulators of BLOCK_DV columns, not DV, sit in registers (DIFF V1's dv = 2d)."""
     ACC: tl.constexpr = LSE1.dtype.element_ty
-    pid_m = tl.program_id(0)
+    N_DV: tl.constexpr = DV // BLOCK_DV
+    pid_m = tl.program_id(0) // N_DV
+    pid_v = tl.program_id(0) % N_DV
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     bh = b * HQ + h
@@ -252,7 +258,7 @@ def _diff_fwd_kernel(
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
-    offs_dv = tl.arange(0, DV)
+    offs_dv = pid_v * BLOCK_DV + tl.arange(0, BLOCK_DV)
     row_ok = offs_m < T
 
     q1 = tl.load(Q1 + b * sq1_b + h * sq1_h + offs_m[:, None].to(tl.int64) * sq1_t + offs_d[None, :],
@@ -273,8 +279,8 @@ def _diff_fwd_kernel(
     m2 = tl.full([BLOCK_M], _NEG_INIT, dtype=ACC)
     l1 = tl.zeros([BLOCK_M], dtype=ACC)
     l2 = tl.zeros([BLOCK_M], dtype=ACC)
-    acc1 = tl.zeros([BLOCK_M, DV], dtype=ACC)
-    acc2 = tl.zeros([BLOCK_M, DV], dtype=ACC)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC)
 
     end_n = tl.minimum(start_m + BLOCK_M, T)  # causal limit of this query block
     for start_n in range(0, end_n, BLOCK_N):
@@ -296,8 +302,9 @@ def _diff_fwd_kernel(
     row_off = bh * T + offs_m
     tl.store(OUT + row_off[:, None] * DV + offs_dv[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     tl.store(O2 + row_off[:, None] * DV + offs_dv[None, :], o2, mask=row_ok[:, None])
-    tl.store(LSE1 + row_off, m1 + tl.log(l1), mask=row_ok)
-    tl.store(LSE2 + row_off, m2 + tl.log(l2), mask=row_ok)
+    if pid_v == 0:  # every value split computed the same statistics; one stores them
+        tl.store(LSE1 + row_off, m1 + tl.log(l1), mask=row_ok)
+        tl.store(LSE2 + row_off, m2 + tl.log(l2), mask=row_ok)
 
 
 @triton.jit
@@ -585,13 +592,14 @@ class _TritonDiffAttention(torch.autograd.Function):
         dummy = lse1  # stands in for absent mask pointers (never read: HAS_MASK is a constexpr)
 
         def fwd(config):  # rewrites out, o2, lse1 and lse2 whole: the tuner may launch it repeatedly
-            _diff_fwd_kernel[(triton.cdiv(T, config[0]), HQ, B)](
+            block_dv = config[4] if len(config) > 4 else DV  # a 5th entry: the value width per program
+            _diff_fwd_kernel[(triton.cdiv(T, config[0]) * (DV // block_dv), HQ, B)](
                 q1, q2, k1, k2, v, lam_acc, scale_t, km if km is not None else dummy,
                 first if first is not None else dummy, out, o2, lse1, lse2,
                 *_strides(q1), *_strides(q2), *_strides(k1), *_strides(k2), *_strides(v),
                 T, HQ, group,
                 D=D, DV=DV, SHARED_K=shared_k, LAM_PER_ROW=lam_per_row, HAS_MASK=km is not None,
-                PRECISION=cfg.precision, **_launch_opts(config),
+                PRECISION=cfg.precision, BLOCK_DV=block_dv, **_launch_opts(config[:4]),
             )
 
         cfg.run("fwd", fwd, dev)

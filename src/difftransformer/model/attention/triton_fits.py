@@ -47,6 +47,9 @@ FITS: dict[str, list[dict]] = {
         {'config': (64, 32, 8, 2), 'shared': 69632, 'regs': 255, 'stack': 320, 'fits': False},
         {'config': (64, 32, 8, 3), 'shared': 102400, 'regs': 255, 'stack': 328, 'fits': False},
         {'config': (32, 64, 4, 2), 'shared': 86016, 'regs': 255, 'stack': 328, 'fits': False},
+        {'config': (128, 64, 8, 2, 128), 'shared': 114688, 'regs': 255, 'stack': 824, 'fits': False},
+        {'config': (64, 64, 4, 2, 128), 'shared': 90112, 'regs': 255, 'stack': 568, 'fits': False},
+        {'config': (64, 64, 8, 3, 128), 'shared': 139264, 'regs': 255, 'stack': 56, 'fits': True},
     ],
     'sm_80/v1/d128/bwd_dkdv': [
         {'config': (64, 16, 8, 2), 'shared': 84992, 'regs': 209, 'stack': 0, 'fits': True},
@@ -207,6 +210,9 @@ FITS: dict[str, list[dict]] = {
         {'config': (64, 32, 8, 2), 'shared': 98304, 'regs': 255, 'stack': 96, 'fits': True},
         {'config': (64, 32, 8, 3), 'shared': 131072, 'regs': 255, 'stack': 96, 'fits': True},
         {'config': (32, 64, 4, 2), 'shared': 86016, 'regs': 255, 'stack': 296, 'fits': False},
+        {'config': (128, 64, 8, 2, 128), 'shared': 163840, 'regs': 255, 'stack': 96, 'fits': True},
+        {'config': (64, 64, 4, 2, 128), 'shared': 131072, 'regs': 255, 'stack': 120, 'fits': True},
+        {'config': (64, 64, 8, 3, 128), 'shared': 180224, 'regs': 255, 'stack': 8, 'fits': True},
     ],
     'sm_90/v1/d128/bwd_dkdv': [
         {'config': (64, 16, 8, 2), 'shared': 84992, 'regs': 216, 'stack': 0, 'fits': True},

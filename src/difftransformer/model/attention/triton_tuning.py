@@ -31,7 +31,9 @@ import torch
 
 from .launches import is_triton_launch_error
 
-Config = tuple[int, int, int, int]  # (block_m, block_n, num_warps, num_stages); decode's block_m is 0 (unused)
+# (block_m, block_n, num_warps, num_stages); decode's block_m is 0 (unused). A forward config may carry a 5th entry,
+# block_dv: the value columns per program (the value width split over dv // block_dv programs, scores recomputed).
+Config = tuple[int, ...]
 
 KERNELS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
 # The architectures the candidates are compiled for and tuned on; anything else runs ``default_config``.
@@ -43,7 +45,10 @@ MAX_SPILL_BYTES = 128
 # "d128v256": DIFF V1 at d 128). ``default_config``'s entry (tiles sized for 99 KB) is always a candidate too, so the
 # measured choice is never worse than it on the GPU it ran on. The grids follow FlashAttention-2's tiles on those
 # GPUs (128 x 64, 3-4 stages, 8 warps) shrunk where the kernels hold two maps of state: the forward keeps two
-# accumulators of width dv (2 * 128 * 256 float32 at 128 rows and dv 256 is 256 KB of registers: 16 warps at most).
+# accumulators of width dv (2 * 128 * 256 float32 at 128 rows and dv 256 is 256 KB of registers: 16 warps at most),
+# so DIFF V1's forward at d 128 also gets candidates that split its 256 value columns into two programs of 128
+# (block_dv, the 5th entry): each recomputes both maps' scores (the forward's matmul work grows by a third) and holds
+# the accumulators of V1 per_head, whose 64 x 64 and 128 x 64 tiles fit sm_90 (and 64 x 64 x 3 stages sm_80).
 CANDIDATES_16BIT: dict[str, dict[str, tuple[Config, ...]]] = {
     "d64": {
         "fwd": ((128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3)),
@@ -58,7 +63,8 @@ CANDIDATES_16BIT: dict[str, dict[str, tuple[Config, ...]]] = {
         "decode": ((0, 32, 4, 2), (0, 64, 4, 4), (0, 128, 4, 3), (0, 64, 8, 3), (0, 128, 8, 2)),
     },
     "d128v256": {
-        "fwd": ((128, 32, 16, 2), (64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (32, 64, 4, 2)),
+        "fwd": ((128, 32, 16, 2), (64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (32, 64, 4, 2),
+                (128, 64, 8, 2, 128), (64, 64, 4, 2, 128), (64, 64, 8, 3, 128)),
         "bwd_dkdv": ((32, 64, 8, 2), (64, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2), (16, 128, 8, 2)),
         "bwd_dq": ((64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 8, 3), (128, 32, 16, 2)),
         "decode": ((0, 32, 4, 2), (0, 64, 4, 4), (0, 128, 4, 3), (0, 64, 8, 3), (0, 128, 8, 2)),
@@ -166,10 +172,13 @@ def chosen_configs() -> dict[str, dict[str, int]]:
     (JSON-able; block_m is 0 for decode, whose rows are the query heads; measured: chosen by timing among several
     candidates, else the only one, or the default under graph capture / tracing)."""
     out: dict[str, dict[str, int]] = {}
-    for key, (bm, bn, nw, ns) in sorted(_CHOSEN.items(), key=str):
+    for key, cfg in sorted(_CHOSEN.items(), key=str):
         arch, dtype, d, dv, variant, kernel, bucket = key
         name = f"sm_{arch}/{str(dtype).replace('torch.', '')}/d{d}/dv{dv}/{variant}/{kernel}/T{bucket}"
+        bm, bn, nw, ns = cfg[:4]
         out[name] = {"block_m": bm, "block_n": bn, "num_warps": nw, "num_stages": ns, "measured": int(key in _MEASURED)}
+        if len(cfg) > 4:
+            out[name]["block_dv"] = cfg[4]
     return out
 
 
