@@ -72,6 +72,8 @@ def test_results_equal_the_local_executors_bitwise(cluster, tmp_path):
     assert on_ray["timings"]["executor"] == "ray" and on_ray["timings"]["jobs_run"] == 8
     assert _comparable(local) == _comparable(on_ray)
     assert not ray.is_initialized()  # the command joined the cluster and left it
+    moved = run_benchmark(cfg, tmp_path / "ray", workers=2, progress=False)  # the cluster's journal, read locally
+    assert moved["timings"]["jobs_run"] == 0 and _comparable(moved) == _comparable(local)
 
 
 def test_a_language_model_sweep_on_the_cluster_equals_the_local_one(cluster, tmp_path):

@@ -20,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the same, the journal the same (a run may move between them and resume)")
     p.add_argument("--ray-address", type=text_arg, metavar="HOST:PORT",
                    help="with --executor ray: the cluster to join (its head's HOST:PORT, or 'auto' for the one this "
-                        "node belongs to); without it, a local Ray instance on this machine, stopped at the end")
+                        "node belongs to); without it, Ray's own rule: $RAY_ADDRESS, else a cluster `ray start` "
+                        "runs on this node, else a new local instance on this machine, stopped at the end")
     p.add_argument("--cpus-per-job", type=float, default=1,
                    help="with --executor ray: CPUs each job's task asks for (default 1; a job uses one thread)")
     p.add_argument("--gpus-per-job", type=float, default=0,

@@ -7,11 +7,13 @@ here as there); then one (function, arguments, device) per job, answered ("ok", 
 from __future__ import annotations
 
 import pickle
+import signal
 import sys
 from multiprocessing.connection import Connection
 
 
 def main(read_fd: int, write_fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle: it closes (then kills) us
     recv, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     variants, path = pickle.loads(recv.recv_bytes())
     sys.path[:0] = [p for p in path if p not in sys.path]
