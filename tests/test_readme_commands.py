@@ -63,6 +63,7 @@ SMALL_LM_SWEEP = ("--quick", "--steps", "4", "--warmup-steps", "1", "--eval-ever
 COMMANDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "make demo": (MAKE, (), ()),
     "make test": (MAKE, (), ()),
+    "make test-fast": (MAKE, (), ()),
     "pip install -e '.[dev]'": (PIP, (), ()),
     "difftransformer train --config demo --model.attention baseline --out runs/base":
         (RUN, SMALL_TRAIN, ("runs/base/checkpoints/step_00000002/model.safetensors",)),
