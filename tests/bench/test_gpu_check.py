@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from difftransformer.bench import gpu_check, gpu_summary, small_jobs
+from difftransformer.bench import gpu_candidates, gpu_check, gpu_summary, small_jobs
 from difftransformer.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ FAILED tests/model/test_triton_fallback.py::test_a_failed_launch_falls_back_once
 32 failed, 69 passed, 2 skipped, 15 warnings in 64.34s (0:01:04)
 """,
 }
-KINDS = {"env": "env", "tests": "tests", "attention-3b": "attention", "attention": "attention",
+KINDS = {"env": "env", "candidates": "candidates", "tests": "tests", "attention-3b": "attention", "attention": "attention",
          "decode-sdpa": "decode", "decode-triton": "decode", "train": "train", "train-3b": "train",
          "small-jobs": "small-jobs"}
 ENV = gpu_summary.ENV_PREFIX + json.dumps({"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0",
@@ -307,7 +307,7 @@ def test_each_step_gets_at_most_what_is_left_of_the_budget(tmp_path, monkeypatch
 # ---------------------------------------------------------------------------------------------- the plan
 def test_the_gpu_plan_parses_as_the_commands_it_calls_and_fits_the_budget():
     plan = gpu_check.gpu_plan()
-    assert [s.name for s in plan] == ["env", "tests", "attention-3b", "attention", "decode-sdpa", "decode-triton",
+    assert [s.name for s in plan] == ["env", "candidates", "tests", "attention-3b", "attention", "decode-sdpa", "decode-triton",
                                       "train", "train-3b", "small-jobs"]
     for s in plan:
         module, *argv = s.args
@@ -317,6 +317,8 @@ def test_the_gpu_plan_parses_as_the_commands_it_calls_and_fits_the_budget():
             build_parser().parse_args(["bench", "attention", *argv[1:]])
         elif module == "difftransformer.bench.small_jobs":
             small_jobs.build_parser().parse_args(argv)
+        elif module == gpu_check.CANDIDATES:
+            gpu_candidates.build_parser().parse_args(argv)
         elif module == "pytest":
             assert all((ROOT / f).is_file() for f in argv if f.endswith(".py"))
         assert s.kind in gpu_summary.READERS
@@ -335,6 +337,10 @@ def test_each_step_runs_on_the_cpu_at_toy_size(name, tmp_path):
     data = gpu_summary.READERS[step.kind](r["text"])
     if step.kind == "tests":
         assert data["finished"] and data["counts"].get("failed", 0) == 0
+    elif step.kind == "candidates":  # one per kernel and form, in the interpreter, each against the oracle
+        assert data["finished"] and data["counts"] == {"ok": 8, "wrong": 0, "failed": 0}, r["text"][-3000:]
+        assert (data["arch"], data["dtype"]) == ("sm_90", "float32")
+        assert json.loads((tmp_path / gpu_check.SKIP_FILE).read_text())["skip"] == []
     elif step.kind == "small-jobs":
         assert [x["processes"] for x in data["rows"]] == [1, 1, 1, 2]
     elif step.kind == "decode":
@@ -375,3 +381,106 @@ def test_a_small_job_process_that_fails_stops_its_group_with_the_reason():
     with pytest.raises(RuntimeError, match=r"2 processes: not all reached the start .*nope"):
         small_jobs.processes_row("nope", 2, steps=1, warmup=0, device="cpu", timeout=60)
     assert time.monotonic() - t0 < 60  # the barrier broke at once, not at its timeout
+
+
+# ---------------------------------------------------------------------------------------------- candidates and tests
+def test_the_tests_step_runs_the_default_tiles_and_every_step_gets_the_skip_list(tmp_path):
+    from difftransformer.model.attention import triton_tuning
+
+    tests = next(s for s in gpu_check.gpu_plan() if s.name == "tests")
+    assert dict(tests.env) == {"DIFFTRANSFORMER_TRITON_TUNE": "0"}
+    assert [s.name for s in gpu_check.dry_plan() if s.env] == ["tests"]
+    assert gpu_check.SKIP_ENV == triton_tuning.SKIP_ENV
+    code = ("import os; print('tune', os.environ.get('DIFFTRANSFORMER_TRITON_TUNE')); "
+            f"print('skip', os.environ[{gpu_check.SKIP_ENV!r}])")
+    step = gpu_check.Step("envs", "tests", ("timeit", "-n", "1", "-r", "1", code), 20, tests.env)
+    r = gpu_check.run_step(step, tmp_path, 20)
+    assert "tune 0" in r["text"] and f"skip {tmp_path.resolve() / gpu_check.SKIP_FILE}" in r["text"]
+    assert r["command"].startswith("DIFFTRANSFORMER_TRITON_TUNE=0 PYTHONPATH=src python3 -m timeit")
+    plain = gpu_check.run_step(_step("plain", code), tmp_path, 20)
+    assert "tune None" in plain["text"]
+
+
+# Run in a fresh process with Triton's interpreter (this one may hold a triton imported without it): the plan for
+# sm_90 and sm_80, the heads of each form, and candidates checked with the real launch, a broken one (the kernel
+# given another lambda than the oracle) and one that fails as the H200's compiler did.
+PROBE = r"""
+import json, sys
+import torch
+from difftransformer.bench import gpu_candidates as gc
+from difftransformer.model import variants
+from difftransformer.model.attention import triton_tuning as tuning
+from difftransformer.model.attention.triton_diff import default_config
+
+shape_kernels = json.loads(sys.argv[1])
+out = {"heads": {s: [list(gc.layer_heads(s, v.name)) for v in variants.compared()] for s in shape_kernels}}
+for arch in (90, 80):
+    got = [(j.shape, j.attention, j.kernel, j.form, j.d, list(j.config)) for j in gc.plan(arch)]
+    want = []
+    for shape, kernels in shape_kernels.items():
+        for v in variants.compared():
+            hq, hk, d, dv, shared = gc.layer_heads(shape, v.name)
+            for k in kernels:
+                default = default_config(d, dv, torch.bfloat16, arch)[k]
+                want += [(shape, v.name, k, tuning.variant_of(d, dv, shared), d, list(c))
+                         for c in tuning.candidates(arch, torch.bfloat16, d, dv, shared, k, default)]
+    out[arch] = {"got": got, "want": want}
+
+def broken(job, x, arch):
+    return gc.run_candidate(job, {**x, "lam": x["lam"] + 0.25}, arch)
+
+def fails(job, x, arch):
+    raise RuntimeError("PassManager::run failed")
+
+lines = []
+for kernel, form in (("fwd", "v1"), ("bwd_dkdv", "v1"), ("bwd_dq", "v2"), ("decode", "v2")):
+    job = [j for j in gc.plan(90) if j.kernel == kernel and j.form == form and j.d == 64][-1]
+    for launch in (gc.run_candidate, broken, fails):
+        r = gc.check_job(job, 90, "cpu", 32, torch.float32, launch=launch)
+        lines.append(gc.format_line(r))
+out["lines"] = lines
+print(json.dumps(out))
+"""
+
+
+def _shapes_the_plan_runs() -> dict[str, set[str]]:
+    """{shape: kernels} of the GPU plan's bench commands: attention and train run fwd and both backward kernels,
+    decode the decode kernel; a command without --shape runs the bench shape."""
+    out: dict[str, set[str]] = {}
+    for s in gpu_check.gpu_plan():
+        args = list(s.args)
+        what = "attention" if "attention-time" in args else args[2] if args[:2] == ["difftransformer", "bench"] \
+            else None
+        if what is None or "triton" not in args:
+            continue
+        shape = args[args.index("--shape") + 1] if "--shape" in args else "bench"
+        out.setdefault(shape, set()).update(gpu_candidates.TRAIN_KERNELS if what != "decode" else ("decode",))
+    return out
+
+
+def test_the_candidates_step_covers_what_the_tuner_tries_and_catches_a_wrong_one():
+    shapes = _shapes_the_plan_runs()
+    assert shapes == {k: set(v) for k, v in gpu_candidates.SHAPE_KERNELS.items()}
+    p = subprocess.run([sys.executable, "-c", PROBE, json.dumps({k: sorted(v) for k, v in shapes.items()})],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**gpu_check.child_env(), "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.splitlines()[-1])
+    # the benches' layers (train.py's docstring): bench V1 4 differential heads of 64 with values of 128, V2 8 pairs
+    # of one shared key map; paper-3b V1 12 heads of 128 (values 256), V2 24
+    assert out["heads"] == {"bench": [[4, 4, 64, 128, False], [8, 8, 64, 64, True]],
+                            "paper-3b": [[12, 12, 128, 256, False], [24, 24, 128, 128, True]]}
+    for arch in ("90", "80"):
+        got, want = out[arch]["got"], out[arch]["want"]
+        assert sorted(map(json.dumps, got)) == sorted(map(json.dumps, want)) and len(got) == len(set(map(json.dumps, got)))
+        assert {g[2] for g in got} == {"fwd", "bwd_dkdv", "bwd_dq", "decode"}
+        assert any(g[5][4:] for g in got if g[0] == "paper-3b")  # V1's value-split forward candidates too
+    assert len(out["90"]["got"]) > len(out["80"]["got"]) > 16  # more fit in sm_90's 227 KB than sm_80's 163 KB
+    read = gpu_summary.read_candidates("\n".join(out["lines"]))
+    assert read["counts"] == {"ok": 4, "wrong": 4, "failed": 4}
+    assert [b["status"] for b in read["bad"]] == ["wrong", "failed"] * 4
+    assert read["bad"][0]["key"] == "sm_90/v1/d64/fwd" and "tol" in read["bad"][0]["reason"]
+    assert read["bad"][1]["reason"].startswith("RuntimeError: PassManager::run failed")
+    s = gpu_summary.summarize([result("env", ENV), result("candidates", "\n".join(out["lines"]))], {"commit": "x"})
+    md = gpu_summary.render_md(s)
+    assert "4 ok, 4 wrong (test failures" in md and "- WRONG sm_90/v2/d64/bwd_dq " in md

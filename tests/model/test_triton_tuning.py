@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 
 import pytest
 import torch
@@ -117,6 +118,32 @@ def test_candidates_come_from_the_fit_table():
     assert tuning.seq_bucket(1) == 256 and tuning.seq_bucket(4096) == 4096 and tuning.seq_bucket(4097) == 8192
     assert tuning.variant_of(64, 128, False) == "v1" and tuning.variant_of(64, 64, True) == "v2"
     assert tuning.variant_of(64, 64, False) == "v1_per_head"
+
+
+def test_candidates_listed_in_the_skip_file_are_left_out(tmp_path, monkeypatch):
+    """gpu-check's candidates step writes the candidates that were wrong or failed on the GPU to the file named by
+    $DIFFTRANSFORMER_TRITON_SKIP; the tuner leaves them out (the default too), keeps the default where all are
+    listed, and reads the file again when it changes."""
+    default = td.default_config(128, 256, torch.bfloat16, 90)["fwd"]
+    full = tuning.candidates(90, torch.bfloat16, 128, 256, False, "fwd", default)
+    assert len(full) >= 3
+    path = tmp_path / "skip.json"
+    monkeypatch.setenv(tuning.SKIP_ENV, str(path))
+    assert tuning.candidates(90, torch.bfloat16, 128, 256, False, "fwd", default) == full  # no file yet
+
+    def write(entries):
+        path.write_text(json.dumps({"version": 1, "skip": [
+            {"key": k, "config": list(c), "status": "wrong", "reason": "test"} for k, c in entries]}))
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # a new stamp even on coarse clocks
+
+    write([("sm_90/v1/d128/fwd", full[0]), ("sm_90/v1/d128/fwd", full[2]), ("sm_90/v2/d128/fwd", full[1])])
+    assert tuning.candidates(90, torch.bfloat16, 128, 256, False, "fwd", default) == [full[1], *full[3:]]
+    assert tuning.candidates(80, torch.bfloat16, 128, 256, False, "fwd", default)[0] == default  # another arch
+    write([("sm_90/v1/d128/fwd", c) for c in full])
+    assert tuning.candidates(90, torch.bfloat16, 128, 256, False, "fwd", default) == [default]
+    monkeypatch.delenv(tuning.SKIP_ENV)
+    assert tuning.candidates(90, torch.bfloat16, 128, 256, False, "fwd", default) == full
 
 
 def tuning_fits():

@@ -15,22 +15,32 @@ The budget, per step, from the H200 run of 2026-11-26 (commit 5fdef50, torch 2.1
 step                    limit   basis
 ======================  ======  ==============================================================================
 env                     20 s    import torch + CUDA init, a few seconds
-tests                   75 s    the GPU test files took 64 s (32 of them failing)
+candidates              75 s    (new; an estimate, not measured) every Triton candidate the later steps' tuner
+                                may try (62 on sm_90, 50 on sm_80), compiled and checked against the float64
+                                oracle in up to 16 worker processes: ~10 s per worker to start (torch, CUDA),
+                                then ~4 rounds of compiles of a few seconds each (3 kernels per backward job)
+tests                   75 s    the GPU test files took 64 s (32 of them failing); run with the default tiles
+                                (DIFFTRANSFORMER_TRITON_TUNE=0): the candidates step checked the others
 attention-3b            40 s    paper-3b N=4096/16384, 3 rounds: 53 s with memory, most of it the 10 fresh
                                 processes of the memory columns (about 5 s each), which this check leaves out
 attention               35 s    bench shape N=2048/8192, 5 rounds: about 60 s with memory (3 sizes took 90 s)
 decode-sdpa             25 s    cuda-graph, batch 1/8, context 2048/8192: 18 s
 decode-triton           30 s    the same: 19 s, plus measuring the kernel's candidate tiles
 train                   55 s    bench shape 8 x 1024, 5 cases each in a fresh process: 49 s
-train-3b                110 s   paper-3b, 4 layers, seq 4096: 104 s (each case builds a 1.07B model on the CPU)
+train-3b                60 s    paper-3b, 4 layers, seq 4096: 104 s when each of its 5 cases built its 1.07B model
+                                on the CPU (~20 s each); now built on the GPU (estimate: ~10 s a case)
 small-jobs              35 s    one job at a time per variant, then 8 and 16 processes: 100 steps each
 ======================  ======  ==============================================================================
 
-The limits add up to 425 s; the budget (``--budget``, 350 s) caps the run and the steps are ordered so that the
-ones the goals of item 3 need most come first. Attention runs without its memory columns (``attention-time``:
-``bench attention`` with the per-case memory processes left out, the time ratios untouched), which is what makes
-the rest fit. ``--dry-run`` runs every step on the CPU at toy size (the same commands, readers and summary), to
-check the plumbing without a GPU; ``--steps`` runs a subset (a rerun of one that timed out).
+The limits add up to 450 s; the budget (``--budget``, 350 s) caps the run and the steps are ordered so that the
+ones the goals of item 3 need most come first. On a fresh machine Triton's on-disk cache is empty: without the
+candidates step, the first call of each shape in a bench would compile every candidate serially inside the bench
+(about a hundred compiles), far past the benches' limits; after it, the benches load them from the cache and only
+time them. Its list of candidates left out (wrong or failed on this GPU) is ``OUT/candidates-skip.json``, which
+every step's tuner reads (``DIFFTRANSFORMER_TRITON_SKIP``). Attention runs without its memory columns
+(``attention-time``: ``bench attention`` with the per-case memory processes left out, the time ratios untouched),
+which is what makes the rest fit. ``--dry-run`` runs every step on the CPU at toy size (the same commands, readers
+and summary), to check the plumbing without a GPU; ``--steps`` runs a subset (a rerun of one that timed out).
 """
 
 from __future__ import annotations
@@ -51,12 +61,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..model.attention.triton_tuning import SKIP_ENV
 from . import gpu_summary
 
 BUDGET_S = 350.0  # the whole run: 6 minutes less 10 s for starting and the summary
 MIN_STEP_S = 5.0  # a step with less than this left of the budget is skipped, not started
 GPU_TEST_FILES = ("tests/model/test_triton_diff.py", "tests/model/test_triton_fallback.py", "tests/model/test_cuda.py")
 MODULE = "difftransformer.bench.gpu_check"  # the step commands below run it as python -m MODULE
+CANDIDATES = "difftransformer.bench.gpu_candidates"  # the candidates step
+# The GPU tests run the kernels' default tiles (what their tolerances were written for): the candidates step has
+# checked every other config the tuner may pick, and tuning inside the tests would compile them all again.
+TESTS_ENV = (("DIFFTRANSFORMER_TRITON_TUNE", "0"),)
+SKIP_FILE = "candidates-skip.json"  # in the output directory: the candidates step writes it, the tuner reads it
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the difftransformer package (PYTHONPATH)
 
 
@@ -68,6 +84,7 @@ class Step:
     kind: str
     args: tuple[str, ...]
     limit_s: float
+    env: tuple[tuple[str, str], ...] = ()  # variables set for this step only (on top of ``child_env``)
 
 
 def _bench(what: str, *flags: str) -> tuple[str, ...]:
@@ -82,7 +99,8 @@ def gpu_plan() -> list[Step]:
     train = ("--device", "cuda", "--precision", "bfloat16", "--backends", "sdpa", "triton", "--timeout", "100")
     return [
         Step("env", "env", (MODULE, "env"), 20),
-        Step("tests", "tests", ("pytest", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES), 75),
+        Step("candidates", "candidates", (CANDIDATES,), 75),
+        Step("tests", "tests", ("pytest", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES), 75, TESTS_ENV),
         Step("attention-3b", "attention", (MODULE, "attention-time", "--shape", "paper-3b", *attention,
                                            "--seq-lens", "4096", "16384", "--repeats", "3"), 40),
         Step("attention", "attention", (MODULE, "attention-time", *attention, "--seq-lens", "2048", "8192",
@@ -91,7 +109,7 @@ def gpu_plan() -> list[Step]:
         Step("decode-triton", "decode", _bench("decode", *decode, "triton"), 30),
         Step("train", "train", _bench("train", *train, "--batch", "8"), 55),
         Step("train-3b", "train", _bench("train", *train, "--shape", "paper-3b", "--layers", "4", "--seq-len", "4096"),
-             110),
+             60),
         Step("small-jobs", "small-jobs", ("difftransformer.bench.small_jobs", "--device", "cuda", "--steps", "100",
                                           "--processes", "8", "16"), 35),
     ]
@@ -109,7 +127,8 @@ def dry_plan() -> list[Step]:
              "--heads", "4", "--steps", "1", "--warmup", "0", "--timeout", "60", *toy)
     return [
         Step("env", "env", (MODULE, "env"), 30),
-        Step("tests", "tests", ("pytest", "-q", "-p", "no:cacheprovider", "tests/model/test_cuda.py"), 60),
+        Step("candidates", "candidates", (CANDIDATES, "--dry-run"), 60),  # 8 candidates: about 8 s on 2 cores
+        Step("tests", "tests", ("pytest", "-q", "-p", "no:cacheprovider", "tests/model/test_cuda.py"), 60, TESTS_ENV),
         Step("attention-3b", "attention", (MODULE, "attention-time", "--shape", "paper-3b", *attention,
                                            "--seq-lens", "32"), 30),
         Step("attention", "attention", (MODULE, "attention-time", *attention, "--seq-lens", "16", "32"), 30),
@@ -121,11 +140,16 @@ def dry_plan() -> list[Step]:
 
 
 # ---------------------------------------------------------------------------------------------- running
-def child_env() -> dict[str, str]:
-    """The environment of every step: this package first on PYTHONPATH (the repository's src/, not an install)."""
+def child_env(out_dir: Optional[Path] = None, extra: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
+    """The environment of every step: this package first on PYTHONPATH (the repository's src/, not an install);
+    with ``out_dir``, the tuner's skip list there (``triton_tuning.SKIP_ENV``: the candidates step writes the
+    candidates that were wrong or failed on this GPU, and the later steps' tuner leaves them out); then ``extra``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"  # the output reaches the file as it is printed, and survives a kill
+    if out_dir is not None:
+        env[SKIP_ENV] = str(out_dir.resolve() / SKIP_FILE)
+    env.update(extra)
     return env
 
 
@@ -143,17 +167,23 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def step_command(step: Step) -> str:
+    """The step's command as a shell line to rerun it by hand from the repository root (its own variables first)."""
+    return shlex.join([*(f"{k}={v}" for k, v in step.env), "PYTHONPATH=src", "python3", "-m", *step.args])
+
+
 def run_step(step: Step, out_dir: Path, limit_s: float, python: str = sys.executable) -> dict[str, Any]:
     """Run one step under ``limit_s`` seconds, its output (stdout and stderr) into ``out_dir/<name>.txt``.
     Returns {name, kind, status ("ok", "failed", "timeout"), rc, seconds, limit_s, command, output, text}."""
     argv = [python, "-m", *step.args]
     path = out_dir / f"{step.name}.txt"
-    command = "PYTHONPATH=src " + shlex.join(["python3", "-m", *step.args])
+    command = step_command(step)
     t0 = time.monotonic()
     with open(path, "w") as f:
         f.write(f"$ {command}\n")
         f.flush()
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(),
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=child_env(out_dir, step.env),
                                 cwd=SRC.parent, start_new_session=True)
         try:
             rc: Optional[int] = proc.wait(timeout=limit_s)
@@ -181,7 +211,7 @@ def run_steps(steps: Sequence[Step], out_dir: Path, budget_s: float, python: str
         left = end - clock()
         if left < MIN_STEP_S:
             results.append({"name": step.name, "kind": step.kind, "status": "skipped", "rc": None, "seconds": 0.0,
-                            "limit_s": 0.0, "command": shlex.join(["python3", "-m", *step.args]), "output": "",
+                            "limit_s": 0.0, "command": step_command(step), "output": "",
                             "text": ""})
             log(f"gpu-check: {step.name}: skipped ({left:.0f} s of the budget left)")
             continue

@@ -19,6 +19,7 @@ from typing import Any, Optional
 CONFIG_PREFIX = "# triton config:"
 SMALL_JOBS_PREFIX = "# small-jobs row: "  # bench/small_jobs.ROW_PREFIX (not imported: this module needs no torch)
 ENV_PREFIX = "# gpu-check env: "
+CANDIDATE_PREFIX = "# candidate: "  # bench/gpu_candidates.LINE (not imported: that module needs torch)
 # The least Triton-over-SDPA speedup that counts as "faster" in a proposal. Two runs of the same path on the H200
 # (2026-11-26: the baseline's decode tokens/s in the sdpa and the triton decode runs) differed by at most 0.6%,
 # so 2% is about three times the noise between equal paths.
@@ -55,6 +56,27 @@ def read_pytest(text: str) -> dict[str, Any]:
             counts[names[ch]] = counts.get(names[ch], 0) + 1
         return {"counts": counts, "failed": failed, "finished": False}
     return {"counts": counts, "failed": failed, "finished": True}
+
+
+def read_candidates(text: str) -> dict[str, Any]:
+    """The candidates step's lines, ``# candidate: ok|wrong|failed KEY CONFIG (...): reason (S s)``: counts per
+    status, and the wrong and failed ones (key, config, reason). ``finished``: its count line was printed."""
+    counts = {"ok": 0, "wrong": 0, "failed": 0}
+    bad = []
+    line_re = re.compile(re.escape(CANDIDATE_PREFIX) + r"(ok|wrong|failed) (\S+) (\S+) \(([^)]*)\): (.*?)"
+                         r"(?: \([\d.]+ s\))?$")
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if not m:
+            continue
+        status, key, config, where, reason = m.groups()
+        counts[status] += 1
+        if status != "ok":
+            bad.append({"status": status, "key": key, "config": config, "where": where, "reason": reason})
+    finished = re.search(r"^# candidates: \d+ ok, \d+ wrong, \d+ failed of", text, re.M) is not None
+    head = re.search(r"^# candidates: (sm_\d+), \d+ candidates .*?, (\w+), T (\d+)", text, re.M)
+    arch, dtype = (head.group(1), head.group(2)) if head else (None, None)
+    return {"counts": counts, "bad": bad, "finished": finished, "arch": arch, "dtype": dtype}
 
 
 def _shape(header: str) -> dict[str, Any]:
@@ -156,8 +178,8 @@ def triton_configs(text: str) -> list[dict[str, Any]]:
     return out
 
 
-READERS = {"env": read_env, "tests": read_pytest, "attention": read_attention, "train": read_train,
-           "decode": read_decode, "small-jobs": read_small_jobs}
+READERS = {"env": read_env, "candidates": read_candidates, "tests": read_pytest, "attention": read_attention,
+           "train": read_train, "decode": read_decode, "small-jobs": read_small_jobs}
 
 
 # ---------------------------------------------------------------------------------------------- the summary
@@ -333,6 +355,17 @@ def render_md(s: dict[str, Any]) -> str:
            "## Steps", "", "| step | status | seconds | limit | output |", "| --- | --- | --- | --- | --- |"]
     out += [f"| {st['name']} | {st['status']} | {st['seconds']:.1f} | {st['limit_s']:.0f} | {st['output']} |"
             for st in s["steps"]]
+    for name, r in s["results"].items():
+        if r["kind"] == "candidates":
+            c = r["counts"]
+            out += ["", f"## Triton candidates (`{name}`)", "",
+                    f"{c['ok']} ok, {c['wrong']} wrong (test failures: a config the tuner may pick computes a wrong "
+                    f"answer), {c['failed']} failed to compile or launch"
+                    + ("" if r["finished"] else " (stopped before its count line: the candidates it got to)")
+                    + f"; each against the float64 oracle ({r.get('arch') or '?'}, {r.get('dtype') or '?'}). Wrong "
+                    "and failed ones are left out of the later steps' tuning."]
+            out += [f"- {'WRONG' if b['status'] == 'wrong' else 'FAILED'} {b['key']} {b['config']} ({b['where']}): "
+                    f"{b['reason']}" for b in r["bad"]]
     for name, r in s["results"].items():
         if r["kind"] == "tests":
             c = r["counts"]

@@ -15,7 +15,9 @@ place), keeps the fastest per shape key (arch, dtype, d, dv, variant, kernel, se
 of the process, and launches it. A candidate that fails to compile or launch is skipped. It never measures under
 Triton's CPU interpreter (tests pass their own tiles or get ``default_config``), under ``torch.compile`` tracing or
 during CUDA-graph capture (then the key's choice if one was made, else the default config). ``chosen_configs()``
-reports the choices; ``bench attention|train|decode`` print them as ``# triton config:`` lines.
+reports the choices; ``bench attention|train|decode`` print them as ``# triton config:`` lines. Candidates listed in
+the JSON file named by ``$DIFFTRANSFORMER_TRITON_SKIP`` (``skipped``; gpu-check's candidates step writes those that
+computed a wrong answer or failed to compile on its GPU) are left out.
 
 Why not ``triton.autotune``: the decode kernel's partial buffers depend on its tile (the split count), the choice
 must be skippable under graph capture and tracing, and the ahead-of-time compile test drives the raw kernels.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -76,6 +78,10 @@ CANDIDATES_16BIT: dict[str, dict[str, tuple[Config, ...]]] = {
 BENCH_WARMUP_MS = 5
 BENCH_REP_MS = 20
 
+# A JSON file of candidates to leave out (``skipped``), written by gpu-check's candidates step.
+SKIP_ENV = "DIFFTRANSFORMER_TRITON_SKIP"
+_SKIP_CACHE: dict[str, Any] = {}
+
 _CHOSEN: dict[tuple, Config] = {}  # shape key -> the config its launches use
 _MEASURED: set[tuple] = set()  # the keys whose config was measured among several (the others had one option)
 
@@ -110,11 +116,35 @@ def candidates(arch: int, dtype: torch.dtype, d: int, dv: int, shared_k: bool, k
         return [default]
     from .triton_fits import FITS  # generated data (tests/model/triton_launches.py --candidates --write)
 
-    rows = FITS.get(fit_key(arch, variant_of(d, dv, shared_k), d, kernel))
+    key = fit_key(arch, variant_of(d, dv, shared_k), d, kernel)
+    rows = FITS.get(key)
     if rows is None:
         return [default]
     fitting = [tuple(r["config"]) for r in rows if r["fits"]]
-    return [default, *(c for c in fitting if c != default)]
+    options = [default, *(c for c in fitting if c != default)]
+    skip = skipped()
+    kept = [c for c in options if (key, c) not in skip]
+    return kept or [default]  # everything left out: the default, as without a tuner
+
+
+def skipped() -> frozenset[tuple[str, Config]]:
+    """The (fit key, config) pairs the tuner leaves out: those listed in the JSON file named by ``$SKIP_ENV``
+    (``{"skip": [{"key": "sm_90/v1/d128/fwd", "config": [128, 64, 8, 2], ...}]}``), which gpu-check's candidates
+    step writes for the candidates that computed a wrong answer or failed to compile on the GPU it ran on
+    (``bench/gpu_candidates.py``). Empty where the variable is unset or the file is absent; read again when the
+    file changes."""
+    path = os.environ.get(SKIP_ENV)
+    if not path or not os.path.isfile(path):
+        return frozenset()
+    stamp = (path, os.stat(path).st_mtime_ns)
+    if _SKIP_CACHE.get("stamp") != stamp:
+        import json
+
+        with open(path) as f:
+            entries = json.load(f).get("skip", [])
+        _SKIP_CACHE.update(stamp=stamp, skip=frozenset((str(e["key"]), tuple(int(c) for c in e["config"]))
+                                                       for e in entries))
+    return _SKIP_CACHE["skip"]
 
 
 def seq_bucket(n: int) -> int:
