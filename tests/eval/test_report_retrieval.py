@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 from difftransformer.eval.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
-from difftransformer.eval.report.retrieval import failures, retrieval_verdicts, section, sensitivity_table
+from difftransformer.eval.report.retrieval import failures, section, sensitivity_table
+from difftransformer.retrieval.statistics import verdicts as retrieval_verdicts
+from difftransformer.retrieval.statistics import verdicts_by_policy
 
 N = 1024  # queries per condition
 PRIMARY, EXTRA = "p32c32", "p16c128"
@@ -49,6 +51,7 @@ def _results(base: list[float], diff: list[float], quick: bool = False, base_ans
         for v, accs in (("baseline", base_lr), ("diff_v1", diff_lr)):
             res["variants"][v]["lr_robustness"] = [{"seed": s, "failed": False, "conditions": {
                 PRIMARY: {"accuracy": a, "n_queries": N}}} for s, a in enumerate(accs)]
+    res["verdicts"] = verdicts_by_policy(res)  # what the benchmark writes to its results.json
     return res
 
 

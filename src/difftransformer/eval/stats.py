@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Optional, Union
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -265,6 +265,17 @@ def compare_spread(base_orders: Sequence[Sequence[float]], diff_orders: Sequence
     ok = all(above_chance(m, n_queries, chance, level) for m in means)
     return v if ok else replace(v, verdict=INCONCLUSIVE, reason=f"not both models above chance ({chance:.3g}): "
                                                                 "the order spread is noise there")
+
+
+def verdict_row(claim: str, paper: str, variant: str, measure: str, v: Verdict) -> dict[str, Any]:
+    """One verdict row of a page or a study's JSON (the claim's words beside the statistics)."""
+    why = v.reason
+    if all(math.isfinite(x) for x in v.ci):
+        what = "DIFF / baseline" if v.scale == "ratio" else "DIFF - baseline"
+        why = (f"{what} {v.estimate:.4g}, {v.level:.0%} CI [{v.ci[0]:.4g}, {v.ci[1]:.4g}] ({v.method}, seeds "
+               f"{v.n_seeds[0]}/{v.n_seeds[1]}); {v.reason}")
+    return {"claim": claim, "paper": paper, "variant": variant, "measure": measure, "verdict": v.verdict, "why": why,
+            "stats": asdict(v)}
 
 
 def smoke_run(steps: int, min_steps: int = SMOKE_MIN_STEPS) -> Optional[Verdict]:

@@ -23,6 +23,7 @@ from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, run_jobs
 from .config import RetrievalConfig
 from .protocol import Job, assemble, needed_jobs
 from .scheduler import JOURNAL
+from .statistics import verdicts_by_policy
 
 PROTOCOL_VERSION = 3
 
@@ -133,6 +134,7 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
                                         for v, x in variants.items()},
                     "loadavg_before": load0, "loadavg_after": _load(), "cpu_count": os.cpu_count()},
     }
+    results["verdicts"] = verdicts_by_policy(results)  # PROTOCOL.md's "Statistics": the rows the report draws
     if out_dir is not None:
         write_outputs(results, out_dir)
     return results

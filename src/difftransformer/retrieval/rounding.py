@@ -15,16 +15,16 @@ from typing import Any, Optional
 
 from ..jobs import RunOptions
 from .config import RetrievalConfig
+from .statistics import verdicts
 
 ROUNDING_JSON = "rounding.json"
 
 
 def verdict_table(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per counted verdict: claim, variant, verdict, estimate, interval, seeds."""
-    from ..eval.report.retrieval import retrieval_verdicts
     return [{"claim": r["claim"], "variant": r["variant"], "verdict": r["verdict"],
              "estimate": r["stats"]["estimate"], "ci": r["stats"]["ci"], "n": r["stats"]["n_seeds"][0]}
-            for r in retrieval_verdicts(results)]
+            for r in verdicts(results)]
 
 
 def compare(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:

@@ -1,21 +1,10 @@
 """The report's lead section: the token-level retrieval benchmark (``difftransformer retrieval``) and its verdicts.
 
-It reads the benchmark's ``results.json`` dict only (no model), so the report needs nothing of the benchmark's code.
-The endpoints, the statistics and the treatment of failed runs are those pre-registered in the benchmark's
-``PROTOCOL.md``:
-- primary, "retrieves better among distractors" (Fig. 1, Table 2, Fig. 5): accuracy at the config's ``primary``
-  condition (inside the trained lengths), paired by seed, gated on a model above chance;
-- secondary, "more attention on the answer" (Table 3): the attention endpoint at that condition (per query the best
-  head's scale-free answer share per layer, layer mean); one measure (its complement, a "noise share", is the
-  same number and is not judged apart);
-- secondary, "retrieves better beyond the trained length": accuracy at the ``extrapolation`` condition;
-- secondary, "more robust to quantised attention logits" (Fig. 8): the accuracy lost at 4-bit logits at the primary
-  condition, lower is better;
-- secondary, "stable across learning rates" (protocol version 3): per seed the mean test accuracy at the primary
-  condition over the pre-registered lr grid (``variants.*.lr_robustness``), independent of any lr choice.
-Every claim is judged on the tuned-lr runs (the primary analysis, failed runs included); the page adds two
-sensitivity rows per verdict, never counted as verdicts: every variant at the matched lr, and the tuned runs
-without the seeds where either variant failed its floor.
+It reads the benchmark's ``results.json`` dict only (no model, none of the benchmark's code): the benchmark decides
+its verdicts (``retrieval/statistics.py``, PROTOCOL.md's "Endpoints" and "Statistics") and writes them under
+``verdicts``, one list of rows per policy; this page draws them. Every claim is judged on the tuned-lr runs (the
+primary analysis, failed runs included); the page adds two sensitivity rows per verdict, never counted as verdicts:
+every variant at the matched lr, and the tuned runs without the seeds where either variant failed its floor.
 """
 
 from __future__ import annotations
@@ -27,128 +16,48 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...model import variants as registry
 from ...model.variants import label as vlabel
 from .. import stats
-from .verdicts import row
 
-QUANT_BITS = 4
-MIN_EFFECT = {"acc": 0.02, "attention": 0.02, "extrapolation": 0.02, "quant": 0.02, "lr": 0.02}  # PROTOCOL.md
-POLICIES = (("runs", "tuned lr"), ("matched_runs", "matched lr"), ("no_failures", "tuned lr, failed seeds dropped"))
+# results.json's verdict policies (the benchmark's ``statistics.POLICIES``) and how the page names them
+POLICY_LABELS = {"runs": "tuned lr", "matched_runs": "matched lr", "no_failures": "tuned lr, failed seeds dropped"}
 FIGURES = (("accuracy_heatmap.png", "Accuracy by facts x context length per variant (Fig. 5 style), seed mean"),
            ("accuracy_vs_difficulty.png", "Accuracy per condition, seed mean and standard deviation"),
            ("attention_shares.png", "Scale-free answer share of the answering query per layer"),
            ("quantization.png", "Accuracy with attention logits quantised (Fig. 8)"),
            ("accuracy_vs_lr.png", "Accuracy against learning rate per variant (every test seed), seed mean and sd"),
            ("attention_row.png", "One query's attention row per variant (Fig. 1)"))
+NO_VERDICTS = ("This results.json holds no verdict rows (written before the benchmark wrote its own): rerun "
+               "`difftransformer retrieval --out DIR` with the same options to add them (it resumes from its journal "
+               "and runs no job).")
 
 
 def _runs(results: dict[str, Any], variant: str, policy: str = "runs") -> list[dict[str, Any]]:
     return sorted(results["variants"][variant][policy], key=lambda r: r["seed"])
 
 
-def _quant_drop(run: dict[str, Any], condition: str, bits: int) -> float:
-    rows = run["quantized"][condition]
-    full = next(r["accuracy"] for r in rows if r["bits"] is None)
-    return full - next(r["accuracy"] for r in rows if r["bits"] == bits)
-
-
-def _nan_verdict(b, d, reason: str) -> stats.Verdict:
-    return stats.Verdict(stats.INCONCLUSIVE, math.nan, (math.nan, math.nan), (len(b), len(d)), "none", reason)
-
-
-def _judge(results: dict[str, Any], claim: str, b: list[dict], d: list[dict]) -> stats.Verdict:
-    cfg = results["config"]
-    cond = cfg["extrapolation"] if claim == "extrapolation" else cfg["primary"]
-    if len(b) < 2 or len(d) < 2:  # the protocol's interval is a t-interval over seeds: it needs two pairs
-        return _nan_verdict(b, d, f"{min(len(b), len(d))} seed pair(s) left: no interval over seeds")
-    acc = lambda rs: [r["conditions"][cond]["accuracy"] for r in rs]  # noqa: E731
-    n = b[0]["conditions"][cond]["n_queries"]
-    if claim in ("acc", "extrapolation", "lr"):
-        return stats.compare_accuracy(acc(b), acc(d), n, results["chance"], MIN_EFFECT[claim])
-    if not any(stats.above_chance(acc(rs), n, results["chance"]) for rs in (b, d)):
-        return _nan_verdict(b, d, f"no model retrieves above chance ({results['chance']:.3g}) at {cond}")
-    if claim == "attention":
-        get = lambda rs: [r["conditions"][cond]["attention_endpoint"] for r in rs]  # noqa: E731
-        return stats.compare_seeds(get(b), get(d), True, MIN_EFFECT[claim])
-    try:
-        drops = [[_quant_drop(r, cond, QUANT_BITS) for r in rs] for rs in (b, d)]
-    except (KeyError, StopIteration):
-        return _nan_verdict(b, d, f"{QUANT_BITS}-bit accuracy at {cond} was not measured (see quant_bits)")
-    return stats.compare_seeds(drops[0], drops[1], False, MIN_EFFECT[claim])
-
-
-CLAIMS = (("retrieves better among distractors (primary)", "Fig. 1, Table 2, Fig. 5", "acc",
-           "accuracy at {cond}, inside the trained lengths; gate: above chance"),
-          ("more attention on the answer", "Table 3", "attention",
-           "best head's scale-free answer share per layer, layer mean, at {cond}"),
-          ("retrieves better beyond the trained length", "length extrapolation", "extrapolation",
-           "accuracy at {extra}, longer than any trained context; gate: above chance"),
-          ("more robust to quantised attention logits", "Fig. 8", "quant",
-           f"accuracy lost at {QUANT_BITS}-bit logits at {{cond}}"),
-          ("stable across learning rates", "V2 article; V1 reuses the baseline's hyperparameters", "lr",
-           "test accuracy at {cond}, mean over the pre-registered lr grid per seed; gate: above chance"))
-
-
-def _paired(results: dict[str, Any], variant: str, policy: str, claim: str = "") -> tuple[list[dict], list[dict]]:
-    """Baseline and ``variant`` runs on the seeds both have, seed order; policy "no_failures" drops the seeds where
-    either run failed its floor."""
-    key = "runs" if policy == "no_failures" else policy
-    if claim == "lr":  # one value per seed over the whole grid: no lr policy applies
-        key = "lr_robustness"
-    b, d = _runs(results, registry.reference().name, key), _runs(results, variant, key)
-    seeds = sorted({r["seed"] for r in b} & {r["seed"] for r in d})
-    if policy == "no_failures":
-        bad = {r["seed"] for r in b + d if r.get("failed")}
-        seeds = [s for s in seeds if s not in bad]
-    return [r for r in b if r["seed"] in seeds], [r for r in d if r["seed"] in seeds]
-
-
-def _smoke(results: dict[str, Any]) -> bool:
-    return bool(results.get("quick")) or results["config"]["steps"] < stats.SMOKE_MIN_STEPS
-
-
-def _diff_variants(results: dict[str, Any]) -> list[str]:
-    base = registry.reference().name
-    return [v for v in results["variants"] if v != base] if base in results["variants"] else []
-
-
 def retrieval_verdicts(results: dict[str, Any], policy: str = "runs") -> list[dict[str, Any]]:
-    """One row per claim and DIFF variant, paired by seed, under ``policy`` ("runs": the tuned lr, the primary
-    analysis and the only rows counted as verdicts; "matched_runs"; "no_failures"). A quick (smoke) benchmark
-    gives no verdicts."""
-    cfg = results["config"]
-    out = []
-    for title, paper, key, measure in CLAIMS:
-        if key == "lr" and not all("lr_robustness" in x for x in results["variants"].values()):
-            continue  # a version-2 results.json: no such endpoint
-        for v in _diff_variants(results):
-            b, d = _paired(results, v, policy, key)
-            if _smoke(results):
-                verdict = stats.Verdict(stats.SMOKE, math.nan, (math.nan, math.nan), (len(b), len(d)), "none",
-                                        "a quick or short benchmark trains too few steps for any verdict (a smoke run)")
-            else:
-                verdict = _judge(results, key, b, d)
-            out.append(row(title, paper, v, measure.format(cond=cfg["primary"], extra=cfg["extrapolation"]), verdict))
-    return out
+    """The benchmark's verdict rows under ``policy`` ("runs": the tuned lr, the only rows counted as verdicts;
+    "matched_runs"; "no_failures"), as its results.json holds them; none from a results.json that predates them."""
+    return list(results.get("verdicts", {}).get(policy, []))
 
 
 def sensitivity_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """Every verdict under the three policies side by side, and whether the sensitivity rows agree with it."""
-    by = {p: retrieval_verdicts(results, p) for p, _ in POLICIES}
+    by = {p: retrieval_verdicts(results, p) for p in POLICY_LABELS}
     rows = []
     for i, r in enumerate(by["runs"]):
         cells = [r["claim"], vlabel(r["variant"])]
-        for p, _ in POLICIES:
+        for p in POLICY_LABELS:
             x = by[p][i]
             st = x["stats"]
             ci = st["ci"]
             est = (f"{st['estimate']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] n={st['n_seeds'][0]}"
                    if all(math.isfinite(c) for c in ci) else "no interval")
             cells.append(f"{x['verdict']}: {est}")
-        cells.append("yes" if len({by[p][i]["verdict"] for p, _ in POLICIES}) == 1 else "NO")
+        cells.append("yes" if len({by[p][i]["verdict"] for p in POLICY_LABELS}) == 1 else "NO")
         rows.append(cells)
-    return ["claim", "variant"] + [label for _, label in POLICIES] + ["all agree"], rows
+    return ["claim", "variant", *POLICY_LABELS.values(), "all agree"], rows
 
 
 def failures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -209,7 +118,8 @@ def shares_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     cond = results["config"]["primary"]
     rows = []
     for v in results["variants"]:
-        for policy, policy_label in POLICIES[:2]:
+        for policy in ("runs", "matched_runs"):
+            policy_label = POLICY_LABELS[policy]
             xs = [r["conditions"][cond]["attention_endpoint"] for r in _runs(results, v, policy)]
             per_layer = [r["conditions"][cond]["best_head_share_per_layer"] for r in _runs(results, v, policy)]
             layers = "; ".join(f"{statistics.fmean(p[i] for p in per_layer):.3f}" for i in range(len(per_layer[0])))
@@ -280,6 +190,8 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
                      + "".join(f"<li>{html.escape(d)}</li>" for d in results["deviations"]) + "</ul>")
     if results.get("quick"):
         parts.append("<p class='note'>A quick benchmark: a smoke run, its numbers mean nothing.</p>")
+    if "verdicts" not in results:
+        parts.append(f"<p class='note'>{html.escape(NO_VERDICTS)}</p>")
     head, rows = sensitivity_table(results)
     parts.append("<h3>Every verdict under the sensitivity policies (not counted as verdicts)</h3>"
                  + table(head, rows, left=len(head)))
