@@ -148,3 +148,34 @@ def test_the_job_runner_imports_no_study():
         users = sorted(n for n, deps in g.items()
                        if n.startswith(study) and "difftransformer.retrieval.scheduler" in deps)
         assert not users, f"{users} import the runner through retrieval"
+
+
+STUDIES = ("difftransformer.retrieval", "difftransformer.lmsweep")  # each owns its protocol and its statistics
+REPORT = "difftransformer.eval.report"
+
+
+def _under(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def study_report_crossings(g: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports that break "studies decide, the report draws": anything under ``eval/`` importing a study, or a
+    study importing the report (a study may use ``eval.stats``, the library's statistics)."""
+    return sorted((n, d) for n, deps in g.items() for d in deps
+                  if (_under(n, ("difftransformer.eval",)) and _under(d, STUDIES))
+                  or (_under(n, STUDIES) and _under(d, (REPORT,))))
+
+
+def test_the_crossing_finder_finds_both_directions():
+    g = {"difftransformer.eval.report.x": {"difftransformer.lmsweep.sweep"},
+         "difftransformer.retrieval.rounding": {"difftransformer.eval.report.retrieval", "difftransformer.eval.stats"},
+         "difftransformer.lmsweep.analysis": {"difftransformer.eval.stats", "difftransformer.retrieval.protocol"}}
+    assert study_report_crossings(g) == [("difftransformer.eval.report.x", "difftransformer.lmsweep.sweep"),
+                                         ("difftransformer.retrieval.rounding", "difftransformer.eval.report.retrieval")]
+
+
+def test_studies_decide_and_the_report_draws():
+    """The report reads what the studies wrote (results.json, sweep.json); no study imports the page."""
+    g = graph()
+    assert "difftransformer.retrieval.statistics" in g and "difftransformer.eval.report.retrieval" in g
+    assert study_report_crossings(g) == []

@@ -182,8 +182,10 @@ def _verdict_dict(v, n: int, extra: str = "") -> dict[str, Any]:
             "why": "; ".join(x for x in (v.reason, extra) if x)}
 
 
-def _compare(cfg: LMSweepConfig, base_runs: list[dict], diff_runs: list[dict], value: Callable[[dict], float],
+def _compare(base_runs: list[dict], diff_runs: list[dict], value: Callable[[dict], float],
              ratio: bool = False) -> dict[str, Any]:
+    """A paired comparison of ``value`` (a t interval on the differences, or on the log ratios with ``ratio``), made
+    inconclusive by the training floor (``floor_rule``)."""
     from ..eval import stats
     b, d = [value(r) for r in base_runs], [value(r) for r in diff_runs]
     v = (stats.compare_ratio(b, d, max_ratio=OUTLIER_MAX_RATIO) if ratio
@@ -194,6 +196,87 @@ def _compare(cfg: LMSweepConfig, base_runs: list[dict], diff_runs: list[dict], v
         out.update(verdict=stats.INCONCLUSIVE,
                    why=f"diverged or above the unigram floor: {', '.join(bad)}; " + out["why"])
     return out
+
+
+def floor_rule(runs: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """"Seeds, learning rates and the choice": a comparison whose chosen runs include a diverged or floor-failing
+    run is inconclusive whatever its interval; None when every run passed."""
+    if all(passed(r) for r in runs):
+        return None
+    from ..eval import stats
+    return {"verdict": stats.INCONCLUSIVE, "estimate": None, "ci": [None, None],
+            "why": "a run at the chosen lr diverged or stayed above the unigram floor"}
+
+
+Runs = dict[int, list[dict[str, Any]]]  # width -> the runs of one variant, seed order
+
+
+def endpoint_a(at_base: Runs, at_diff: Runs, loss: Callable[[dict], float]) -> dict[str, Any]:
+    """(a) final loss per width: DIFF minus baseline test-half loss per seed, paired t."""
+    return {str(w): _compare(at_base[w], at_diff[w], loss) for w in at_base}
+
+
+def endpoint_b(at_base: Runs, at_diff: Runs, loss: Callable[[dict], float], count: str) -> dict[str, Any]:
+    """(b) Fig. 3a: the parameter ratio of the log-linear fits over the widths (``count``: "params_non_embedding",
+    the protocol's; "params", the sensitivity row), bootstrap over seeds."""
+    ws = list(at_base)
+    nb = [at_base[w][0][count] for w in ws]
+    nd = [at_diff[w][0][count] for w in ws]
+    lb = np.array([[loss(r) for r in at_base[w]] for w in ws])  # (widths, seeds)
+    ld = np.array([[loss(r) for r in at_diff[w]] for w in ws])
+    return _ratio_json(ratio_verdict(_param_fn(nb, lb, nd, ld), lb.shape[1]))
+
+
+def endpoint_c(cfg: LMSweepConfig, base_runs: list[dict], diff_runs: list[dict]) -> dict[str, Any]:
+    """(c) Fig. 3b at the largest width: the token ratio of the seed-mean test-half curves, bootstrap over seeds."""
+    if (bad := floor_rule(base_runs + diff_runs)) is not None:
+        return bad
+    cb = np.array([r["curve"]["test_loss"] for r in base_runs])  # (seeds, points)
+    cd = np.array([r["curve"]["test_loss"] for r in diff_runs])
+    tokens = [s * cfg.batch * cfg.seq_len for s in base_runs[0]["curve"]["steps"]]
+    return _ratio_json(ratio_verdict(_token_fn(tokens, cb, cd), len(base_runs)))
+
+
+def endpoint_d(base_runs: list[dict], diff_runs: list[dict], field: str) -> dict[str, Any]:
+    """(d) Table 5 at the largest width: DIFF over baseline of the run's largest ``field`` ("attention_logit_top1",
+    "hidden_state_top1"), paired t on the log."""
+    if (bad := floor_rule(base_runs + diff_runs)) is not None:
+        return bad
+    return _compare(base_runs, diff_runs, _outlier(field), ratio=True)
+
+
+def endpoint_e(cfg: LMSweepConfig, w: int, base: str, v: str, done: dict[Job, dict[str, Any]], cap: float
+               ) -> dict[str, Any]:
+    """(e) at one width: per seed the grid-mean test-half loss (diverged capped), DIFF minus baseline, paired t."""
+    from ..eval import stats
+
+    def per_seed(var: str) -> list[float]:
+        return [statistics.fmean(loss_of(done[Job(w, var, s, lr)], "test_loss", cap) for lr in cfg.lr_grid)
+                for s in cfg.test_seeds]
+    b, d = per_seed(base), per_seed(v)
+    out = _verdict_dict(stats.compare_seeds(b, d, higher_is_better=False, min_effect=0.0), len(b))
+    out["base"], out["diff"] = b, d
+    return out
+
+
+def endpoints(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float, at: dict[str, Runs],
+              matched: dict[str, Runs], variant: str) -> dict[str, Any]:
+    """Every endpoint of one DIFF variant against the baseline ("Endpoints and statistics"), with the sensitivity
+    rows (the matched lr, total parameters)."""
+    base = registry.reference().name
+    ws = sorted(at[base])
+    big = max(ws)
+    test = lambda r: loss_of(r, "test_loss", cap)  # noqa: E731
+    e: dict[str, Any] = {"loss": endpoint_a(at[base], at[variant], test),
+                         "loss_matched_lr": endpoint_a(matched[base], matched[variant], test)}
+    if len(ws) > 1:  # a fit needs two widths (a partial rounding check may have one)
+        e["param_ratio"] = endpoint_b(at[base], at[variant], test, "params_non_embedding")
+        e["param_ratio_total"] = endpoint_b(at[base], at[variant], test, "params")
+    e["token_ratio"] = endpoint_c(cfg, at[base][big], at[variant][big])
+    e["outliers_attention_logit"] = endpoint_d(at[base][big], at[variant][big], "attention_logit_top1")
+    e["outliers_hidden_state"] = endpoint_d(at[base][big], at[variant][big], "hidden_state_top1")
+    e["lr_robustness"] = {str(w): endpoint_e(cfg, w, base, variant, done, cap) for w in ws}
+    return e
 
 
 def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float,
@@ -215,43 +298,13 @@ def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float,
                   "diverged": [r["seed"] for r in at[v][w] if r["diverged"]], "floor": at[v][w][0]["floor"],
                   "grid": lr_scores((r for j, r in done.items() if j.width == w and j.variant == v), cap)}
                  for w in ws] for v in cfg.variants}
-    test = lambda r: loss_of(r, "test_loss", cap)  # noqa: E731
-    endpoints: dict[str, dict[str, Any]] = {v: {} for v in diffs}
-    for v in diffs:
-        e = endpoints[v]
-        e["loss"] = {str(w): _compare(cfg, at[base][w], at[v][w], test) for w in ws}
-        e["loss_matched_lr"] = {str(w): _compare(cfg, matched[base][w], matched[v][w], test) for w in ws}
-        fits = (("param_ratio", "params_non_embedding"), ("param_ratio_total", "params")) if len(ws) > 1 else ()
-        for key, count in fits:
-            nb = [at[base][w][0][count] for w in ws]
-            nd = [at[v][w][0][count] for w in ws]
-            lb = np.array([[test(r) for r in at[base][w]] for w in ws])  # (widths, seeds)
-            ld = np.array([[test(r) for r in at[v][w]] for w in ws])
-            e[key] = _ratio_json(ratio_verdict(_param_fn(nb, lb, nd, ld), len(S)))
-        cb = np.array([r["curve"]["test_loss"] for r in at[base][big]])  # (seeds, points)
-        cd = np.array([r["curve"]["test_loss"] for r in at[v][big]])
-        tokens = [s * cfg.batch * cfg.seq_len for s in at[base][big][0]["curve"]["steps"]]
-        if all(passed(r) for r in at[base][big] + at[v][big]):
-            e["token_ratio"] = _ratio_json(ratio_verdict(_token_fn(tokens, cb, cd), len(S)))
-        else:
-            from ..eval import stats
-            e["token_ratio"] = {"verdict": stats.INCONCLUSIVE, "estimate": None, "ci": [None, None],
-                                "why": "a run at the chosen lr diverged or stayed above the unigram floor"}
-        for key, field in (("outliers_attention_logit", "attention_logit_top1"),
-                           ("outliers_hidden_state", "hidden_state_top1")):
-            if all(passed(r) for r in at[base][big] + at[v][big]):
-                e[key] = _compare(cfg, at[base][big], at[v][big], _outlier(field), ratio=True)
-            else:
-                from ..eval import stats
-                e[key] = {"verdict": stats.INCONCLUSIVE, "estimate": None, "ci": [None, None],
-                          "why": "a run at the chosen lr diverged or stayed above the unigram floor"}
-        e["lr_robustness"] = {str(w): _robust(cfg, w, base, v, done, cap) for w in ws}
+    found = {v: endpoints(cfg, done, cap, at, matched, v) for v in diffs}
     from ..eval import stats
     if stats.smoke_run(cfg.steps) is not None:  # too few steps for any verdict (the library's smoke rule)
-        _smoke(endpoints, f"{cfg.steps} training steps, fewer than {stats.SMOKE_MIN_STEPS}: a smoke run")
+        _smoke(found, f"{cfg.steps} training steps, fewer than {stats.SMOKE_MIN_STEPS}: a smoke run")
     return {
         "widths": ws, "seeds": S, "lr_grid": list(cfg.lr_grid), "loss_cap": cap, "chosen_lr": chosen,
-        "table": table, "endpoints": endpoints,
+        "table": table, "endpoints": found,
         "curves": {v: {"tokens": [s * cfg.batch * cfg.seq_len for s in at[v][big][0]["curve"]["steps"]],
                        "test_loss": [r["curve"]["test_loss"] for r in at[v][big]]} for v in cfg.variants},
         "diverged_runs": {v: sum(bool(r["diverged"]) for j, r in done.items() if j.variant == v)
@@ -288,16 +341,3 @@ def _outlier(field: str) -> Callable[[dict[str, Any]], float]:
 def _ratio_json(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "estimate": _json_float(r["estimate"]), "ci": [_json_float(x) for x in r["ci"]],
             "per_seed": [_json_float(x) for x in r["per_seed"]]}
-
-
-def _robust(cfg: LMSweepConfig, w: int, base: str, v: str, done: dict[Job, dict[str, Any]], cap: float):
-    """(e) at one width: per seed the grid-mean test-half loss (diverged capped), DIFF minus baseline, paired t."""
-    from ..eval import stats
-
-    def per_seed(var: str) -> list[float]:
-        return [statistics.fmean(loss_of(done[Job(w, var, s, lr)], "test_loss", cap) for lr in cfg.lr_grid)
-                for s in cfg.test_seeds]
-    b, d = per_seed(base), per_seed(v)
-    out = _verdict_dict(stats.compare_seeds(b, d, higher_is_better=False, min_effect=0.0), len(b))
-    out["base"], out["diff"] = b, d
-    return out

@@ -80,6 +80,7 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any) -> dict[st
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
     from ..retrieval.benchmark import protocol_deviations
     res["deviations"] = protocol_deviations(Path(__file__).with_name("PROTOCOL.md"))
+    res["verdict_rows"], res["sensitivity_rows"] = verdict_rows(res), sensitivity_rows(res)  # what the report draws
     atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
     plot_all(res, out)
     return res

@@ -1,4 +1,7 @@
-"""The report page's section for ``difftransformer lm-sweep``'s output (its sweep.json and plots)."""
+"""The report page's section for ``difftransformer lm-sweep``'s output (its sweep.json and plots).
+
+The sweep decides its verdicts and writes its rows to sweep.json (``verdict_rows``, ``sensitivity_rows``: lists of
+strings, see ``lmsweep/sweep.py``); this page draws them and imports none of the sweep's code."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from ...model.variants import label
 
 def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
     """The HTML of the sweep's section; ``table``/``image``/``slug`` are the page's own helpers."""
-    from ...lmsweep.sweep import sensitivity_rows, verdict_rows
     cfg = res["config"]
     grid = ", ".join(f"{x:g}" for x in cfg["lr_grid"])
     intro = (f"Pre-registered in the sweep's PROTOCOL.md (version {res['protocol_version']}). Widths d_model "
@@ -28,7 +30,11 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
     if res.get("deviations"):
         parts.append("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
                      + "".join(f"<li>{html.escape(d)}</li>" for d in res["deviations"]) + "</ul>")
-    rows = verdict_rows(res)
+    if "verdict_rows" not in res:
+        parts.append("<p class='note'>This sweep.json holds no verdict rows (written before the sweep wrote its own): "
+                     "rerun <code>difftransformer lm-sweep --out DIR</code> with the same options to add them (it "
+                     "resumes from its journal and runs no job).</p>")
+    rows = res.get("verdict_rows", [])
     parts.append(table(["endpoint", "variant", "estimate [95% interval]", "n", "verdict", "paper"],
                        [[r[0], label(r[1]), r[2], r[3], r[4], r[5]] for r in rows], cls=[slug(r[4]) for r in rows],
                        left=6))
@@ -40,7 +46,7 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
                               + (" (grid widened)" if w["widened"] else ""), f"{mean:.4f}", f"{w['floor']:.3f}"])
     parts.append(table(["variant", "d_model", "non-embedding parameters", "parameters", "chosen lr",
                         "test-half loss (seed mean)", "unigram floor"], per_width, left=1))
-    srows = sensitivity_rows(res)
+    srows = res.get("sensitivity_rows", [])
     parts.append("<h3>Sensitivity rows (not counted as verdicts)</h3>"
                  + table(["endpoint", "variant", "estimate [95% interval]", "verdict"],
                          [[r[0], label(r[1]), r[2], r[3]] for r in srows], left=4))
