@@ -4,7 +4,8 @@ The training is ``difftransformer train``'s: the preset's ``TrainConfig`` with t
 (``train_config``), ``trainer.train_step`` for every optimizer step (AdamW, warmup + cosine, clipping, a non-finite
 step skipped) and the trainer's ``WindowSampler`` seeded by the seed, so at seed s every variant and width sees the
 same windows in the same order. No checkpoint is written: the job's result is its measures (PROTOCOL.md,
-"Measures"), journaled by the job runner (``difftransformer.jobs``).
+"Seeds, learning rates and the choice": the two halves, the divergence rule and the floor; "Endpoints and
+statistics": what each endpoint reads), journaled by the job runner (``difftransformer.jobs``).
 
 Measures: the validation windows (non-overlapping, of ``seq_len`` tokens) split by parity into a *tuning half* (even
 windows: the lr choice only) and a *test half* (odd windows: every endpoint); the test-half loss every
@@ -21,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from .config import LMSweepConfig
-
-DIVERGED = "diverged"
 
 
 def train_config(cfg: LMSweepConfig, width: int, variant: str, seed: int, lr: float, data_dir: str,

@@ -36,7 +36,6 @@ from typing import Any
 from ..model import variants as registry
 
 DISTRACTOR_KINDS = ("random", "near")
-LR_POLICIES = ("tuned", "matched")
 
 
 @dataclass(frozen=True)

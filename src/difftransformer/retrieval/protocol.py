@@ -12,7 +12,6 @@ import statistics
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Optional
 
-from ..model import variants as registry
 from .config import RetrievalConfig
 
 
@@ -138,8 +137,3 @@ def assemble(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]]) -> dict[str,
         }
     return out
 
-
-def reference_first(variants: Iterable[str]) -> list[str]:
-    base = registry.reference().name
-    vs = list(variants)
-    return [base] + [v for v in vs if v != base] if base in vs else vs
