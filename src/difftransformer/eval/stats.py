@@ -15,7 +15,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 
@@ -265,6 +265,22 @@ def compare_spread(base_orders: Sequence[Sequence[float]], diff_orders: Sequence
     ok = all(above_chance(m, n_queries, chance, level) for m in means)
     return v if ok else replace(v, verdict=INCONCLUSIVE, reason=f"not both models above chance ({chance:.3g}): "
                                                                 "the order spread is noise there")
+
+
+BOOT_DRAWS = 2000  # the draws of every pre-registered bootstrap ratio interval (generator seed 0)
+BOOT_MAX_UNDEFINED = 0.05  # a larger share of draws without a ratio: inconclusive
+
+
+PercentileRule = Literal["linear", "inverted_cdf"]
+
+
+def percentile_interval(draws: np.ndarray, method: PercentileRule) -> tuple[float, float]:
+    """The 95% percentile interval of bootstrap ``draws``, (nan, nan) without any. ``method``: numpy's quantile rule,
+    pre-registered by each study ("linear" for the retrieval width sweep; "inverted_cdf" for the language-model
+    sweep, an order statistic that tolerates an infinite ratio)."""
+    if not draws.size:
+        return math.nan, math.nan
+    return float(np.quantile(draws, 0.025, method=method)), float(np.quantile(draws, 0.975, method=method))
 
 
 def verdict_row(claim: str, paper: str, variant: str, measure: str, v: Verdict) -> dict[str, Any]:

@@ -19,8 +19,6 @@ from ..model import variants as registry
 from ..retrieval.protocol import next_lr
 from .config import LMSweepConfig
 
-N_BOOT = 2000
-MAX_UNDEFINED = 0.05
 MAX_SLOPE = -1e-9  # a loss-vs-log-parameters slope at or above this is flat or rising: no parameter ratio
 OUTLIER_MAX_RATIO = 0.8
 
@@ -140,25 +138,21 @@ def token_ratio(tokens: Sequence[float], curve_base: Sequence[float], curve_diff
     return math.exp(lo + f * (hi - lo)) / float(t[-1])
 
 
-def _quantile(x: np.ndarray, q: float) -> float:
-    """A percentile that tolerates inf (an order statistic, no interpolation between inf and a number)."""
-    return float(np.quantile(x, q, method="inverted_cdf"))
-
-
-def ratio_verdict(ratio_fn: Callable[[np.ndarray], float], seeds: int, n_boot: int = N_BOOT) -> dict[str, Any]:
+def ratio_verdict(ratio_fn: Callable[[np.ndarray], float], seeds: int, n_boot: Optional[int] = None) -> dict[str, Any]:
     """Estimate, paired percentile bootstrap over seeds and per-seed ratios, and the verdict (PROTOCOL.md (b)).
 
     ``ratio_fn(idx)``: the ratio from the seeds at positions ``idx`` (seed means over them)."""
     from ..eval import stats
+    n_boot = n_boot or stats.BOOT_DRAWS
     est = ratio_fn(np.arange(seeds))
     rng = np.random.default_rng(0)
     boot = np.array([ratio_fn(idx) for idx in rng.integers(0, seeds, size=(n_boot, seeds))])
     per_seed = [ratio_fn(np.array([i])) for i in range(seeds)]
     ok = boot[~np.isnan(boot)]
     undefined = 1 - ok.size / n_boot
-    lo, hi = (_quantile(ok, 0.025), _quantile(ok, 0.975)) if ok.size else (math.nan, math.nan)
+    lo, hi = stats.percentile_interval(ok, "inverted_cdf")  # an order statistic: no interpolation with an inf
     seeds_ok = all(not math.isnan(r) for r in per_seed)
-    if math.isnan(est) or undefined > MAX_UNDEFINED or not seeds_ok:
+    if math.isnan(est) or undefined > stats.BOOT_MAX_UNDEFINED or not seeds_ok:
         verdict, why = stats.INCONCLUSIVE, (f"no ratio in {undefined:.0%} of the bootstrap draws, the estimate or a "
                                            "seed (a fitted curve that does not fall)")
     elif hi < 1 and all(r < 1 for r in per_seed):

@@ -28,8 +28,6 @@ from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..model import variants as registry
 from .config import RetrievalConfig
 
-N_BOOT = 2000
-MAX_UNDEFINED = 0.05
 MIN_SLOPE = 1e-6  # a fitted slope at or below this is flat (saturated or untrained curves): no ratio
 SWEEP_JOURNAL = "sweep-jobs.jsonl"
 
@@ -79,16 +77,16 @@ def analyse(res: dict[str, Any], default_width: int) -> dict[str, Any]:
                            "ratios": {}}
     rng = np.random.default_rng(0)
     S = acc[base].shape[1]
-    draws = rng.integers(0, S, size=(N_BOOT, S))
+    draws = rng.integers(0, S, size=(stats.BOOT_DRAWS, S))
     for v in V:
         if v == base:
             continue
         est = param_ratio(params, acc, v, ref, n)
         boot = np.array([param_ratio(params, {w: acc[w][:, idx] for w in V}, v, ref, n) for idx in draws])
         ok = boot[np.isfinite(boot) & (boot > 0)]
-        undefined = 1 - ok.size / N_BOOT
-        lo, hi = (float(np.percentile(ok, 2.5)), float(np.percentile(ok, 97.5))) if ok.size else (math.nan, math.nan)
-        if not math.isfinite(est) or undefined > MAX_UNDEFINED or S < 2:
+        undefined = 1 - ok.size / stats.BOOT_DRAWS
+        lo, hi = stats.percentile_interval(ok, "linear")  # PROTOCOL.md, "The scaling sweep"
+        if not math.isfinite(est) or undefined > stats.BOOT_MAX_UNDEFINED or S < 2:
             verdict = stats.INCONCLUSIVE
             why = (f"the fitted accuracy-vs-parameters slope is not positive in {undefined:.0%} of the bootstrap "
                    "draws (or in the estimate): no parameter ratio at this scale")
@@ -98,7 +96,7 @@ def analyse(res: dict[str, Any], default_width: int) -> dict[str, Any]:
             verdict, why = stats.NOT_HELD, "the whole ratio interval is above 1"
         else:
             verdict, why = stats.INCONCLUSIVE, "the ratio interval includes 1"
-        out["ratios"][v] = {"estimate": est, "ci": [lo, hi], "undefined_share": undefined, "n_boot": N_BOOT,
+        out["ratios"][v] = {"estimate": est, "ci": [lo, hi], "undefined_share": undefined, "n_boot": stats.BOOT_DRAWS,
                             "seeds": S, "verdict": verdict, "why": why}
     return out
 
