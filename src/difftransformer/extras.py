@@ -34,6 +34,7 @@ OPTIONAL: dict[str, tuple[str, str]] = {
     "accelerate": ("accelerate", "gguf"),
     "lm_eval": ("lm_eval", "lmeval"),
     "triton": ("triton", "triton"),
+    "ray": ("ray", "ray"),
 }
 
 
