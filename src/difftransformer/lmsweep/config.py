@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import variants as registry
+from ..retrieval.config import check_int
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,10 @@ class LMSweepConfig:
         self.validate()
 
     def validate(self) -> None:
-        def posint(name: str, lo: int = 1) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-
         for name, lo in (("n_layers", 1), ("n_heads", 2), ("seq_len", 8), ("batch", 1), ("steps", 1),
                          ("warmup_steps", 0), ("lr_widen", 0), ("seeds", 1), ("seed_base", 0), ("eval_every", 1),
                          ("outlier_windows", 1)):
-            posint(name, lo)
+            check_int(name, getattr(self, name), lo)
         if self.n_heads % 2:
             raise ValueError(f"n_heads must be even (DIFF V1 pairs the baseline's heads), got {self.n_heads}")
         if len(self.widths) < 2 or len(set(self.widths)) != len(self.widths):

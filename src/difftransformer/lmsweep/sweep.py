@@ -18,12 +18,12 @@ import numpy as np
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
 from ..model import variants as registry
+from ..retrieval.sweep import RESULTS
 from .analysis import Job, assemble, needed_jobs
 from .config import LMSweepConfig
 
 PROTOCOL_VERSION = 1
 JOURNAL = "lm-jobs.jsonl"
-RESULTS = "sweep.json"
 
 
 def job_description(cfg: LMSweepConfig, data_fingerprint: str, job: Job, device: str = "cpu") -> dict[str, Any]:

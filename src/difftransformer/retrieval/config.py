@@ -87,9 +87,10 @@ class Layout:
         return 1 + self.n_keys + self.n_values + self.n_filler + self.n_keys * self.n_values
 
 
-def _pos_int(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"RetrievalConfig.{name} must be a positive integer, got {v!r}")
+def check_int(name: str, v: Any, low: int = 1) -> None:
+    """A study config's integer field: an ``int`` (not a bool) of at least ``low``; the error names the field."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
 
 
 @dataclass
@@ -147,13 +148,13 @@ class RetrievalConfig:
     def validate(self) -> None:
         for n in ("queries", "n_keys", "n_values", "n_filler", "key_group", "d_model", "n_layers", "n_heads",
                   "steps", "batch", "seeds", "eval_contexts", "val_contexts"):
-            _pos_int(n, getattr(self, n))
+            check_int(f"RetrievalConfig.{n}", getattr(self, n))
         for n in ("train_pairs", "train_context"):
             r = getattr(self, n)
             if len(r) != 2:
                 raise ValueError(f"RetrievalConfig.{n} must be a (low, high) pair, got {r!r}")
             for x in r:
-                _pos_int(n, x)
+                check_int(f"RetrievalConfig.{n}", x)
             if r[0] > r[1]:
                 raise ValueError(f"RetrievalConfig.{n}={r} must have low <= high")
         if self.train_pairs[0] < self.queries:
@@ -164,12 +165,8 @@ class RetrievalConfig:
         if self.train_context[0] < self.train_pairs[0]:
             raise ValueError(f"RetrievalConfig.train_context={self.train_context} must leave room for "
                              f"train_pairs={self.train_pairs} (low context >= low pairs)")
-        for n in ("warmup", "lr_widen"):
-            v = getattr(self, n)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"RetrievalConfig.{n} must be an integer >= 0, got {v!r}")
-        if isinstance(self.seed_base, bool) or not isinstance(self.seed_base, int) or self.seed_base < 0:
-            raise ValueError(f"RetrievalConfig.seed_base must be an integer >= 0, got {self.seed_base!r}")
+        for n in ("warmup", "lr_widen", "seed_base"):
+            check_int(f"RetrievalConfig.{n}", getattr(self, n), 0)
         from .scheduler import CODE_PATHS
         if self.cpu_code_path not in CODE_PATHS:
             raise ValueError(f"RetrievalConfig.cpu_code_path={self.cpu_code_path!r} is not allowed; choose one of "
@@ -203,8 +200,8 @@ class RetrievalConfig:
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"RetrievalConfig.conditions: names must be distinct and non-empty, got {names}")
         for c in self.conditions:
-            _pos_int(f"conditions[{c.name}].pairs", c.pairs)
-            _pos_int(f"conditions[{c.name}].context", c.context)
+            check_int(f"RetrievalConfig.conditions[{c.name}].pairs", c.pairs)
+            check_int(f"RetrievalConfig.conditions[{c.name}].context", c.context)
             if c.distractors not in DISTRACTOR_KINDS:
                 raise ValueError(f"RetrievalConfig.conditions[{c.name}].distractors={c.distractors!r} is not "
                                  f"allowed; choose one of {', '.join(DISTRACTOR_KINDS)}")
