@@ -119,7 +119,7 @@ def test_a_diverged_seed_at_the_chosen_lr_is_tabled_at_the_cap_and_makes_its_com
 
 
 def test_rounding_check_lines_up_the_verdicts_and_names_what_differs():
-    from difftransformer.lmsweep.sweep import format_rounding, rounding_check
+    from difftransformer.lmsweep.sweep import compare, format_rounding
     c = cfg(lr_widen=0)
     done = bowl(c, 4e-3)
     for s in c.test_seeds:
@@ -133,14 +133,14 @@ def test_rounding_check_lines_up_the_verdicts_and_names_what_differs():
         j = Job(16, "baseline", s, 8e-3)
         other[j] = run(16, "baseline", s, 8e-3, 1.0)
     b = {"config": {**c.to_dict(), "cpu_code_path": "avx2"}, **assemble(c, other, CAP)}
-    check = rounding_check(b, a)
+    check = compare(a, b)
     assert check["code_paths"] == ["machine", "avx2"]
     row = next(r for r in check["rows"] if r[0] == "(a) loss, d=32 (primary)")
     assert (row[3], row[5], row[6]) == (stats.HELD, stats.NOT_HELD, "NO")
     assert check["lr_choices_differ"] == {"baseline": [(16, 4e-3, 8e-3)]}
     assert "lr choices that differ: baseline at d=16: 0.004 vs 0.008" in format_rounding(check)
     with pytest.raises(ValueError, match="another configuration"):
-        rounding_check({**b, "config": {**b["config"], "steps": 7}}, a)
+        compare(a, {**b, "config": {**b["config"], "steps": 7}})
 
 
 def test_partial_rounding_compares_the_widths_both_journals_finished(tmp_path):

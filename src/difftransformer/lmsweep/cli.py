@@ -108,8 +108,8 @@ def run_cli(args) -> int:
         from pathlib import Path
 
         from ..fileio import atomic_write
-        from .sweep import format_rounding, rounding_check
-        check = rounding_check(res, other)
+        from .sweep import compare, format_rounding
+        check = compare(other, res)
         atomic_write(Path(args.out) / "rounding.json", json.dumps(check, indent=1) + "\n")
         print(format_rounding(check))
         print(f"wrote {args.out}/rounding.json")

@@ -241,9 +241,10 @@ def format_sweep(res: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the rounding check
-def rounding_check(res: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """The same sweep under two CPU code paths (``res`` this run, ``other`` the reference run's sweep.json): both
-    verdict tables side by side, the verdicts and lr choices that differ."""
+def compare(other: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
+    """The rounding check's comparison (as ``retrieval.rounding.compare``: the reference first): the same sweep under
+    two CPU code paths (``other`` the reference run's sweep.json, ``res`` this run): both verdict tables side by
+    side, the verdicts and lr choices that differ."""
     if {k: v for k, v in res["config"].items() if k != "cpu_code_path"} != \
             {k: v for k, v in other["config"].items() if k != "cpu_code_path"}:
         raise ValueError("--rounding-of: that sweep ran another configuration (only the CPU code path may differ)")
@@ -312,7 +313,7 @@ def partial_rounding(ref_dir: str | Path, other_dir: str | Path) -> dict[str, An
         return out
     res_a = {"config": ca.to_dict(), **assemble(ca, da, cap, widths)}
     res_b = {"config": cb.to_dict(), **assemble(cb, db, cap, widths)}
-    check = rounding_check(res_b, res_a)
+    check = compare(res_a, res_b)
     rows = [r for r in check["rows"] if not r[0].startswith("(b)")]  # a fit over a subset is not the protocol's
     out.update(code_paths=check["code_paths"], rows=rows, verdicts_same=sum(r[-1] == "yes" for r in rows),
                verdicts=len(rows), lr_choices_differ=check["lr_choices_differ"],
