@@ -149,11 +149,9 @@ def rounding_tables(check: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     return ["claim", "variant", f"CPU code path {names[0]}", f"CPU code path {names[1]}", "same verdict"], rows
 
 
-def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
-    """The HTML of the lead section; ``table``/``image`` are the page's own helpers."""
+def _intro(results: dict[str, Any]) -> str:
+    """The benchmark in words: the task, the training, the lr choice, the seeds and the endpoints."""
     cfg = results["config"]
-    cond = cfg["primary"]
-    fl = failures(results)
     seeds = [r["seed"] for r in _runs(results, next(iter(results["variants"])))]
     grid = ", ".join(f"{x:g}" for x in cfg.get("lr_grid", []))
     if "tuning_seeds" in cfg:  # a version-2 results.json
@@ -163,28 +161,59 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
         how = (f"Every variant ran the lr grid ({grid}) on every test seed; each variant's learning rate was chosen "
                f"by the seed mean of its validation accuracy at the primary condition (the validation split; the "
                f"verdicts read the test split)")
-    intro = (f"Pre-registered in the benchmark's PROTOCOL.md ({results.get('protocol', 'version 2')}). Each training "
-             f"context holds {cfg['train_pairs'][0]}-{cfg['train_pairs'][1]} key-value facts (one token each, drawn "
-             f"per example) in {cfg['train_context'][0]}-{cfg['train_context'][1]} tokens (drawn per batch), the rest "
-             f"filler; {cfg['queries']} keys are asked per context; chance is {results['chance']:.3g}. Trained "
-             f"{cfg['steps']} steps per model. {how}; the {len(seeds)} test seeds ({seeds[0]}-{seeds[-1]}) are judged "
-             f"at it (the primary analysis) and at the matched lr {results['matched_lr']:g} "
-             f"({vlabel(cfg['matched_lr'])}'s, a sensitivity row). Seed s of every variant sees the same example "
-             f"stream and starts from the same tensors where shapes match. Primary endpoint: accuracy at {cond}, "
-             f"{cfg['train_context'][1]} tokens or fewer (inside the trained lengths); length extrapolation "
-             f"({cfg['extrapolation']}) and stability across the lr grid are secondary. Cells: seed mean [95% "
-             f"interval].")
+    return (f"Pre-registered in the benchmark's PROTOCOL.md ({results.get('protocol', 'version 2')}). Each training "
+            f"context holds {cfg['train_pairs'][0]}-{cfg['train_pairs'][1]} key-value facts (one token each, drawn "
+            f"per example) in {cfg['train_context'][0]}-{cfg['train_context'][1]} tokens (drawn per batch), the rest "
+            f"filler; {cfg['queries']} keys are asked per context; chance is {results['chance']:.3g}. Trained "
+            f"{cfg['steps']} steps per model. {how}; the {len(seeds)} test seeds ({seeds[0]}-{seeds[-1]}) are judged "
+            f"at it (the primary analysis) and at the matched lr {results['matched_lr']:g} "
+            f"({vlabel(cfg['matched_lr'])}'s, a sensitivity row). Seed s of every variant sees the same example "
+            f"stream and starts from the same tensors where shapes match. Primary endpoint: accuracy at "
+            f"{cfg['primary']}, {cfg['train_context'][1]} tokens or fewer (inside the trained lengths); length "
+            f"extrapolation ({cfg['extrapolation']}) and stability across the lr grid are secondary. Cells: seed "
+            f"mean [95% interval].")
+
+
+def _failures_notes(results: dict[str, Any]) -> list[str]:
+    """The training failures per variant and policy, and a caution where half or more of the test seeds failed."""
+    fl = failures(results)
     fails = "; ".join(f"{vlabel(v)} {len(f['tuned'])} of {f['n']} (tuned lr), {len(f['matched'])} of {f['n']} "
                       f"(matched lr)" + (f", {len(f['grid'])} of {f['grid_n']} grid runs" if f["grid_n"] else
                                          f", {len(f['tuning'])} tuning run(s)") for v, f in fl.items())
     floor = (f"Training failures (accuracy on held-out contexts of the training distribution below "
-             f"{cfg['floor']:.0%}): {fails}. The primary analysis includes them; a sensitivity row drops their seeds.")
-    parts = [f"<p>{html.escape(intro)}</p>", f"<p>{html.escape(floor)}</p>"]
+             f"{results['config']['floor']:.0%}): {fails}. The primary analysis includes them; a sensitivity row "
+             f"drops their seeds.")
+    parts = [f"<p>{html.escape(floor)}</p>"]
     weak = [vlabel(v) for v, f in fl.items() if f["n"] and 2 * len(f["tuned"]) >= f["n"]]
     if weak:
         parts.append(f"<p class='note'><b>Caution:</b> {', '.join(weak)} failed the floor in half or more of the test "
                      "seeds at the tuned lr, so the verdicts against it compare with a model that mostly did not learn "
                      "the task; read them with the matched-lr and failures-dropped rows below.</p>")
+    return parts
+
+
+def _rounding_part(fig_dir: Path, table) -> str:
+    """The rounding check's tables, where ``fig_dir`` holds its rounding.json; else nothing."""
+    rounding = fig_dir / "rounding.json"
+    if not rounding.is_file():
+        return ""
+    import json
+    check = json.loads(rounding.read_text(encoding="utf-8"))
+    head, rows = rounding_tables(check)
+    differ = [f"{r[1]}: {r[0]}" for r in rows if r[-1] == "NO"]
+    eq, n = check["grid_runs_equal_at_primary"]
+    return ("<h3>The rounding check: every job rerun under another CPU code path</h3>"
+            + table(head, rows, left=len(head))
+            + "<p class='note'>" + html.escape(
+                (f"{len(differ)} verdict(s) differ between the two code paths, so they rest on float rounding "
+                 f"rather than on the variants: {'; '.join(differ)}." if differ else
+                 "Every verdict is the same under both code paths.")
+                + f" Grid runs with bitwise the same primary accuracy: {eq} of {n}.") + "</p>")
+
+
+def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
+    """The HTML of the lead section; ``table``/``image`` are the page's own helpers."""
+    parts = [f"<p>{html.escape(_intro(results))}</p>", *_failures_notes(results)]
     if results.get("deviations"):
         parts.append("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
                      + "".join(f"<li>{html.escape(d)}</li>" for d in results["deviations"]) + "</ul>")
@@ -201,20 +230,7 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
     for make in (models_table, accuracy_table, shares_table, lr_table):
         head, rows = make(results)
         parts.append(table(head, rows, left=1))
-    rounding = fig_dir / "rounding.json"
-    if rounding.is_file():
-        import json
-        check = json.loads(rounding.read_text(encoding="utf-8"))
-        head, rows = rounding_tables(check)
-        differ = [f"{r[1]}: {r[0]}" for r in rows if r[-1] == "NO"]
-        eq, n = check["grid_runs_equal_at_primary"]
-        parts.append("<h3>The rounding check: every job rerun under another CPU code path</h3>"
-                     + table(head, rows, left=len(head))
-                     + "<p class='note'>" + html.escape(
-                         (f"{len(differ)} verdict(s) differ between the two code paths, so they rest on float rounding "
-                          f"rather than on the variants: {'; '.join(differ)}." if differ else
-                          "Every verdict is the same under both code paths.")
-                         + f" Grid runs with bitwise the same primary accuracy: {eq} of {n}.") + "</p>")
+    parts.append(_rounding_part(fig_dir, table))
     for name, title in FIGURES:
         if (fig_dir / name).is_file():
             parts.append(f"<h3>{html.escape(title)}</h3>" + image(fig_dir / name, title))
