@@ -146,6 +146,16 @@ class RetrievalConfig:
         self.validate()
 
     def validate(self) -> None:
+        """Every field, in this order: the task's sizes, the training and the lr grid, the test conditions and the
+        endpoints, the quantisation widths. The first problem raises, naming the field and what it allows."""
+        self._validate_task()
+        self._validate_training()
+        self._validate_conditions()
+        for b in self.quant_bits:
+            if isinstance(b, bool) or not isinstance(b, int) or b < 2:
+                raise ValueError(f"RetrievalConfig.quant_bits: {b!r} must be an integer >= 2")
+
+    def _validate_task(self) -> None:
         for n in ("queries", "n_keys", "n_values", "n_filler", "key_group", "d_model", "n_layers", "n_heads",
                   "steps", "batch", "seeds", "eval_contexts", "val_contexts"):
             check_int(f"RetrievalConfig.{n}", getattr(self, n))
@@ -165,6 +175,8 @@ class RetrievalConfig:
         if self.train_context[0] < self.train_pairs[0]:
             raise ValueError(f"RetrievalConfig.train_context={self.train_context} must leave room for "
                              f"train_pairs={self.train_pairs} (low context >= low pairs)")
+
+    def _validate_training(self) -> None:
         for n in ("warmup", "lr_widen", "seed_base"):
             check_int(f"RetrievalConfig.{n}", getattr(self, n), 0)
         from .scheduler import CODE_PATHS
@@ -196,6 +208,8 @@ class RetrievalConfig:
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"RetrievalConfig.d_model={self.d_model} must give an even head width with "
                              f"n_heads={self.n_heads}")
+
+    def _validate_conditions(self) -> None:
         names = [c.name for c in self.conditions]
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"RetrievalConfig.conditions: names must be distinct and non-empty, got {names}")
@@ -231,9 +245,6 @@ class RetrievalConfig:
         if self.condition(self.extrapolation).context <= self.train_context[1]:
             raise ValueError(f"RetrievalConfig.extrapolation={self.extrapolation!r} must be longer than the "
                              f"longest trained context ({self.train_context[1]})")
-        for b in self.quant_bits:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 2:
-                raise ValueError(f"RetrievalConfig.quant_bits: {b!r} must be an integer >= 2")
 
     @property
     def test_seeds(self) -> tuple[int, ...]:
