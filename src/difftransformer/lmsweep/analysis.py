@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from ..model import variants as registry
-from ..retrieval.protocol import next_lr
+from ..retrieval.protocol import LrChoice, replay_lr_choice
 from .config import LMSweepConfig
 
 MAX_SLOPE = -1e-9  # a loss-vs-log-parameters slope at or above this is flat or rising: no parameter ratio
@@ -56,25 +56,12 @@ def choose_lr(scores: list[dict[str, Any]]) -> float:
     return min(scores, key=lambda s: (round(s["tune_loss"], 12), s["lr"]))["lr"]
 
 
-class LrChoice(NamedTuple):
-    lr: Optional[float]  # None while runs are missing
-    grid: list[float]
-    widened: list[float]
-
-
 def lr_choice(cfg: LMSweepConfig, width: int, variant: str, done: dict[Job, dict[str, Any]], cap: float) -> LrChoice:
-    """Replay the choice at one width: the grid on every seed; at a chosen edge the next value (``lr_widen`` times)."""
-    grid, widened = list(cfg.lr_grid), list[float]()
-    while True:
-        runs = [done.get(Job(width, variant, s, lr)) for lr in grid for s in cfg.test_seeds]
-        if any(r is None for r in runs):
-            return LrChoice(None, grid, widened)
-        chosen = choose_lr(lr_scores((r for r in runs if r is not None), cap))
-        nxt = next_lr(grid, chosen)
-        if nxt is None or len(widened) >= cfg.lr_widen:
-            return LrChoice(chosen, grid, widened)
-        grid.append(nxt)
-        widened.append(nxt)
+    """A variant's choice at one width: the lowest seed-mean tuning-half loss (``choose_lr``) over its grid, widened
+    (the replay is the retrieval benchmark's, ``retrieval.protocol.replay_lr_choice``)."""
+    return replay_lr_choice(cfg.lr_grid, cfg.lr_widen, cfg.test_seeds,
+                            lambda lr, s: done.get(Job(width, variant, s, lr)),
+                            lambda runs: choose_lr(lr_scores(runs, cap)))
 
 
 def needed_jobs(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) -> tuple[list[Job], bool]:

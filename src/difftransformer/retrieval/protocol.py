@@ -9,7 +9,7 @@ validation split (the lr choice) and the test split (the verdicts).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Optional
 
 from .config import RetrievalConfig
@@ -65,19 +65,30 @@ class LrChoice(NamedTuple):
     widened: list[float]
 
 
-def lr_choice(cfg: RetrievalConfig, variant: str, done: dict[Job, dict[str, Any]]) -> LrChoice:
-    """Replay the choice: the grid on every test seed; at a chosen edge the next value (up to ``lr_widen`` times)."""
-    grid, widened = list(cfg.lr_grid), list[float]()
+def replay_lr_choice(grid: Sequence[float], widen: int, seeds: Sequence[int],
+                     run_at: Callable[[float, int], Optional[dict[str, Any]]],
+                     choose: Callable[[list[dict[str, Any]]], float]) -> LrChoice:
+    """Replay an lr choice from the finished runs, the idea both studies share (here "Learning rates"; the
+    language-model sweep's "Seeds, learning rates and the choice"): the grid on every seed; at a chosen edge the
+    next value (``next_lr``), up to ``widen`` times. ``run_at(lr, seed)``: the finished run or None; ``choose``:
+    the study's own pre-registered rule over the runs of the grid so far."""
+    grid, widened = list(grid), list[float]()
     while True:
-        runs = [done.get(Job(variant, s, lr)) for lr in grid for s in cfg.test_seeds]
+        runs = [run_at(lr, s) for lr in grid for s in seeds]
         if any(r is None for r in runs):
             return LrChoice(None, grid, widened)
-        chosen = choose_lr(lr_scores(r for r in runs if r is not None))
+        chosen = choose([r for r in runs if r is not None])
         nxt = next_lr(grid, chosen)
-        if nxt is None or len(widened) >= cfg.lr_widen:
+        if nxt is None or len(widened) >= widen:
             return LrChoice(chosen, grid, widened)
         grid.append(nxt)
         widened.append(nxt)
+
+
+def lr_choice(cfg: RetrievalConfig, variant: str, done: dict[Job, dict[str, Any]]) -> LrChoice:
+    """A variant's choice: the highest seed-mean validation accuracy (``choose_lr``) over its grid, widened."""
+    return replay_lr_choice(cfg.lr_grid, cfg.lr_widen, cfg.test_seeds, lambda lr, s: done.get(Job(variant, s, lr)),
+                            lambda runs: choose_lr(lr_scores(runs)))
 
 
 # ---------------------------------------------------------------------------------------------- the jobs
