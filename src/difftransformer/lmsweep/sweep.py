@@ -12,7 +12,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -167,18 +167,50 @@ def _ratio(x: Any) -> str:
     return "n/a" if x is None else (">1 (not reached)" if x == "inf" else f"{x:.3f}")
 
 
-def verdict_rows(res: dict[str, Any]) -> list[list[str]]:
-    """[endpoint, variant, estimate [interval], n, verdict, paper] for every pre-registered endpoint."""
+class VerdictRow(NamedTuple):
+    """One counted verdict as sweep.json's ``verdict_rows`` holds it (a list there, in this order)."""
+
+    endpoint: str
+    variant: str
+    estimate: str  # "estimate [95% interval]"
+    n: str
+    verdict: str
+    paper: str  # the paper's value or claim
+
+
+class SensitivityRow(NamedTuple):
+    """One sensitivity row (not a verdict) as sweep.json's ``sensitivity_rows`` holds it."""
+
+    endpoint: str
+    variant: str
+    estimate: str
+    verdict: str
+
+
+class RoundingRow(NamedTuple):
+    """One verdict under two CPU code paths, as rounding.json's ``rows`` holds it."""
+
+    endpoint: str
+    variant: str
+    estimate: str  # the reference code path's
+    verdict: str
+    other_estimate: str
+    other_verdict: str
+    same: str  # "yes" | "NO"
+
+
+def verdict_rows(res: dict[str, Any]) -> list[VerdictRow]:
+    """Every pre-registered endpoint's row, (a) at the largest width first."""
     big = str(max(res["widths"]))
     rows = []
     for v, e in res["endpoints"].items():
         def diffrow(name: str, d: dict[str, Any], ref: str, v: str = v) -> None:
-            rows.append([name, v, f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, {_fmt(d['ci'][1])}]",
-                         str(d.get("n", len(res["seeds"]))), d["verdict"], ref])
+            rows.append(VerdictRow(name, v, f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, {_fmt(d['ci'][1])}]",
+                                   str(d.get("n", len(res["seeds"]))), d["verdict"], ref))
 
         def ratiorow(name: str, d: dict[str, Any], ref: str, v: str = v) -> None:
-            rows.append([name, v, f"{_ratio(d['estimate'])} [{_ratio(d['ci'][0])}, {_ratio(d['ci'][1])}]",
-                         str(len(res["seeds"])), d["verdict"], ref])
+            rows.append(VerdictRow(name, v, f"{_ratio(d['estimate'])} [{_ratio(d['ci'][0])}, {_ratio(d['ci'][1])}]",
+                                   str(len(res["seeds"])), d["verdict"], ref))
         diffrow(f"(a) loss, d={big} (primary)", e["loss"][big], "lower (V2: -0.02 to -0.03)")
         for w in res["widths"][:-1]:
             diffrow(f"(a) loss, d={w}", e["loss"][str(w)], "lower")
@@ -188,28 +220,29 @@ def verdict_rows(res: dict[str, Any]) -> list[list[str]]:
         for key, name, ref in (("outliers_attention_logit", "(d) top |attention logit| ratio", "0.12"),
                                ("outliers_hidden_state", "(d) top |hidden state| ratio", "0.47")):
             d = e[key]
-            rows.append([name, v, "n/a" if d["estimate"] is None else
-                         f"{d['estimate']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]", str(d.get("n", "")),
-                         d["verdict"], ref])
+            rows.append(VerdictRow(name, v, "n/a" if d["estimate"] is None else
+                                   f"{d['estimate']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]", str(d.get("n", "")),
+                                   d["verdict"], ref))
         diffrow(f"(e) lr robustness, d={big}", e["lr_robustness"][big], "V2: stable at high lr")
     return rows
 
 
-def sensitivity_rows(res: dict[str, Any]) -> list[list[str]]:
+def sensitivity_rows(res: dict[str, Any]) -> list[SensitivityRow]:
     rows = []
     for v, e in res["endpoints"].items():
         for w in res["widths"]:
             d = e["loss_matched_lr"][str(w)]
-            rows.append([f"(a) loss at the baseline's lr, d={w}", v,
-                         f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, {_fmt(d['ci'][1])}]", d["verdict"]])
+            rows.append(SensitivityRow(f"(a) loss at the baseline's lr, d={w}", v,
+                                       f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, {_fmt(d['ci'][1])}]", d["verdict"]))
         if "param_ratio_total" in e:
             d = e["param_ratio_total"]
-            rows.append(["(b) parameter ratio, total parameters", v,
-                         f"{_ratio(d['estimate'])} [{_ratio(d['ci'][0])}, {_ratio(d['ci'][1])}]", d["verdict"]])
+            rows.append(SensitivityRow("(b) parameter ratio, total parameters", v,
+                                       f"{_ratio(d['estimate'])} [{_ratio(d['ci'][0])}, {_ratio(d['ci'][1])}]",
+                                       d["verdict"]))
         for w in res["widths"][:-1]:
             d = e["lr_robustness"][str(w)]
-            rows.append([f"(e) lr robustness, d={w}", v, f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, "
-                         f"{_fmt(d['ci'][1])}]", d["verdict"]])
+            rows.append(SensitivityRow(f"(e) lr robustness, d={w}", v, f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, "
+                                       f"{_fmt(d['ci'][1])}]", d["verdict"]))
     return rows
 
 
@@ -225,11 +258,11 @@ def format_sweep(res: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"{'endpoint':<36} {'variant':<8} {'estimate [95% interval]':<34} {'n':>2}  {'verdict':<26} paper")
     for r in verdict_rows(res):
-        lines.append(f"{r[0]:<36} {r[1]:<8} {r[2]:<34} {r[3]:>2}  {r[4]:<26} {r[5]}")
+        lines.append(f"{r.endpoint:<36} {r.variant:<8} {r.estimate:<34} {r.n:>2}  {r.verdict:<26} {r.paper}")
     lines.append("")
     lines.append("sensitivity:")
-    for r in sensitivity_rows(res):
-        lines.append(f"  {r[0]:<40} {r[1]:<8} {r[2]:<34} {r[3]}")
+    for s in sensitivity_rows(res):
+        lines.append(f"  {s.endpoint:<40} {s.variant:<8} {s.estimate:<34} {s.verdict}")
     lines.append("diverged runs: " + ", ".join(f"{label(v)} {n} of {res['runs_total'][v]}"
                                                for v, n in res["diverged_runs"].items())
                  + "; above the unigram floor: " + ", ".join(f"{label(v)} {n}"
@@ -249,11 +282,12 @@ def compare(other: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
             {k: v for k, v in other["config"].items() if k != "cpu_code_path"}:
         raise ValueError("--rounding-of: that sweep ran another configuration (only the CPU code path may differ)")
     a, b = verdict_rows(other), verdict_rows(res)
-    rows = [[x[0], x[1], x[2], x[4], y[2], y[4], "yes" if x[4] == y[4] else "NO"] for x, y in zip(a, b)]
+    rows = [RoundingRow(x.endpoint, x.variant, x.estimate, x.verdict, y.estimate, y.verdict,
+                        "yes" if x.verdict == y.verdict else "NO") for x, y in zip(a, b)]
     lrs = {v: [(w, x, y) for w, x, y in zip(res["widths"], other["chosen_lr"][v], res["chosen_lr"][v]) if x != y]
            for v in res["chosen_lr"]}
     return {"code_paths": [other["config"]["cpu_code_path"], res["config"]["cpu_code_path"]], "rows": rows,
-            "verdicts_same": sum(r[-1] == "yes" for r in rows), "verdicts": len(rows),
+            "verdicts_same": sum(r.same == "yes" for r in rows), "verdicts": len(rows),
             "lr_choices_differ": {v: d for v, d in lrs.items() if d}}
 
 
@@ -262,8 +296,9 @@ def format_rounding(check: dict[str, Any]) -> str:
     lines = [f"rounding check: the same sweep under CPU code path {p!r} (reference) and {q!r}",
              f"{'endpoint':<36} {'variant':<8} {p + ': estimate':<30} {'verdict':<26} {q + ': estimate':<30} "
              f"{'verdict':<26} same"]
-    for r in check["rows"]:
-        lines.append(f"{r[0]:<36} {r[1]:<8} {r[2]:<30} {r[3]:<26} {r[4]:<30} {r[5]:<26} {r[6]}")
+    for r in map(RoundingRow._make, check["rows"]):  # a list each when read back from rounding.json
+        lines.append(f"{r.endpoint:<36} {r.variant:<8} {r.estimate:<30} {r.verdict:<26} {r.other_estimate:<30} "
+                     f"{r.other_verdict:<26} {r.same}")
     lines.append(f"{check['verdicts_same']} of {check['verdicts']} verdicts the same; lr choices that differ: "
                  + (", ".join(f"{v} at d={w}: {x:g} vs {y:g}" for v, d in check["lr_choices_differ"].items()
                               for w, x, y in d) or "none"))
@@ -314,8 +349,8 @@ def partial_rounding(ref_dir: str | Path, other_dir: str | Path) -> dict[str, An
     res_a = {"config": ca.to_dict(), **assemble(ca, da, cap, widths)}
     res_b = {"config": cb.to_dict(), **assemble(cb, db, cap, widths)}
     check = compare(res_a, res_b)
-    rows = [r for r in check["rows"] if not r[0].startswith("(b)")]  # a fit over a subset is not the protocol's
-    out.update(code_paths=check["code_paths"], rows=rows, verdicts_same=sum(r[-1] == "yes" for r in rows),
+    rows = [r for r in check["rows"] if not r.endpoint.startswith("(b)")]  # a fit over a subset is not the protocol's
+    out.update(code_paths=check["code_paths"], rows=rows, verdicts_same=sum(r.same == "yes" for r in rows),
                verdicts=len(rows), lr_choices_differ=check["lr_choices_differ"],
                note="the Fig. 3a ratio is left out: its fit needs every width; the rows at the largest width "
                     "finished by both stand for the protocol's largest-width endpoints only when it is d_model "

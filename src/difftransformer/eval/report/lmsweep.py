@@ -36,7 +36,9 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
                      "resumes from its journal and runs no job).</p>")
     rows = res.get("verdict_rows", [])
     parts.append(table(["endpoint", "variant", "estimate [95% interval]", "n", "verdict", "paper"],
-                       [[r[0], label(r[1]), r[2], r[3], r[4], r[5]] for r in rows], cls=[slug(r[4]) for r in rows],
+                       [[endpoint, label(variant), est, n, verdict, paper]
+                        for endpoint, variant, est, n, verdict, paper in rows],
+                       cls=[slug(verdict) for _, _, _, _, verdict, _ in rows],
                        left=6))
     per_width = []
     for v, ws in res["table"].items():
@@ -49,7 +51,8 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
     srows = res.get("sensitivity_rows", [])
     parts.append("<h3>Sensitivity rows (not counted as verdicts)</h3>"
                  + table(["endpoint", "variant", "estimate [95% interval]", "verdict"],
-                         [[r[0], label(r[1]), r[2], r[3]] for r in srows], left=4))
+                         [[endpoint, label(variant), est, verdict] for endpoint, variant, est, verdict in srows],
+                         left=4))
     div = ", ".join(f"{label(v)} {n} of {res['runs_total'][v]}" for v, n in res["diverged_runs"].items())
     parts.append(f"<p class='note'>Diverged runs over the whole sweep: {html.escape(div)}. Wall time "
                  f"{res['timings']['wall_s'] / 60:.0f} min for {res['timings']['jobs']} jobs on "
