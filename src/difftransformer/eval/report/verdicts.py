@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ...model import variants as registry
@@ -208,17 +208,6 @@ def _paired(runs: Sequence[RunResults], variant: str) -> tuple[list[RunResults],
     return [b[s] for s in common], [d[s] for s in common]
 
 
-def row(claim: str, paper: str, variant: str, measure: str, v: stats.Verdict) -> dict[str, Any]:
-    """One verdict row of the page and of results.json (the claim's words beside the statistics)."""
-    why = v.reason
-    if all(math.isfinite(x) for x in v.ci):
-        what = "DIFF / baseline" if v.scale == "ratio" else "DIFF - baseline"
-        why = (f"{what} {v.estimate:.4g}, {v.level:.0%} CI [{v.ci[0]:.4g}, {v.ci[1]:.4g}] ({v.method}, seeds "
-               f"{v.n_seeds[0]}/{v.n_seeds[1]}); {v.reason}")
-    return {"claim": claim, "paper": paper, "variant": variant, "measure": measure, "verdict": v.verdict, "why": why,
-            "stats": asdict(v)}
-
-
 def min_steps(runs: Sequence[RunResults]) -> Optional[int]:
     steps = [r.training["step"][-1] for r in runs if r.training.get("step")]
     return min(steps) if steps else None
@@ -245,7 +234,7 @@ def verdicts(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
                     verdict = _inconclusive("not measured for every run (see the errors below)")
                 except ValueError as e:  # e.g. a NaN measure: say why instead of failing the page
                     verdict = _inconclusive(f"not comparable: {e}")
-            rows.append(row(c.title, c.paper, v, c.measure, verdict))
+            rows.append(stats.verdict_row(c.title, c.paper, v, c.measure, verdict))
     return rows
 
 
