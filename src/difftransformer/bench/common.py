@@ -66,6 +66,24 @@ def add_shape_flag(p: argparse.ArgumentParser, example: str) -> None:
                         f"not given, and a given one overrides it (--shape paper-3b {example})")
 
 
+def add_model_flags(p: argparse.ArgumentParser, example: str, *, verb: str, default_backends: Sequence[str]) -> None:
+    """The model-shape flags of a training-step bench (``bench train``, ``bench ops``): --shape (``example`` in its
+    help), --d-model, --layers, --heads, --kv-heads, --vocab-size, and --backends (the DIFF backends to ``verb``)."""
+    add_shape_flag(p, example)
+    p.add_argument("--d-model", type=int, default=None, help=shape_default_help("d_model", "model width"))
+    p.add_argument("--layers", type=int, default=None, help=shape_default_help("layers", "number of layers"))
+    p.add_argument("--heads", type=int, default=None,
+                   help=shape_default_help("heads", "the baseline's query heads; head_dim is the shape's, or d_model / "
+                                                    "heads where --d-model or --heads is given"))
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="the baseline's KV heads (default: the --shape's; as many as heads where it sets none)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help=shape_default_help("vocab_size", "vocabulary size; bench's is the data default"))
+    p.add_argument("--backends", nargs="+", choices=diff_backends(), default=list(default_backends), metavar="B",
+                   help=f"DIFF backends to {verb}, each as V1 and V2 (choices: {', '.join(diff_backends())}; default: "
+                        f"{' '.join(default_backends)}); the baseline always uses sdpa")
+
+
 def shape_default_help(dest: str, what: str) -> str:
     """Help text of a shape flag: ``what (default: the shape's, N for bench)``."""
     value = getattr(ModelConfig.from_flavour(DEFAULT_SHAPE), SHAPE_FIELDS[dest])

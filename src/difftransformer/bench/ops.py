@@ -40,7 +40,13 @@ import torch
 
 from ..model.config import ModelConfig
 from . import train as bench_train
-from .common import add_shape_flag, bench_cases, diff_backends, print_load, resolve_shape, shape_default_help, table_row
+from .common import (
+    add_model_flags,
+    bench_cases,
+    print_load,
+    resolve_shape,
+    table_row,
+)
 from .timing import median_ratio, paired_times
 
 DEFAULT_BACKENDS = ("sdpa",)
@@ -222,19 +228,7 @@ def register(sub) -> None:
                        allow_abbrev=False)
     p.add_argument("--seq-len", type=int, default=1024, help="sequence length (default 1024)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
-    add_shape_flag(p, "--layers 4")
-    p.add_argument("--d-model", type=int, default=None, help=shape_default_help("d_model", "model width"))
-    p.add_argument("--layers", type=int, default=None, help=shape_default_help("layers", "number of layers"))
-    p.add_argument("--heads", type=int, default=None,
-                   help=shape_default_help("heads", "the baseline's query heads; head_dim is the shape's, or d_model / "
-                                                    "heads where --d-model or --heads is given"))
-    p.add_argument("--kv-heads", type=int, default=None,
-                   help="the baseline's KV heads (default: the --shape's; as many as heads where it sets none)")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help=shape_default_help("vocab_size", "vocabulary size; bench's is the data default"))
-    p.add_argument("--backends", nargs="+", choices=diff_backends(), default=list(DEFAULT_BACKENDS), metavar="B",
-                   help=f"DIFF backends to count, each as V1 and V2 (choices: {', '.join(diff_backends())}; default: "
-                        f"{' '.join(DEFAULT_BACKENDS)}); the baseline always uses sdpa")
+    add_model_flags(p, "--layers 4", verb="count", default_backends=DEFAULT_BACKENDS)
     p.add_argument("--steps", type=int, default=3, help="timed rounds, median reported (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds before them (default 1)")
     p.add_argument("--top", type=int, default=0, metavar="N",

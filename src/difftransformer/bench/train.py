@@ -33,15 +33,13 @@ from ..model import variants
 from ..model.attention.triton_tuning import chosen_configs, config_lines
 from ..model.config import ModelConfig
 from .common import (
-    add_shape_flag,
+    add_model_flags,
     bench_cases,
     bench_config,
-    diff_backends,
     hf_diff_variant,
     print_load,
     resolve_shape,
     shape_config,
-    shape_default_help,
     table_row,
 )
 from .timing import median_time
@@ -257,19 +255,7 @@ def register(sub) -> None:
                        allow_abbrev=False)
     p.add_argument("--seq-len", type=int, default=1024, help="sequence length (default 1024)")
     p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
-    add_shape_flag(p, "--layers 4")
-    p.add_argument("--d-model", type=int, default=None, help=shape_default_help("d_model", "model width"))
-    p.add_argument("--layers", type=int, default=None, help=shape_default_help("layers", "number of layers"))
-    p.add_argument("--heads", type=int, default=None,
-                   help=shape_default_help("heads", "the baseline's query heads; head_dim is the shape's, or d_model / "
-                                                    "heads where --d-model or --heads is given"))
-    p.add_argument("--kv-heads", type=int, default=None,
-                   help="the baseline's KV heads (default: the --shape's; as many as heads where it sets none)")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help=shape_default_help("vocab_size", "vocabulary size; bench's is the data default"))
-    p.add_argument("--backends", nargs="+", choices=diff_backends(), default=list(DEFAULT_BACKENDS), metavar="B",
-                   help=f"DIFF backends to time, each as V1 and V2 (choices: {', '.join(diff_backends())}; default: "
-                        f"{' '.join(DEFAULT_BACKENDS)}); the baseline always uses sdpa")
+    add_model_flags(p, "--layers 4", verb="time", default_backends=DEFAULT_BACKENDS)
     p.add_argument("--hf-difflama", action="store_true",
                    help="also time transformers' DiffLlamaForCausalLM at the same shape and step (row 'HF DiffLlama', "
                         "and each V1 backend's tokens/s relative to it); needs transformers")
