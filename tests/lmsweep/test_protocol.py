@@ -185,3 +185,38 @@ def test_partial_rounding_on_a_single_finished_width(tmp_path):
     check = partial_rounding(tmp_path / "ref", tmp_path / "avx2")
     assert check["widths"] == [48] and check["verdicts"] == check["verdicts_same"] > 0
     assert {r[0] for r in check["rows"]} >= {"(a) loss, d=48 (primary)", "(c) Fig. 3b token ratio"}
+
+
+def test_the_widening_stops_at_its_bound_and_reports_the_unresolved_edge():
+    from difftransformer.lmsweep.analysis import UNRESOLVED_EDGE, unresolved_edge
+    c = cfg(lr_grid=(4e-3, 8e-3, 16e-3), lr_widen=2)
+    done = bowl(c, 128e-3)  # best far past the top edge: two widenings (32e-3, 64e-3) do not reach it
+    for lr in (32e-3, 64e-3):
+        ch = lr_choice(c, 32, "baseline", done, CAP)
+        assert ch.lr is None and ch.widened[-1] == lr
+        done.update(bowl(c, 128e-3, lrs=[lr]))
+    ch = lr_choice(c, 32, "baseline", done, CAP)
+    assert ch.lr == 64e-3 and ch.widened == [32e-3, 64e-3] and unresolved_edge(c, ch)
+    jobs, final = needed_jobs(c, done, CAP)
+    assert final and Job(32, "baseline", 0, 128e-3) not in jobs  # bounded: no third widening
+    res = assemble(c, done, CAP)
+    assert res["table"]["baseline"][1]["edge"] == UNRESOLVED_EDGE
+    assert {"variant": "baseline", "width": 32, "lr": 64e-3} in res["unresolved_edges"]
+    inside = bowl(c, 8e-3)  # an interior choice is resolved
+    assert not unresolved_edge(c, lr_choice(c, 32, "baseline", inside, CAP))
+    assert assemble(c, inside, CAP)["unresolved_edges"] == []
+
+
+def test_v2_head_counts_and_scales():
+    from difftransformer.lmsweep.config import SCALES, cpu_config, gpu_config
+    from difftransformer.model.config import ModelConfig
+    for c in (cpu_config(), gpu_config()):
+        assert c.n_heads >= 4 and c.seeds >= 5 and c.lr_widen >= 1
+        for w in c.widths:  # every width: at least 2 differential heads, an even head_dim the model accepts
+            m = ModelConfig(attention="diff_v1", d_model=w, n_heads=c.n_heads, vocab_size=64, n_layers=1)
+            assert m.n_diff_heads >= 2 and m.head_dim == w // c.n_heads and m.head_dim % 2 == 0
+    assert cpu_config() == LMSweepConfig() and set(SCALES) == {"cpu", "gpu"}
+    g = gpu_config()
+    assert g.scale == "gpu" and g.steps * g.batch > 4 * cpu_config().steps * cpu_config().batch
+    with pytest.raises(ValueError, match="scale"):
+        LMSweepConfig(scale="tpu")

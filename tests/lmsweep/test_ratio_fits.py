@@ -87,3 +87,69 @@ def test_a_seed_on_the_other_side_makes_it_inconclusive():
         return 0.5 if len(idx) > 1 else per[int(idx[0])]
     r = ratio_verdict(fn, SEEDS)
     assert r["ci"][1] < 1 and r["verdict"] == stats.INCONCLUSIVE
+
+
+# ---------------------------------------------------------------------------------------------- applicability (v2)
+def _runs(params, losses):
+    """Runs keyed by width (its index here), one dict per seed, as endpoint_b reads them."""
+    return {i: [{"params_non_embedding": int(n), "params": int(n) * 3, "loss": float(x)} for x in row]
+            for i, (n, row) in enumerate(zip(params, losses))}
+
+
+def _endpoint_b(base, diff):
+    from difftransformer.lmsweep.analysis import endpoint_b
+    return endpoint_b(_runs(PARAMS, base), _runs(PARAMS, diff), lambda r: r["loss"], "params_non_embedding")
+
+
+def test_a_flat_baseline_gives_not_measurable():
+    from difftransformer.lmsweep.analysis import NOT_MEASURABLE
+    rng = np.random.default_rng(3)
+    flat = noisy(np.full(PARAMS.size, 3.9), rng, 0.01)  # v1's case: the baseline's loss barely moves with width
+    diff = flat - 0.1  # a constant gap: any ratio read off a flat curve is huge or tiny
+    r = _endpoint_b(flat, diff)
+    assert r["verdict"] == NOT_MEASURABLE and not r["applicability"]["measurable"]
+    assert r["applicability"]["ci"][1] >= 0 or r["applicability"]["fall"] < 0.1
+    assert "premise failed" in r["why"] and "estimate" in r and "ci" in r  # computed and written, not judged
+
+
+def test_a_small_but_certain_fall_is_not_measurable_either():
+    from difftransformer.lmsweep.analysis import MIN_FALL, NOT_MEASURABLE, applicability
+    rng = np.random.default_rng(4)
+    shallow = noisy(4.0 - 0.02 * np.log(PARAMS), rng, 0.0005)  # falls 0.038 nats: a slope interval below 0
+    a = applicability(np.log(PARAMS), shallow)
+    assert a["ci"][1] < 0 and a["fall"] == pytest.approx(0.02 * np.log(PARAMS[-1] / PARAMS[0]), rel=0.05)
+    assert a["fall"] < MIN_FALL and not a["measurable"] and "too small" in a["why"]
+    assert _endpoint_b(shallow, shallow - 0.01)["verdict"] == NOT_MEASURABLE
+
+
+@pytest.mark.parametrize("ratio, verdict", [(0.5, stats.HELD), (2.0, stats.NOT_HELD)])
+def test_a_sloped_baseline_gives_the_built_ratio(ratio, verdict):
+    rng = np.random.default_rng(1)
+    base = noisy(law(PARAMS), rng, 0.01)
+    diff = noisy(law(PARAMS / ratio), rng, 0.01)
+    r = _endpoint_b(base, diff)
+    assert r["applicability"]["measurable"] and r["applicability"]["fall"] > 0.4
+    assert r["verdict"] == verdict and r["estimate"] == pytest.approx(ratio, rel=0.15)
+
+
+def _curve_runs(variant, curves, steps):
+    return [{"variant": variant, "seed": i, "lr": 1e-3, "diverged": False, "floor": 99.0, "test_loss": float(c[-1]),
+             "curve": {"steps": list(steps), "test_loss": [float(x) for x in c]}} for i, c in enumerate(curves)]
+
+
+def test_fig3b_premise_flat_second_half_gives_not_measurable_and_a_falling_one_the_built_ratio():
+    from difftransformer.lmsweep.analysis import NOT_MEASURABLE, endpoint_c
+    from difftransformer.lmsweep.config import LMSweepConfig
+    c = LMSweepConfig(steps=300, batch=16, seq_len=128, eval_every=25)
+    steps = np.arange(25, 301, 25)
+    tokens = steps * 16 * 128.0
+    rng = np.random.default_rng(5)
+    base = curve(tokens)[None, :] + rng.normal(0, 0.003, size=(SEEDS, steps.size))
+    diff = curve(tokens / 0.5)[None, :] + rng.normal(0, 0.003, size=(SEEDS, steps.size))
+    r = endpoint_c(c, _curve_runs("baseline", base, steps), _curve_runs("diff_v2", diff, steps))
+    assert r["applicability"]["measurable"] and r["verdict"] == stats.HELD
+    assert r["estimate"] == pytest.approx(0.5, rel=0.05)
+    flat = base.copy()
+    flat[:, steps >= 150] = 3.9 + rng.normal(0, 0.003, size=(SEEDS, int((steps >= 150).sum())))
+    r = endpoint_c(c, _curve_runs("baseline", flat, steps), _curve_runs("diff_v2", flat - 0.1, steps))
+    assert r["verdict"] == NOT_MEASURABLE and not r["applicability"]["measurable"]

@@ -78,3 +78,28 @@ def test_bad_flags_are_one_error_line(tmp_path):
         _, err = p.communicate(timeout=120)
         assert p.returncode == 2, (extra, err)
         assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (extra, err)
+
+
+def test_a_protocol_version_1_journal_is_refused_in_one_line(tmp_path):
+    header = {"benchmark": "language-model sweep", "protocol_version": 1, "config": {}, "data": "x"}
+    (tmp_path / JOURNAL).write_text(json.dumps({"journal": header}) + "\n")
+    p = _cli(tmp_path)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 2 and "protocol version 1 journal" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_gpu_scale_runs_end_to_end_on_the_cpu_at_toy_size(tmp_path):
+    # the gpu scale's code path (its config, its journal, its verdicts) with shrunk flags, on the CPU
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    args = ["--scale", "gpu", "--widths", "16,32", "--steps", "6", "--warmup-steps", "1", "--batch", "2",
+            "--seq-len", "32", "--seeds", "2", "--lr-grid", "4e-3,8e-3", "--lr-widen", "0", "--eval-every", "3",
+            "--variants", "baseline,diff_v2", "--device", "cpu", "--workers", "1", "--no-progress"]
+    p = subprocess.run([sys.executable, "-m", "difftransformer", "lm-sweep", *args, "--out", str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    res = json.loads((tmp_path / RESULTS).read_text())
+    assert res["protocol_version"] == 2 and res["config"]["scale"] == "gpu" and res["config"]["n_heads"] == 4
+    assert res["config"]["outlier_windows"] == 8 and res["timings"]["jobs"] == 16  # the gpu scale's own defaults
+    assert "param_ratio" in res["applicability"]  # (3b's premise only where the largest width's runs pass the floor)
+    assert "Fig. 3a premise" in p.stdout and "unresolved edge" in p.stdout  # lr_widen 0: every edge choice

@@ -16,10 +16,13 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from ..model import variants as registry
-from ..retrieval.protocol import LrChoice, replay_lr_choice
+from ..retrieval.protocol import LrChoice, next_lr, replay_lr_choice
 from .config import LMSweepConfig
 
 MAX_SLOPE = -1e-9  # a loss-vs-log-parameters slope at or above this is flat or rising: no parameter ratio
+MIN_FALL = 0.10  # nats: the least fitted fall of the baseline's loss a Fig. 3 ratio needs ("Applicability")
+NOT_MEASURABLE = "not measurable at this scale"  # a Fig. 3 verdict whose premise failed (PROTOCOL.md, "Applicability")
+UNRESOLVED_EDGE = "unresolved edge"  # a choice still at a grid edge after the last widening
 OUTLIER_MAX_RATIO = 0.8
 
 
@@ -64,6 +67,12 @@ def lr_choice(cfg: LMSweepConfig, width: int, variant: str, done: dict[Job, dict
                             lambda runs: choose_lr(lr_scores(runs, cap)))
 
 
+def unresolved_edge(cfg: LMSweepConfig, choice: LrChoice) -> bool:
+    """"Seeds, learning rates and the choice": a settled choice still at an edge of its grid after ``lr_widen``
+    widenings (the grid would grow again were it not bounded)."""
+    return choice.lr is not None and len(choice.widened) >= cfg.lr_widen and next_lr(choice.grid, choice.lr) is not None
+
+
 def needed_jobs(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float) -> tuple[list[Job], bool]:
     """Every job the protocol asks for given the finished ones, and whether the list is final. Largest width first
     (its jobs take longest: the pool ends on short ones)."""
@@ -85,6 +94,57 @@ def needed_jobs(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float)
 
 def passed(r: dict[str, Any]) -> bool:
     return not r["diverged"] and r["test_loss"] < r["floor"]
+
+
+# ---------------------------------------------------------------------------------------------- applicability
+def applicability(log_x: Sequence[float] | np.ndarray, losses: np.ndarray,
+                  min_fall: float = MIN_FALL) -> dict[str, Any]:
+    """PROTOCOL.md "Applicability": whether the baseline's loss falls enough along ``log_x`` (log non-embedding
+    parameters over the widths for Fig. 3a; log training tokens over the second half of the run for Fig. 3b) for a
+    ratio read off it to mean anything. ``losses``: (points, seeds). Per seed the least-squares slope of loss on
+    ``log_x``; their mean and a paired t interval (95%, df seeds - 1); the fitted fall is -mean slope x the span of
+    ``log_x``. Measurable: the whole slope interval below 0 and the fall at least ``min_fall`` nats."""
+    from ..eval import stats
+    x = np.asarray(log_x, dtype=float)
+    y = np.asarray(losses, dtype=float)
+    n = y.shape[1] if y.ndim == 2 else 0
+    if x.size < 2 or n < 2 or y.shape[0] != x.size or not np.isfinite(y).all():
+        return {"measurable": False, "slope": None, "ci": [None, None], "fall": None, "min_fall": min_fall,
+                "seeds": n, "points": int(x.size),
+                "why": "fewer than two points or two seeds, or a diverged run: no slope interval"}
+    slopes = np.array([np.polyfit(x, y[:, i], 1)[0] for i in range(n)])
+    mean = float(slopes.mean())
+    half = stats.t_crit(n - 1) * float(slopes.std(ddof=1)) / math.sqrt(n)
+    lo, hi = mean - half, mean + half
+    fall = -mean * float(x.max() - x.min())
+    ok = hi < 0 and fall >= min_fall
+    why = (f"the baseline's slope {mean:+.4f} [{lo:+.4f}, {hi:+.4f}] per unit log, fitted fall {fall:.3f} nats "
+           f"(at least {min_fall:g} needed)")
+    if not ok:
+        why += ": " + ("the slope interval does not exclude 0" if hi >= 0 else "the fall is too small")
+    return {"measurable": ok, "slope": mean, "ci": [lo, hi], "fall": fall, "min_fall": min_fall, "seeds": n,
+            "points": int(x.size), "per_seed_slope": slopes.tolist(), "why": why}
+
+
+def _not_measurable(r: dict[str, Any], app: dict[str, Any]) -> dict[str, Any]:
+    """A ratio's result under the applicability rule: its estimate and interval kept, its verdict replaced when the
+    premise failed."""
+    out = {**r, "applicability": app}
+    if not app["measurable"]:
+        out.update(verdict=NOT_MEASURABLE, why=f"premise failed: {app['why']}; the ratio is shown, not judged")
+    return out
+
+
+def premise_3a(nb: Sequence[float], lb: np.ndarray) -> dict[str, Any]:
+    """Fig. 3a's premise: the baseline's loss (widths, seeds) against log non-embedding parameters ``nb``."""
+    return applicability(np.log(np.asarray(nb, dtype=float)), lb)
+
+
+def premise_3b(steps: Sequence[int], cb: np.ndarray, total_steps: int) -> dict[str, Any]:
+    """Fig. 3b's premise: the baseline's test-half curves (seeds, points) against log steps (log tokens up to a
+    constant) over the second half of its run (the points at or after half the steps)."""
+    keep = [i for i, s in enumerate(steps) if 2 * s >= total_steps]
+    return applicability(np.log([float(steps[i]) for i in keep]), np.asarray(cb, dtype=float)[:, keep].T)
 
 
 # ---------------------------------------------------------------------------------------------- ratio fits
@@ -205,7 +265,7 @@ def endpoint_b(at_base: Runs, at_diff: Runs, loss: Callable[[dict], float], coun
     nd = [at_diff[w][0][count] for w in ws]
     lb = np.array([[loss(r) for r in at_base[w]] for w in ws])  # (widths, seeds)
     ld = np.array([[loss(r) for r in at_diff[w]] for w in ws])
-    return _ratio_json(ratio_verdict(_param_fn(nb, lb, nd, ld), lb.shape[1]))
+    return _not_measurable(_ratio_json(ratio_verdict(_param_fn(nb, lb, nd, ld), lb.shape[1])), premise_3a(nb, lb))
 
 
 def endpoint_c(cfg: LMSweepConfig, base_runs: list[dict], diff_runs: list[dict]) -> dict[str, Any]:
@@ -214,8 +274,10 @@ def endpoint_c(cfg: LMSweepConfig, base_runs: list[dict], diff_runs: list[dict])
         return bad
     cb = np.array([r["curve"]["test_loss"] for r in base_runs])  # (seeds, points)
     cd = np.array([r["curve"]["test_loss"] for r in diff_runs])
-    tokens = [s * cfg.batch * cfg.seq_len for s in base_runs[0]["curve"]["steps"]]
-    return _ratio_json(ratio_verdict(_token_fn(tokens, cb, cd), len(base_runs)))
+    steps = base_runs[0]["curve"]["steps"]
+    tokens = [s * cfg.batch * cfg.seq_len for s in steps]
+    return _not_measurable(_ratio_json(ratio_verdict(_token_fn(tokens, cb, cd), len(base_runs))),
+                           premise_3b(steps, cb, cfg.steps))
 
 
 def endpoint_d(base_runs: list[dict], diff_runs: list[dict], field: str) -> dict[str, Any]:
@@ -274,6 +336,7 @@ def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float,
     matched = {v: {w: [done[Job(w, v, s, choices[w][base].lr)] for s in S] for w in ws}  # type: ignore[arg-type]
                for v in cfg.variants}
     table = {v: [{"width": w, "lr": choices[w][v].lr, "widened": choices[w][v].widened,
+                  "edge": UNRESOLVED_EDGE if unresolved_edge(cfg, choices[w][v]) else "",
                   "params": at[v][w][0]["params"], "params_non_embedding": at[v][w][0]["params_non_embedding"],
                   "test_loss": [loss_of(r, "test_loss", cap) for r in at[v][w]],  # a diverged seed at the cap
                   "diverged": [r["seed"] for r in at[v][w] if r["diverged"]], "floor": at[v][w][0]["floor"],
@@ -286,6 +349,9 @@ def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float,
     return {
         "widths": ws, "seeds": S, "lr_grid": list(cfg.lr_grid), "loss_cap": cap, "chosen_lr": chosen,
         "table": table, "endpoints": found,
+        "applicability": premises(cfg, at[base], cap),
+        "unresolved_edges": [{"variant": v, "width": r["width"], "lr": r["lr"]} for v in cfg.variants
+                             for r in table[v] if r["edge"]],
         "curves": {v: {"tokens": [s * cfg.batch * cfg.seq_len for s in at[v][big][0]["curve"]["steps"]],
                        "test_loss": [r["curve"]["test_loss"] for r in at[v][big]]} for v in cfg.variants},
         "diverged_runs": {v: sum(bool(r["diverged"]) for j, r in done.items() if j.variant == v)
@@ -293,6 +359,21 @@ def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float,
         "failed_floor_runs": {v: sum(not passed(r) for j, r in done.items() if j.variant == v) for v in cfg.variants},
         "runs_total": {v: sum(j.variant == v for j in done) for v in cfg.variants},
     }
+
+
+def premises(cfg: LMSweepConfig, base: Runs, cap: float) -> dict[str, Any]:
+    """Both Fig. 3 premises ("Applicability") on the baseline's runs at its chosen lrs, for the page and the text
+    (the endpoints carry the same result beside each ratio)."""
+    ws = sorted(base)
+    big = max(ws)
+    out: dict[str, Any] = {}
+    if len(ws) > 1:
+        out["param_ratio"] = premise_3a([base[w][0]["params_non_embedding"] for w in ws],
+                                        np.array([[loss_of(r, "test_loss", cap) for r in base[w]] for w in ws]))
+    if all(passed(r) for r in base[big]):
+        out["token_ratio"] = premise_3b(base[big][0]["curve"]["steps"],
+                                        np.array([r["curve"]["test_loss"] for r in base[big]]), cfg.steps)
+    return out
 
 
 def _smoke(node: Any, why: str) -> None:

@@ -12,33 +12,42 @@ from ..jobs import cli as jobs_cli
 from ..jobs.codepath import CODE_PATHS
 from ..model import variants as registry
 from ..retrieval.cli import _floats, _ints
-from .config import LMSweepConfig, quick_config
+from .config import SCALES, LMSweepConfig, quick_config
 
-HELP = ("language-model sweep, pre-registered (PROTOCOL.md, version 1): baseline vs DIFF V1/V2 at 4 widths, an lr "
-        "grid per variant and width on 3 paired seeds; final loss, Fig. 3a (parameters) and 3b (tokens) ratios with "
-        "bootstrap intervals, activation outliers, lr robustness; plots; resumable (OUT/lm-jobs.jsonl); about 100 "
-        "minutes on 2 CPU cores")
+HELP = ("language-model sweep, pre-registered (PROTOCOL.md, version 2): baseline vs DIFF V1/V2 at 3 (cpu) or 4 (gpu) "
+        "widths with 4 baseline heads, an lr grid per variant and width on 5 (cpu) or 6 (gpu) paired seeds; final "
+        "loss, Fig. 3a (parameters) and 3b (tokens) ratios where their premise holds (else 'not measurable at this "
+        "scale'), activation outliers, lr robustness; plots; resumable (OUT/lm-jobs.jsonl); --scale cpu: about 2 "
+        "hours on 2 CPU cores (projected)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory: sweep.json, the plots, the job journal, data/")
+    p.add_argument("--scale", choices=tuple(SCALES), default="cpu",
+                   help="the pre-registered scale whose values the other flags start from: 'cpu' (default; widths "
+                        "32,64,96, 300 steps of 16x128 tokens, 5 seeds; about 2 hours on 2 cores, projected) or 'gpu' "
+                        "(widths 32,64,96,128, 600 steps of 64x128 tokens, 6 seeds; for one GPU with --device cuda, "
+                        "about 6-7 minutes projected, unmeasured)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run (a few minutes): widths 16,32, 40 steps, 2 lrs, 2 seeds; not a measurement")
-    p.add_argument("--widths", help="comma-separated d_model values (default 32,48,64,96); PROTOCOL.md fixes them")
+    p.add_argument("--widths", help="comma-separated d_model values, each divisible by 2 x the heads (default: the "
+                                    "scale's, cpu 32,64,96, gpu 32,64,96,128); PROTOCOL.md fixes them")
     p.add_argument("--n-layers", type=int, help="layers at every width (default 4)")
-    p.add_argument("--n-heads", type=int, help="the baseline's heads at every width, even (default 2)")
+    p.add_argument("--n-heads", type=int, help="the baseline's heads at every width, even (default 4: DIFF V1 has 2 "
+                                               "differential heads; head_dim = d_model / n_heads)")
     p.add_argument("--preset", help="the preset whose [data] (tokens, tokenizer) and other [model] options are used "
                                     "(default demo)")
     p.add_argument("--seq-len", type=int, help="training and validation window, tokens (default 128)")
-    p.add_argument("--batch", type=int, help="windows per optimizer step (default 16)")
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default 300)")
-    p.add_argument("--warmup-steps", type=int, help="linear warmup steps (default 30)")
+    p.add_argument("--batch", type=int, help="windows per optimizer step (default cpu 16, gpu 64)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default cpu 300, gpu 600)")
+    p.add_argument("--warmup-steps", type=int, help="linear warmup steps (default cpu 30, gpu 60)")
     p.add_argument("--lr-grid", help="comma-separated peak learning rates, each run on every seed at every width "
-                                     "(default 2e-3,4e-3,8e-3)")
-    p.add_argument("--lr-widen", type=int, help="times a grid grows past a chosen edge, per width (default 1)")
-    p.add_argument("--seeds", type=int, help="paired seeds (default 3)")
-    p.add_argument("--seed-base", type=int, help="the first seed: SEED_BASE..SEED_BASE+N-1 (default 4000)")
-    p.add_argument("--eval-every", type=int, help="steps between points of the loss curve (default 25)")
+                                     "(default 4e-3,8e-3,16e-3)")
+    p.add_argument("--lr-widen", type=int, help="the most times a grid grows past a chosen edge, per width; a choice "
+                                                "still at an edge is reported as an unresolved edge (default 2)")
+    p.add_argument("--seeds", type=int, help="paired seeds (default cpu 5, gpu 6)")
+    p.add_argument("--seed-base", type=int, help="the first seed: SEED_BASE..SEED_BASE+N-1 (default 5000)")
+    p.add_argument("--eval-every", type=int, help="steps between points of the loss curve (default cpu 25, gpu 50)")
     p.add_argument("--variants", help=f"comma-separated subset of {', '.join(registry.names())}; the reference "
                                       f"{registry.reference().name!r} is added when not named (every verdict compares "
                                       "with it)")
@@ -58,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args) -> LMSweepConfig:
-    cfg = quick_config() if args.quick else LMSweepConfig()
+    cfg = quick_config().replace(scale=args.scale) if args.quick else SCALES[args.scale]()
     ch: dict = {}
     for flag in ("n_layers", "n_heads", "preset", "seq_len", "batch", "steps", "warmup_steps", "lr_widen", "seeds",
                  "seed_base", "eval_every", "cpu_code_path"):

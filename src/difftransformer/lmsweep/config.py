@@ -1,6 +1,9 @@
 """Typed configuration of the language-model sweep (``difftransformer lm-sweep``; design in PROTOCOL.md beside it).
 
-The defaults are the pre-registered protocol's values. Every model of the sweep is a ``DiffTransformerLM`` built from
+The defaults are the pre-registered protocol's values at the ``cpu`` scale (PROTOCOL.md version 2, "Scales");
+``gpu_config`` is the ``gpu`` scale and ``SCALES`` names both.
+
+Every model of the sweep is a ``DiffTransformerLM`` built from
 the ``preset``'s [model] section with ``d_model``, ``n_layers``, ``n_heads`` and ``attention`` replaced, trained on
 the preset's [data] tokens (prepared once into OUT/data) with windows of ``seq_len`` tokens, by the training step of
 ``difftransformer train`` (``trainer.train_step``: AdamW, linear warmup then cosine to ``min_lr_ratio * lr``,
@@ -20,22 +23,24 @@ from ..retrieval.config import check_int
 
 @dataclass(frozen=True)
 class LMSweepConfig:
-    widths: tuple[int, ...] = (32, 48, 64, 96)  # d_model; parameters matched across variants by the library
+    widths: tuple[int, ...] = (32, 64, 96)  # d_model; parameters matched across variants by the library
     n_layers: int = 4
-    n_heads: int = 2  # the baseline's heads at every width (DIFF V1: 1 differential head, DIFF V2: 4 query heads)
+    n_heads: int = 4  # the baseline's heads at every width (DIFF V1: 2 differential heads, DIFF V2: 8 query heads);
+    # head_dim = d_model / n_heads grows with the width (8, 16, 24 at the cpu scale)
     preset: str = "demo"  # its [data] section: the tokens and the tokenizer; its [model] section's other options
     seq_len: int = 128
     batch: int = 16  # windows per optimizer step (one micro-batch)
     steps: int = 300
     warmup_steps: int = 30
     min_lr_ratio: float = 0.1  # the cosine ends at this share of the peak lr
-    lr_grid: tuple[float, ...] = (2e-3, 4e-3, 8e-3)
-    lr_widen: int = 1  # times a variant's grid grows past a chosen edge (per width)
-    seeds: int = 3
-    seed_base: int = 4000
+    lr_grid: tuple[float, ...] = (4e-3, 8e-3, 16e-3)
+    lr_widen: int = 2  # the most times a variant's grid grows past a chosen edge (per width); then "unresolved edge"
+    seeds: int = 5
+    seed_base: int = 5000
     eval_every: int = 25  # optimizer steps between points of the test-half validation curve
     outlier_windows: int = 8  # test-half windows for the activation-outlier measure
     variants: tuple[str, ...] = field(default_factory=registry.names)
+    scale: str = "cpu"  # which pre-registered scale these values start from ("cpu" | "gpu"); a label in sweep.json
     cpu_code_path: str = "machine"
 
     def __post_init__(self) -> None:
@@ -71,6 +76,8 @@ class LMSweepConfig:
         if registry.reference().name not in self.variants or len(self.variants) < 2:
             raise ValueError(f"variants must include the reference {registry.reference().name!r} and a DIFF variant "
                              f"(the sweep compares them), got {list(self.variants)}")
+        if self.scale not in SCALES:
+            raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {self.scale!r}")
         from ..jobs.codepath import CODE_PATHS
         if self.cpu_code_path not in CODE_PATHS:
             raise ValueError(f"cpu_code_path must be one of {', '.join(CODE_PATHS)}, got {self.cpu_code_path!r}")
@@ -102,6 +109,22 @@ class LMSweepConfig:
         if unknown:
             raise ValueError(f"unknown LMSweepConfig key(s): {', '.join(unknown)}")
         return dataclasses.replace(self, **changes)
+
+
+def cpu_config() -> LMSweepConfig:
+    """The ``cpu`` scale (PROTOCOL.md version 2, "Scales"): the defaults; about 2 hours on 2 CPU cores."""
+    return LMSweepConfig()
+
+
+def gpu_config() -> LMSweepConfig:
+    """The ``gpu`` scale (PROTOCOL.md version 2, "Scales"): wider models and 8x the training tokens per run (64
+    windows of 128 tokens, 600 steps: 4.9M tokens, 3.7 epochs of the demo preset's training split), so the
+    baseline's loss can fall with width; sized for one H100-class GPU shared by many jobs (unmeasured)."""
+    return LMSweepConfig(widths=(32, 64, 96, 128), batch=64, steps=600, warmup_steps=60, eval_every=50, seeds=6,
+                         scale="gpu")
+
+
+SCALES = {"cpu": cpu_config, "gpu": gpu_config}
 
 
 def quick_config() -> LMSweepConfig:

@@ -22,7 +22,7 @@ from ..retrieval.sweep import RESULTS
 from .analysis import Job, assemble, needed_jobs
 from .config import LMSweepConfig
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # in every job key and the journal header: a journal of another version is refused
 JOURNAL = "lm-jobs.jsonl"
 
 
@@ -31,6 +31,21 @@ def job_description(cfg: LMSweepConfig, data_fingerprint: str, job: Job, device:
     precision too (``jobs.device_key``: nothing for the CPU, whose keys are those of before)."""
     return {"protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(), "data": data_fingerprint, "job": list(job),
             **device_key(device)}
+
+
+def refuse_other_version(path: Path) -> None:
+    """A journal written under another protocol version is refused in one line (its jobs answer other rules; the
+    job keys differ too, so nothing would be reused): before the runner's own "another configuration" check."""
+    if not path.is_file():
+        return
+    from ..jobs import read_journal as read
+    try:
+        header, _ = read(path)
+    except ValueError:
+        return  # not a journal: the runner's own check refuses it
+    if header.get("benchmark") == "language-model sweep" and header.get("protocol_version") != PROTOCOL_VERSION:
+        raise ValueError(f"{path} is a protocol version {header.get('protocol_version')} journal; this is version "
+                         f"{PROTOCOL_VERSION}, whose jobs do not mix with it: give another --out")
 
 
 def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
@@ -47,6 +62,7 @@ def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, prog
     """Run (or resume) every job of the protocol, decide, and write OUT/sweep.json and the plots. ``options``: how
     the jobs run (default: ``workers`` local processes, ``progress``)."""
     options = options or RunOptions(workers=workers, progress=progress)
+    refuse_other_version(Path(out_dir) / JOURNAL)  # before the executor starts and the tokens are prepared
     ex = open_executor(cfg.cpu_code_path, options)  # a refusal (no GPU, no cluster) before the tokens are prepared
     try:
         return _run(cfg, Path(out_dir), options, ex)
@@ -254,7 +270,17 @@ def format_sweep(res: dict[str, Any]) -> str:
     lines.append(f"{'variant':<10}" + "".join(f"{'d=' + str(w):>26}" for w in ws))
     for v, rows in res["table"].items():
         lines.append(f"{label(v):<10}" + "".join(
-            f"{r['params_non_embedding']:>9,} {np.mean(r['test_loss']):.3f} lr {r['lr']:<7g}" for r in rows))
+            f"{r['params_non_embedding']:>9,} {np.mean(r['test_loss']):.3f} lr {r['lr']:<6g}"
+            + ("!" if r.get("edge") else " ") for r in rows))
+    if res.get("unresolved_edges"):
+        lines.append("!: unresolved edge (the lr still at an edge of its grid after the last widening): "
+                     + ", ".join(f"{label(e['variant'])} d={e['width']} lr {e['lr']:g}"
+                                 for e in res["unresolved_edges"]))
+    for key, name in (("param_ratio", "Fig. 3a premise (baseline loss vs log non-embedding parameters)"),
+                      ("token_ratio", "Fig. 3b premise (baseline loss vs log tokens, second half of the run)")):
+        if key in res.get("applicability", {}):
+            a = res["applicability"][key]
+            lines.append(f"{name}: {'measurable' if a['measurable'] else 'NOT MEASURABLE'}; {a['why']}")
     lines.append("")
     lines.append(f"{'endpoint':<36} {'variant':<8} {'estimate [95% interval]':<34} {'n':>2}  {'verdict':<26} paper")
     for r in verdict_rows(res):

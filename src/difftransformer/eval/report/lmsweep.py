@@ -19,14 +19,23 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
     intro = (f"Pre-registered in the sweep's PROTOCOL.md (version {res['protocol_version']}). Widths d_model "
              f"{', '.join(str(w) for w in res['widths'])}, {cfg['n_layers']} layers; {res['tokens_per_run']:,} "
              f"training tokens per run (windows of {cfg['seq_len']}); every variant and width sees the same windows "
-             f"in the same order at a seed. The lr grid ({grid}, widened once at a chosen edge) ran on each of the "
+             f"in the same order at a seed. The lr grid ({grid}, widened at a chosen edge up to "
+             f"{cfg.get('lr_widen', 1)} time(s)) ran on each of the "
              f"{len(res['seeds'])} paired seeds ({', '.join(str(s) for s in res['seeds'])}); each variant's lr per "
              "width was chosen on the tuning half of the validation windows, every endpoint is measured on the "
              "test half. Parameters are counted without the embedding and the output head. Intervals: paired t "
              "(95%) for differences and outlier ratios; for the Fig. 3 ratios a bootstrap over seeds, and a verdict "
              "needs every seed's own ratio on the same side of 1.")
+    if "scale" in cfg:
+        intro += f" Scale: {cfg['scale']}."
     parts = ["<h2>Language-model sweep: loss against parameters, tokens and learning rate</h2>",
              f"<p>{html.escape(intro)}</p>"]
+    for key, name in (("param_ratio", "Fig. 3a"), ("token_ratio", "Fig. 3b")):
+        a = res.get("applicability", {}).get(key)
+        if a is not None:  # version 2's premise of each Fig. 3 ratio (absent from a version 1 sweep.json)
+            state = "measurable" if a["measurable"] else "not measurable at this scale"
+            parts.append(f"<p class='note'>{name}'s premise (the baseline's loss falls): {state}; "
+                         f"{html.escape(a['why'])}.</p>")
     if res.get("deviations"):
         parts.append("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
                      + "".join(f"<li>{html.escape(d)}</li>" for d in res["deviations"]) + "</ul>")
@@ -45,7 +54,8 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
         for w in ws:
             mean = sum(w["test_loss"]) / len(w["test_loss"])
             per_width.append([label(v), w["width"], w["params_non_embedding"], w["params"], f"{w['lr']:g}"
-                              + (" (grid widened)" if w["widened"] else ""), f"{mean:.4f}", f"{w['floor']:.3f}"])
+                              + (" (grid widened)" if w["widened"] else "")
+                              + (f" ({w['edge']})" if w.get("edge") else ""), f"{mean:.4f}", f"{w['floor']:.3f}"])
     parts.append(table(["variant", "d_model", "non-embedding parameters", "parameters", "chosen lr",
                         "test-half loss (seed mean)", "unigram floor"], per_width, left=1))
     srows = res.get("sensitivity_rows", [])
