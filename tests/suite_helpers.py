@@ -43,3 +43,18 @@ def cli_fails(capsys, argv: list[str], *expected: str, stdout_empty: bool = Fals
     if stdout_empty:
         assert out.out == "", out.out
     return lines[0]
+
+
+def comparable_results(results: dict) -> dict:
+    """A retrieval results.json without what measures the run rather than the models: times, load, where and how
+    many jobs ran now (the ``timings`` block and every run's ``*_s`` fields)."""
+    import json
+
+    r = json.loads(json.dumps(results))
+    r.pop("timings")
+    for x in r["variants"].values():
+        for key in ("runs", "matched_runs", "grid_runs"):
+            for run in x[key]:
+                for k in [k for k in run if k.endswith("_s")]:
+                    run.pop(k)
+    return r

@@ -17,6 +17,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
+from suite_helpers import comparable_results  # noqa: E402
 
 from difftransformer.cli import main  # noqa: E402
 from difftransformer.jobs import RunOptions  # noqa: E402
@@ -33,18 +34,6 @@ def tiny(**kw) -> RetrievalConfig:
              lr_grid=(2e-3, 4e-3), lr_widen=0, variants=("baseline", "diff_v2"), quant_bits=(4,),
              conditions=(Condition("p3c8", 3, 8), Condition("p3c12", 3, 12)), primary="p3c8", extrapolation="p3c12")
     return RetrievalConfig(**{**d, **kw})
-
-
-def _comparable(results: dict) -> dict:
-    """results.json without what measures the run rather than the models: times, load, where the jobs ran."""
-    r = json.loads(json.dumps(results))
-    r.pop("timings")
-    for x in r["variants"].values():
-        for key in ("runs", "matched_runs", "grid_runs"):
-            for run in x[key]:
-                for k in [k for k in run if k.endswith("_s")]:
-                    run.pop(k)
-    return r
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +59,10 @@ def test_results_equal_the_local_executors_bitwise(cluster, tmp_path):
     on_ray = run_benchmark(cfg, tmp_path / "ray", options=ray_options(cluster))
     print(f"two-node cluster: {on_ray['timings']['jobs']} jobs in {time.perf_counter() - t0:.1f} s")
     assert on_ray["timings"]["executor"] == "ray" and on_ray["timings"]["jobs_run"] == 8
-    assert _comparable(local) == _comparable(on_ray)
+    assert comparable_results(local) == comparable_results(on_ray)
     assert not ray.is_initialized()  # the command joined the cluster and left it
     moved = run_benchmark(cfg, tmp_path / "ray", workers=2, progress=False)  # the cluster's journal, read locally
-    assert moved["timings"]["jobs_run"] == 0 and _comparable(moved) == _comparable(local)
+    assert moved["timings"]["jobs_run"] == 0 and comparable_results(moved) == comparable_results(local)
 
 
 def test_a_language_model_sweep_on_the_cluster_equals_the_local_one(cluster, tmp_path):
@@ -106,7 +95,7 @@ def test_a_node_removed_mid_run_still_ends_equal(cluster, tmp_path):
     t.join(timeout=300)
     assert "r" in out, "the run did not end after the node was removed"
     local = run_benchmark(cfg, None, workers=2, progress=False)
-    assert out["r"]["timings"]["jobs_run"] == 12 and _comparable(out["r"]) == _comparable(local)
+    assert out["r"]["timings"]["jobs_run"] == 12 and comparable_results(out["r"]) == comparable_results(local)
 
 
 ARGS = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "40", "--batch", "4", "--seeds", "3",
@@ -141,7 +130,7 @@ def test_a_driver_killed_and_rerun_runs_only_the_unfinished_jobs(cluster, tmp_pa
     assert whole.wait(timeout=600) == 0
     a = json.loads((tmp_path / "whole" / "results.json").read_text())
     b = json.loads((killed / "results.json").read_text())
-    assert b["timings"]["jobs_run"] == 12 - n_before and _comparable(a) == _comparable(b)
+    assert b["timings"]["jobs_run"] == 12 - n_before and comparable_results(a) == comparable_results(b)
     assert f"{12 - n_before} run now" in out and "Ray (" in out
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from suite_helpers import comparable_results
 
 from difftransformer.retrieval.benchmark import run_benchmark
 from difftransformer.retrieval.config import Condition, RetrievalConfig
@@ -45,18 +46,6 @@ def _jobs(path: Path) -> int:
         return 0
 
 
-def _comparable(results: dict) -> dict:
-    """results.json without what measures the run rather than the models: times, load, jobs run now."""
-    r = json.loads(json.dumps(results))
-    r.pop("timings")
-    for x in r["variants"].values():
-        for key in ("runs", "matched_runs", "grid_runs"):
-            for run in x[key]:
-                for k in [k for k in run if k.endswith("_s")]:
-                    run.pop(k)
-    return r
-
-
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     whole = _cli(tmp_path / "whole")
     killed_dir = tmp_path / "killed"
@@ -76,7 +65,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     a = json.loads((tmp_path / "whole" / "results.json").read_text())
     b = json.loads((killed_dir / "results.json").read_text())
     assert b["timings"]["jobs"] == 12 and b["timings"]["jobs_run"] == 12 - n_before  # only the unfinished ran
-    assert _comparable(a) == _comparable(b)
+    assert comparable_results(a) == comparable_results(b)
     assert "2 run now" not in out and f"{12 - n_before} run now" in out
 
 
@@ -85,6 +74,6 @@ def test_resume_in_process_reads_every_job_back(tmp_path):
     a = run_benchmark(cfg, tmp_path, workers=1, progress=False)
     b = run_benchmark(cfg, tmp_path, workers=1, progress=False)
     assert b["timings"]["jobs_run"] == 0 and a["timings"]["jobs_run"] == a["timings"]["jobs"] == 8
-    assert _comparable(a) == _comparable(b)
+    assert comparable_results(a) == comparable_results(b)
     with pytest.raises(ValueError, match="another configuration"):
         run_benchmark(cfg.replace(steps=4), tmp_path, workers=1, progress=False)
