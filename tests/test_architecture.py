@@ -125,7 +125,7 @@ def test_run_file_names_are_spelled_once():
     metrics key in its own class."""
     run = [rundir.RUN_CONFIG_NAME, rundir.METRICS_NAME, rundir.CHECKPOINTS_DIR, rundir.TENSORBOARD_DIR,
            rundir.STATE_TENSORS, rundir.STATE_JSON, rundir.LOCK_NAME, rundir.ADAPTER_DIR, rundir.ADAPTER_CONFIG_NAME,
-           rundir.ADAPTER_WEIGHTS_NAME, rundir.ADAPTER_BASE_DIR, rundir.MODEL_CARD_NAME]
+           rundir.ADAPTER_WEIGHTS_NAME, rundir.ADAPTER_BASE_DIR, rundir.MODEL_CARD_NAME, rundir.SWEEP_RESULTS_NAME]
     model = [rundir.CONFIG_NAME, rundir.WEIGHTS_NAME, rundir.TOKENIZER_NAME, rundir.MANIFEST_NAME, *SIDE_FILES]
     where = spelled_in([*run, *model, *rundir.LAMBDA_KEYS])
     assert {n: w for n, w in where.items() if len(w) != 1} == {}

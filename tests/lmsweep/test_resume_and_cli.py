@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from difftransformer.lmsweep.sweep import JOURNAL, RESULTS
+from difftransformer.lmsweep.sweep import JOURNAL
+from difftransformer.rundir import SWEEP_RESULTS_NAME as RESULTS
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 # 2 widths x 2 variants x 2 lrs x 2 seeds = 16 jobs of 20 steps on the demo preset's tokens

@@ -86,7 +86,8 @@ def config_from_args(args) -> LMSweepConfig:
 
 def run_cli(args) -> int:
     options = jobs_cli.options_from_args(args)
-    from .sweep import RESULTS, format_sweep, run_lm_sweep
+    from ..rundir.files import SWEEP_RESULTS_NAME
+    from .sweep import format_sweep, run_lm_sweep
     if args.rounding_partial is not None:
         from .sweep import format_partial_rounding, partial_rounding
         print(format_partial_rounding(partial_rounding(args.rounding_partial, args.out)))
@@ -96,9 +97,9 @@ def run_cli(args) -> int:
     if args.rounding_of is not None:
         import json
         from pathlib import Path
-        path = Path(args.rounding_of) / RESULTS
+        path = Path(args.rounding_of) / SWEEP_RESULTS_NAME
         if not path.is_file():
-            raise ValueError(f"--rounding-of {args.rounding_of}: holds no {RESULTS} (a finished sweep)")
+            raise ValueError(f"--rounding-of {args.rounding_of}: holds no {SWEEP_RESULTS_NAME} (a finished sweep)")
         other = json.loads(path.read_text(encoding="utf-8"))
         mine = {k: v for k, v in cfg.to_dict().items() if k != "cpu_code_path"}
         if {k: v for k, v in other.get("config", {}).items() if k != "cpu_code_path"} != mine:

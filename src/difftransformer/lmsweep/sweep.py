@@ -18,7 +18,7 @@ import numpy as np
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
 from ..model import variants as registry
-from ..retrieval.sweep import RESULTS
+from ..rundir.files import SWEEP_RESULTS_NAME
 from .analysis import Job, assemble, needed_jobs
 from .config import LMSweepConfig
 
@@ -97,7 +97,7 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any) -> dict[st
     from ..retrieval.benchmark import protocol_deviations
     res["deviations"] = protocol_deviations(Path(__file__).with_name("PROTOCOL.md"))
     res["verdict_rows"], res["sensitivity_rows"] = verdict_rows(res), sensitivity_rows(res)  # what the report draws
-    atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
+    atomic_write(out / SWEEP_RESULTS_NAME, json.dumps(res, indent=1) + "\n")
     plot_all(res, out)
     return res
 

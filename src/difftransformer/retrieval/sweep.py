@@ -26,11 +26,11 @@ import numpy as np
 
 from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..model import variants as registry
+from ..rundir.files import SWEEP_RESULTS_NAME
 from .config import RetrievalConfig
 
 MIN_SLOPE = 1e-6  # a fitted slope at or below this is flat (saturated or untrained curves): no ratio
 SWEEP_JOURNAL = "sweep-jobs.jsonl"
-RESULTS = "sweep.json"  # a sweep's results, this one's and the language-model sweep's (``lmsweep.sweep``)
 
 
 def fit_logit(params: Sequence[float], accs: Sequence[float], n: int) -> tuple[float, float]:
@@ -158,7 +158,7 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
         from ..fileio import atomic_write
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
+        atomic_write(out / SWEEP_RESULTS_NAME, json.dumps(res, indent=1) + "\n")
         plot_sweep(res, out / "sweep.png")
     return res
 

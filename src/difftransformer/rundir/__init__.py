@@ -48,6 +48,7 @@ from .files import (
     STATE_JSON,
     STATE_TENSORS,
     STEP_PREFIX,
+    SWEEP_RESULTS_NAME,
     TENSORBOARD_DIR,
     TOKENIZER_NAME,
     WEIGHTS_NAME,
@@ -90,4 +91,5 @@ __all__ = ["RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CH
            "run_of_checkpoint", "read_run_config", "write_run_config", "parse_metrics", "read_metric_records",
            "append_metrics", "truncate_metrics_after", "read_metrics", "lambda_keys", "find_tokenizer",
            "check_tokenizer", "read_tokenizer", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME", "ADAPTER_WEIGHTS_NAME",
-           "adapter_dir", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "adapter_base_dir"]
+           "adapter_dir", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "adapter_base_dir",
+           "SWEEP_RESULTS_NAME"]

@@ -33,12 +33,14 @@ ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_BASE_DIR = "adapter_base"
 # The model card (``interop.model_card``) of RUN/adapter, RUN/adapter_base and every ``convert --to-hf`` export.
 MODEL_CARD_NAME = "README.md"
+# A sweep's output directory (``retrieval.sweep``, ``lmsweep.sweep``): its results (read by the report and the demo).
+SWEEP_RESULTS_NAME = "sweep.json"
 
 __all__ = ["PathLike", "RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR",
            "STEP_PREFIX", "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME",
-           "ADAPTER_WEIGHTS_NAME", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "CONFIG_NAME", "WEIGHTS_NAME",
-           "MANIFEST_NAME", "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir", "metrics_path",
-           "tensorboard_dir", "checkpoints_dir", "step_dir", "adapter_dir", "adapter_base_dir"]
+           "ADAPTER_WEIGHTS_NAME", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "SWEEP_RESULTS_NAME", "CONFIG_NAME",
+           "WEIGHTS_NAME", "MANIFEST_NAME", "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir",
+           "metrics_path", "tensorboard_dir", "checkpoints_dir", "step_dir", "adapter_dir", "adapter_base_dir"]
 
 
 def run_config_path(run_dir: PathLike) -> Path:

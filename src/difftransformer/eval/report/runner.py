@@ -11,6 +11,7 @@ from typing import Any, Optional
 from tqdm import tqdm
 
 from ...fileio import atomic_write, read_json
+from ...rundir import SWEEP_RESULTS_NAME
 from ..analyses import MULTI_RUN, PER_RUN
 from ..loading import EvalModel, load_for_eval
 from ..spec import AnalysisSpec
@@ -92,7 +93,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
         if labels.count(ev.label) > 1:
             ev.label = f"{ev.label} ({Path(ev.source).name})"
     bench = read_json(Path(retrieval_dir) / "results.json") if retrieval_dir is not None else None
-    sweep = read_json(Path(lm_sweep_dir) / "sweep.json") if lm_sweep_dir is not None else None
+    sweep = read_json(Path(lm_sweep_dir) / SWEEP_RESULTS_NAME) if lm_sweep_dir is not None else None
     settings = Settings(quick, seed, progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
