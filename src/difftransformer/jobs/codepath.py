@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
-CODE_PATHS = ("machine", "avx2", "avx512")
+CodePath = Literal["machine", "avx2", "avx512"]  # a study config's ``cpu_code_path``
+CODE_PATHS: tuple[CodePath, ...] = get_args(CodePath)
 DEVICES = ("cpu", "cuda")
 _ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
         "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}}

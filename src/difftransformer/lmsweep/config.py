@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..model import variants as registry
-from ..retrieval.config import check_int
+from ..retrieval.config import check_int, check_lr_grid
+
+if TYPE_CHECKING:
+    from ..jobs.codepath import CodePath
+
+Scale = Literal["cpu", "gpu"]  # the pre-registered scales (``SCALES``)
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,8 @@ class LMSweepConfig:
     eval_every: int = 25  # optimizer steps between points of the test-half validation curve
     outlier_windows: int = 8  # test-half windows for the activation-outlier measure
     variants: tuple[str, ...] = field(default_factory=registry.names)
-    scale: str = "cpu"  # which pre-registered scale these values start from ("cpu" | "gpu"); a label in sweep.json
-    cpu_code_path: str = "machine"
+    scale: Scale = "cpu"  # which pre-registered scale these values start from; a label in sweep.json
+    cpu_code_path: CodePath = "machine"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widths", tuple(self.widths))
@@ -62,9 +68,8 @@ class LMSweepConfig:
             if isinstance(w, bool) or not isinstance(w, int) or w < 8 or w % (2 * self.n_heads):
                 raise ValueError(f"every width must be an integer >= 8 divisible by 2 * n_heads = {2 * self.n_heads} "
                                  f"(even head width), got {w!r}")
-        if not self.lr_grid or any(not (math.isfinite(x) and x > 0) for x in self.lr_grid) \
-                or len(set(self.lr_grid)) != len(self.lr_grid):
-            raise ValueError(f"lr_grid must list distinct positive learning rates, got {list(self.lr_grid)}")
+        check_lr_grid(self.lr_grid, math.inf, f"lr_grid must list distinct positive learning rates, got "
+                                              f"{list(self.lr_grid)}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.warmup_steps >= self.steps:
@@ -124,7 +129,7 @@ def gpu_config() -> LMSweepConfig:
                          scale="gpu")
 
 
-SCALES = {"cpu": cpu_config, "gpu": gpu_config}
+SCALES: dict[Scale, Callable[[], LMSweepConfig]] = {"cpu": cpu_config, "gpu": gpu_config}
 
 
 def quick_config() -> LMSweepConfig:

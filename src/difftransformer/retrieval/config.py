@@ -30,12 +30,20 @@ sub-token); an earlier version measured it no harder than random keys, so no def
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..model import variants as registry
 
-DISTRACTOR_KINDS = ("random", "near")
+if TYPE_CHECKING:
+    from ..jobs.codepath import CodePath
+
+Distractors = Literal["random", "near"]
+DISTRACTOR_KINDS: tuple[Distractors, ...] = get_args(Distractors)
+RetrievalBackend = Literal["eager", "sdpa"]  # the attention paths the benchmark allows (``ModelConfig.backend``'s)
+BACKENDS: tuple[RetrievalBackend, ...] = get_args(RetrievalBackend)
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ class Condition:
     name: str
     pairs: int
     context: int
-    distractors: str = "random"
+    distractors: Distractors = "random"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,12 +101,19 @@ def check_int(name: str, v: Any, low: int = 1) -> None:
         raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
 
 
-@dataclass
+def check_lr_grid(grid: Sequence[float], high: float, message: str) -> None:
+    """A study config's learning-rate grid: non-empty, distinct, every value finite in (0, ``high``) (``math.inf``:
+    no upper bound). ``message``: the ValueError's text, the study's own (it names the field and what it allows)."""
+    if not grid or len(set(grid)) != len(grid) or any(not (math.isfinite(x) and 0 < x < high) for x in grid):
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
 class RetrievalConfig:
     # --- task ---
     train_pairs: tuple[int, int] = (8, 24)  # facts per training context, drawn per example (inclusive range)
     train_context: tuple[int, int] = (24, 48)  # training context length (facts + filler), drawn per batch
-    distractors: str = "random"  # training distractor kind: "random" | "near"
+    distractors: Distractors = "random"  # training distractor kind
     queries: int = 8  # keys asked per context (training and test)
     n_keys: int = 64  # key vocabulary (>= the most pairs of any condition)
     n_values: int = 8  # value vocabulary: chance is 1 / n_values
@@ -113,7 +128,7 @@ class RetrievalConfig:
     batch: int = 32
     warmup: int = 50
     weight_decay: float = 0.0
-    backend: str = "eager"  # the attention path: "eager" (explicit maps; fastest at these lengths) or "sdpa"
+    backend: RetrievalBackend = "eager"  # the attention path: "eager" (explicit maps; fastest at these lengths)
     fused_adamw: bool = True  # PyTorch's fused CPU AdamW (one kernel over every tensor) instead of its for-loop one
     # --- learning rates (PROTOCOL.md, "Learning rates"): the grid runs on every test seed, chosen on validation ---
     lr_grid: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
@@ -134,15 +149,16 @@ class RetrievalConfig:
     quant_bits: tuple[int, ...] = (8, 6, 4, 3)
     data_seed: int = 1234  # training stream; validation uses data_seed + 1, test data_seed + 2
     # the CPU kernels every job runs (retrieval/scheduler.py): pinned so that numbers agree across CPUs
-    cpu_code_path: str = "machine"
+    cpu_code_path: CodePath = "machine"
 
     def __post_init__(self) -> None:
-        self.train_pairs = tuple(self.train_pairs)  # type: ignore[assignment]
-        self.train_context = tuple(self.train_context)  # type: ignore[assignment]
-        self.lr_grid = tuple(float(x) for x in self.lr_grid)
-        self.variants = tuple(self.variants)
-        self.conditions = tuple(c if isinstance(c, Condition) else Condition(**c) for c in self.conditions)
-        self.quant_bits = tuple(self.quant_bits)
+        object.__setattr__(self, "train_pairs", tuple(self.train_pairs))
+        object.__setattr__(self, "train_context", tuple(self.train_context))
+        object.__setattr__(self, "lr_grid", tuple(float(x) for x in self.lr_grid))
+        object.__setattr__(self, "variants", tuple(self.variants))
+        object.__setattr__(self, "conditions",
+                           tuple(c if isinstance(c, Condition) else Condition(**c) for c in self.conditions))
+        object.__setattr__(self, "quant_bits", tuple(self.quant_bits))
         self.validate()
 
     def validate(self) -> None:
@@ -183,15 +199,15 @@ class RetrievalConfig:
         if self.cpu_code_path not in CODE_PATHS:
             raise ValueError(f"RetrievalConfig.cpu_code_path={self.cpu_code_path!r} is not allowed; choose one of "
                              f"{', '.join(CODE_PATHS)}")
-        if self.backend not in ("eager", "sdpa"):
-            raise ValueError(f"RetrievalConfig.backend={self.backend!r} is not allowed; choose one of eager, sdpa")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"RetrievalConfig.backend={self.backend!r} is not allowed; choose one of "
+                             f"{', '.join(BACKENDS)}")
         if not isinstance(self.fused_adamw, bool):
             raise ValueError(f"RetrievalConfig.fused_adamw must be true or false, got {self.fused_adamw!r}")
         if self.distractors not in DISTRACTOR_KINDS:
             raise ValueError(f"RetrievalConfig.distractors={self.distractors!r} is not allowed; choose one of "
                              f"{', '.join(DISTRACTOR_KINDS)}")
-        if not self.lr_grid or any(not 0 < x < 1 for x in self.lr_grid) or len(set(self.lr_grid)) != len(self.lr_grid):
-            raise ValueError(f"RetrievalConfig.lr_grid={self.lr_grid} must be distinct values in (0, 1)")
+        check_lr_grid(self.lr_grid, 1.0, f"RetrievalConfig.lr_grid={self.lr_grid} must be distinct values in (0, 1)")
         if (not self.variants or any(v not in registry.names() for v in self.variants)
                 or len(set(self.variants)) != len(self.variants)):
             raise ValueError(f"RetrievalConfig.variants={self.variants} is not allowed; choose distinct ones of "
