@@ -92,6 +92,17 @@ def needed_jobs(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float)
     return list(dict.fromkeys(jobs)), final
 
 
+def rounding_jobs(cfg: LMSweepConfig, choices: dict[int, dict[str, LrChoice]]) -> list[Job]:
+    """The rounding check's ``chosen`` scope (PROTOCOL.md, "Clarifications"): under the other code path, the jobs at
+    the reference run's chosen lrs (every width, variant and seed: endpoints (a)-(d)), then the pre-registered grid at
+    the largest width (endpoint (e)); the largest width first. The lr choices are the reference's, not replayed."""
+    ws = sorted(cfg.widths, reverse=True)
+    jobs = [Job(w, v, s, choices[w][v].lr) for w in ws for v in cfg.variants  # type: ignore[arg-type]
+            for s in cfg.test_seeds]
+    jobs += [Job(cfg.largest, v, s, lr) for v in cfg.variants for lr in cfg.lr_grid for s in cfg.test_seeds]
+    return list(dict.fromkeys(jobs))
+
+
 def passed(r: dict[str, Any]) -> bool:
     return not r["diverged"] and r["test_loss"] < r["floor"]
 
@@ -318,22 +329,29 @@ def endpoints(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float, a
     e["token_ratio"] = endpoint_c(cfg, at[base][big], at[variant][big])
     e["outliers_attention_logit"] = endpoint_d(at[base][big], at[variant][big], "attention_logit_top1")
     e["outliers_hidden_state"] = endpoint_d(at[base][big], at[variant][big], "hidden_state_top1")
-    e["lr_robustness"] = {str(w): endpoint_e(cfg, w, base, variant, done, cap) for w in ws}
+    e["lr_robustness"] = {str(w): endpoint_e(cfg, w, base, variant, done, cap) for w in ws  # every width's grid,
+                          if all(Job(w, x, s, lr) in done for x in (base, variant)  # but in a rounding check's
+                                 for lr in cfg.lr_grid for s in cfg.test_seeds)}  # chosen scope
     return e
 
 
 def assemble(cfg: LMSweepConfig, done: dict[Job, dict[str, Any]], cap: float,
-             widths: Optional[Sequence[int]] = None) -> dict[str, Any]:
-    """sweep.json's body from the finished jobs: choices, per-width tables, every endpoint with its verdict."""
+             widths: Optional[Sequence[int]] = None,
+             choices: Optional[dict[int, dict[str, LrChoice]]] = None) -> dict[str, Any]:
+    """sweep.json's body from the finished jobs: choices, per-width tables, every endpoint with its verdict.
+    ``widths``: a subset (a partial rounding check); ``choices``: the lr choices to use instead of replaying them
+    from ``done`` (the rounding check's chosen scope: the reference run's), where the matched-lr rows and the
+    lr-robustness widths whose jobs did not run are left out."""
     base = registry.reference().name
     diffs = [v for v in cfg.variants if v != base]
-    S, ws = cfg.test_seeds, sorted(widths or cfg.widths)  # ``widths``: a subset (a partial rounding check)
+    S, ws = cfg.test_seeds, sorted(widths or cfg.widths)
     big = max(ws)
-    choices = {w: {v: lr_choice(cfg, w, v, done, cap) for v in cfg.variants} for w in ws}
+    choices = choices or {w: {v: lr_choice(cfg, w, v, done, cap) for v in cfg.variants} for w in ws}
     chosen = {v: [choices[w][v].lr for w in ws] for v in cfg.variants}
     at = {v: {w: [done[Job(w, v, s, choices[w][v].lr)] for s in S] for w in ws}  # type: ignore[arg-type]
           for v in cfg.variants}
-    matched = {v: {w: [done[Job(w, v, s, choices[w][base].lr)] for s in S] for w in ws}  # type: ignore[arg-type]
+    m_ws = [w for w in ws if all(Job(w, v, s, choices[w][base].lr) in done for v in cfg.variants for s in S)]  # type: ignore[arg-type]
+    matched = {v: {w: [done[Job(w, v, s, choices[w][base].lr)] for s in S] for w in m_ws}  # type: ignore[arg-type]
                for v in cfg.variants}
     table = {v: [{"width": w, "lr": choices[w][v].lr, "widened": choices[w][v].widened,
                   "edge": UNRESOLVED_EDGE if unresolved_edge(cfg, choices[w][v]) else "",

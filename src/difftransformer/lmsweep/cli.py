@@ -62,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train nothing: compare OUT's journal (a sweep under another --cpu-code-path, finished or "
                         "not) with REF_DIR's on the widths both have finished; prints the verdicts side by side "
                         "(all but the Fig. 3a ratio) and how many job losses are bitwise equal")
+    p.add_argument("--rounding-scope", choices=("all", "chosen"), default="all",
+                   help="with --rounding-of or --rounding-partial: 'all' (default) reruns the whole sweep under the "
+                        "other code path; 'chosen' only the jobs at the reference's chosen lrs (every width, variant "
+                        "and seed) and the largest width's lr grid (about half the jobs), decided at the reference's "
+                        "lr choices (not replayed: a choice that rounding would move is not checked); the same "
+                        "journal, so a later run with 'all' completes the whole check")
     jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -90,10 +96,12 @@ def run_cli(args) -> int:
     from .sweep import format_sweep, run_lm_sweep
     if args.rounding_partial is not None:
         from .sweep import format_partial_rounding, partial_rounding
-        print(format_partial_rounding(partial_rounding(args.rounding_partial, args.out)))
+        print(format_partial_rounding(partial_rounding(args.rounding_partial, args.out, args.rounding_scope)))
         return 0
     cfg = config_from_args(args)
-    other = None
+    if args.rounding_scope != "all" and args.rounding_of is None:
+        raise ValueError("--rounding-scope needs --rounding-of DIR or --rounding-partial REF_DIR")
+    other = choices = None
     if args.rounding_of is not None:
         import json
         from pathlib import Path
@@ -108,7 +116,10 @@ def run_cli(args) -> int:
         if other["config"].get("cpu_code_path") == cfg.cpu_code_path:
             raise ValueError(f"--rounding-of: that sweep ran the same CPU code path ({cfg.cpu_code_path}); pass "
                              "another --cpu-code-path")
-    res = run_lm_sweep(cfg, args.out, options=options)
+        if args.rounding_scope == "chosen":
+            from .sweep import reference_choices
+            choices = reference_choices(args.rounding_of)
+    res = run_lm_sweep(cfg, args.out, options=options, choices=choices)
     if args.quick:
         print("QUICK SMOKE RUN: far too little training to measure anything; run without --quick.")
     print(format_sweep(res))
@@ -118,10 +129,15 @@ def run_cli(args) -> int:
         from pathlib import Path
 
         from ..fileio import atomic_write
-        from .sweep import compare, format_rounding
-        check = compare(other, res)
+        from .sweep import compare, format_partial_rounding, format_rounding, partial_rounding
+        if choices is None:
+            check = compare(other, res)
+            text = format_rounding(check)
+        else:
+            check = partial_rounding(args.rounding_of, args.out, "chosen")
+            text = format_partial_rounding(check)
         atomic_write(Path(args.out) / "rounding.json", json.dumps(check, indent=1) + "\n")
-        print(format_rounding(check))
+        print(text)
         print(f"wrote {args.out}/rounding.json")
     return 0
 

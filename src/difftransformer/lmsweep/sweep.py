@@ -18,8 +18,9 @@ import numpy as np
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
 from ..model import variants as registry
+from ..retrieval.protocol import LrChoice
 from ..rundir.files import SWEEP_RESULTS_NAME
-from .analysis import Job, assemble, needed_jobs
+from .analysis import Job, assemble, needed_jobs, rounding_jobs
 from .config import LMSweepConfig
 
 PROTOCOL_VERSION = 2  # in every job key and the journal header: a journal of another version is refused
@@ -57,20 +58,25 @@ def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
     return data, fingerprint(tc.data), tc.model.vocab_size
 
 
+Choices = dict[int, dict[str, LrChoice]]  # width -> variant -> lr choice
+
+
 def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, progress: bool = True,
-                 options: Optional[RunOptions] = None) -> dict[str, Any]:
+                 options: Optional[RunOptions] = None, choices: Optional[Choices] = None) -> dict[str, Any]:
     """Run (or resume) every job of the protocol, decide, and write OUT/sweep.json and the plots. ``options``: how
-    the jobs run (default: ``workers`` local processes, ``progress``)."""
+    the jobs run (default: ``workers`` local processes, ``progress``). ``choices``: a reference run's lr choices
+    (``reference_choices``): only the rounding check's chosen scope runs (``analysis.rounding_jobs``), decided at
+    those lrs; the same journal keys as the whole sweep's, so a later run without them completes it."""
     options = options or RunOptions(workers=workers, progress=progress)
     refuse_other_version(Path(out_dir) / JOURNAL)  # before the executor starts and the tokens are prepared
     ex = open_executor(cfg.cpu_code_path, options)  # a refusal (no GPU, no cluster) before the tokens are prepared
     try:
-        return _run(cfg, Path(out_dir), options, ex)
+        return _run(cfg, Path(out_dir), options, ex, choices)
     finally:
         ex.close()
 
 
-def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any) -> dict[str, Any]:
+def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: Optional[Choices]) -> dict[str, Any]:
     """``run_lm_sweep`` on the opened executor ``ex``."""
     from ..fileio import atomic_write
     from .job import run_job
@@ -84,13 +90,18 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any) -> dict[st
     journal = Journal(out / JOURNAL, header)
     data_dir = str(data.directory)
     cfg_d = cfg.to_dict()
-    spec: JobSpec[Job] = JobSpec(needed=lambda d: needed_jobs(cfg, d, cap), run=run_job,
+    scoped = None if choices is None else rounding_jobs(cfg, choices)
+    spec: JobSpec[Job] = JobSpec(needed=lambda d: needed_jobs(cfg, d, cap) if scoped is None else (scoped, True),
+                                 run=run_job,
                                  args=lambda j: (cfg_d, data_dir, *j, dev),
                                  key=lambda j: job_key(job_description(cfg, fp, j, dev)), code_path=cfg.cpu_code_path,
                                  desc="language-model sweep (jobs)")
     done, ran = run_jobs(spec, journal, options, ex)
     res: dict[str, Any] = {"benchmark": "lm_sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
-                           "tokens_per_run": cfg.steps * cfg.batch * cfg.seq_len, **assemble(cfg, done, cap)}
+                           "tokens_per_run": cfg.steps * cfg.batch * cfg.seq_len,
+                           **assemble(cfg, done, cap, choices=choices)}
+    if choices is not None:
+        res["rounding_scope"] = "chosen: the reference run's lr choices, not replayed (PROTOCOL.md, Clarifications)"
     res["timings"] = {"wall_s": time.perf_counter() - t0, "workers": options.workers, **options.describe(),
                       "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
@@ -239,7 +250,8 @@ def verdict_rows(res: dict[str, Any]) -> list[VerdictRow]:
             rows.append(VerdictRow(name, v, "n/a" if d["estimate"] is None else
                                    f"{d['estimate']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]", str(d.get("n", "")),
                                    d["verdict"], ref))
-        diffrow(f"(e) lr robustness, d={big}", e["lr_robustness"][big], "V2: stable at high lr")
+        if big in e["lr_robustness"]:  # absent where its grid did not run (a rounding check's chosen scope, cut short)
+            diffrow(f"(e) lr robustness, d={big}", e["lr_robustness"][big], "V2: stable at high lr")
     return rows
 
 
@@ -247,6 +259,8 @@ def sensitivity_rows(res: dict[str, Any]) -> list[SensitivityRow]:
     rows = []
     for v, e in res["endpoints"].items():
         for w in res["widths"]:
+            if str(w) not in e["loss_matched_lr"]:  # its jobs did not run (a rounding check's chosen scope)
+                continue
             d = e["loss_matched_lr"][str(w)]
             rows.append(SensitivityRow(f"(a) loss at the baseline's lr, d={w}", v,
                                        f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, {_fmt(d['ci'][1])}]", d["verdict"]))
@@ -256,6 +270,8 @@ def sensitivity_rows(res: dict[str, Any]) -> list[SensitivityRow]:
                                        f"{_ratio(d['estimate'])} [{_ratio(d['ci'][0])}, {_ratio(d['ci'][1])}]",
                                        d["verdict"]))
         for w in res["widths"][:-1]:
+            if str(w) not in e["lr_robustness"]:
+                continue
             d = e["lr_robustness"][str(w)]
             rows.append(SensitivityRow(f"(e) lr robustness, d={w}", v, f"{_fmt(d['estimate'])} [{_fmt(d['ci'][0])}, "
                                        f"{_fmt(d['ci'][1])}]", d["verdict"]))
@@ -307,13 +323,17 @@ def compare(other: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
     if {k: v for k, v in res["config"].items() if k != "cpu_code_path"} != \
             {k: v for k, v in other["config"].items() if k != "cpu_code_path"}:
         raise ValueError("--rounding-of: that sweep ran another configuration (only the CPU code path may differ)")
-    a, b = verdict_rows(other), verdict_rows(res)
+    b = {(y.endpoint, y.variant): y for y in verdict_rows(res)}
     rows = [RoundingRow(x.endpoint, x.variant, x.estimate, x.verdict, y.estimate, y.verdict,
-                        "yes" if x.verdict == y.verdict else "NO") for x, y in zip(a, b)]
+                        "yes" if x.verdict == y.verdict else "NO")
+            if (y := b.get((x.endpoint, x.variant))) is not None else
+            RoundingRow(x.endpoint, x.variant, x.estimate, x.verdict, "not run", "not run", "not run")
+            for x in verdict_rows(other)]  # by name: a row whose jobs the other run lacks reads "not run"
     lrs = {v: [(w, x, y) for w, x, y in zip(res["widths"], other["chosen_lr"][v], res["chosen_lr"][v]) if x != y]
            for v in res["chosen_lr"]}
     return {"code_paths": [other["config"]["cpu_code_path"], res["config"]["cpu_code_path"]], "rows": rows,
-            "verdicts_same": sum(r.same == "yes" for r in rows), "verdicts": len(rows),
+            "verdicts_same": sum(r.same == "yes" for r in rows), "verdicts": sum(r.same != "not run" for r in rows),
+            "not_run": sum(r.same == "not run" for r in rows),
             "lr_choices_differ": {v: d for v, d in lrs.items() if d}}
 
 
@@ -325,7 +345,8 @@ def format_rounding(check: dict[str, Any]) -> str:
     for r in map(RoundingRow._make, check["rows"]):  # a list each when read back from rounding.json
         lines.append(f"{r.endpoint:<36} {r.variant:<8} {r.estimate:<30} {r.verdict:<26} {r.other_estimate:<30} "
                      f"{r.other_verdict:<26} {r.same}")
-    lines.append(f"{check['verdicts_same']} of {check['verdicts']} verdicts the same; lr choices that differ: "
+    lines.append(f"{check['verdicts_same']} of {check['verdicts']} verdicts the same"
+                 + (f" ({check['not_run']} not run)" if check.get("not_run") else "") + "; lr choices that differ: "
                  + (", ".join(f"{v} at d={w}: {x:g} vs {y:g}" for v, d in check["lr_choices_differ"].items()
                               for w, x, y in d) or "none"))
     return "\n".join(lines)
@@ -342,11 +363,8 @@ def read_journal(out_dir: str | Path) -> tuple[dict[str, Any], dict[Job, dict[st
     return header, {Job(*rec["job"]): rec["result"] for rec in records.values()}
 
 
-def partial_rounding(ref_dir: str | Path, other_dir: str | Path) -> dict[str, Any]:
-    """The rounding check on the widths that two sweeps (same configuration, two CPU code paths) have both
-    finished, one or both runs unfinished: the verdicts of those widths side by side (not the Fig. 3a ratio: its
-    fit needs every width) and, over every job both ran, how many losses are bitwise equal."""
-    from .analysis import lr_choice
+def _configs(ref_dir: str | Path, other_dir: str | Path):
+    """Both sweeps' journals, configurations and loss cap, refused unless only the CPU code path differs."""
     from .job import train_config
     (ha, da), (hb, db) = read_journal(ref_dir), read_journal(other_dir)
     ca, cb = LMSweepConfig.from_dict(ha["config"]), LMSweepConfig.from_dict(hb["config"])
@@ -355,39 +373,77 @@ def partial_rounding(ref_dir: str | Path, other_dir: str | Path) -> dict[str, An
     if ca.cpu_code_path == cb.cpu_code_path:
         raise ValueError(f"both sweeps ran the CPU code path {ca.cpu_code_path!r}: nothing to check")
     cap = math.log(train_config(ca, ca.widths[0], ca.variants[0], 0, 1e-3, "").model.vocab_size)
-    base = registry.reference().name
+    return (ca, da), (cb, db), cap
 
-    def complete(c: LMSweepConfig, done: dict[Job, dict[str, Any]], w: int) -> bool:
-        ch = {v: lr_choice(c, w, v, done, cap).lr for v in c.variants}
-        matched = ch[base]
-        return matched is not None and all(x is not None for x in ch.values()) and all(
-            Job(w, v, s, matched) in done for v in c.variants for s in c.test_seeds)
-    widths = tuple(w for w in sorted(ca.widths) if complete(ca, da, w) and complete(cb, db, w))
+
+def reference_choices(ref_dir: str | Path) -> Choices:
+    """A finished sweep's lr choices at every width (the rounding check's chosen scope runs at them)."""
+    from .analysis import lr_choice
+    from .job import train_config
+    header, done = read_journal(ref_dir)
+    c = LMSweepConfig.from_dict(header["config"])
+    cap = math.log(train_config(c, c.widths[0], c.variants[0], 0, 1e-3, "").model.vocab_size)
+    ch = {w: {v: lr_choice(c, w, v, done, cap) for v in c.variants} for w in c.widths}
+    if any(x.lr is None for d in ch.values() for x in d.values()):
+        raise ValueError(f"{ref_dir}: an lr choice is not settled yet (the reference sweep is unfinished)")
+    return ch
+
+
+SCOPES = ("all", "chosen")  # the rounding check's scopes (PROTOCOL.md, "Clarifications")
+
+
+def partial_rounding(ref_dir: str | Path, other_dir: str | Path, scope: str = "all") -> dict[str, Any]:
+    """The rounding check on the widths that two sweeps (same configuration, two CPU code paths) have both
+    finished, one or both runs unfinished: the verdicts of those widths side by side (the Fig. 3a ratio only when
+    every width is in: its fit needs them all) and, over every job both ran, how many losses are bitwise equal.
+    ``scope`` "chosen": the other run holds the chosen scope (``analysis.rounding_jobs``): it is decided at the
+    reference's lr choices, and a width counts as finished once its jobs at those lrs are in."""
+    from .analysis import lr_choice
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    (ca, da), (cb, db), cap = _configs(ref_dir, other_dir)
+    base = registry.reference().name
+    ref_ch = reference_choices(ref_dir) if scope == "chosen" else None
+
+    def complete(c: LMSweepConfig, done: dict[Job, dict[str, Any]], w: int, given: Optional[Choices]) -> bool:
+        ch = given[w] if given else {v: lr_choice(c, w, v, done, cap) for v in c.variants}
+        if any(x.lr is None for x in ch.values()):
+            return False
+        need = {Job(w, v, s, ch[v].lr) for v in c.variants for s in c.test_seeds}  # type: ignore[arg-type]
+        if given is None:  # the whole sweep's width also holds the matched-lr jobs
+            need |= {Job(w, v, s, ch[base].lr) for v in c.variants for s in c.test_seeds}  # type: ignore[arg-type]
+        return need <= done.keys()
+    widths = tuple(w for w in sorted(ca.widths) if complete(ca, da, w, None) and complete(cb, db, w, ref_ch))
     both = sorted(set(da) & set(db))
     equal = sum(da[j]["test_loss"] == db[j]["test_loss"] for j in both)
     gaps = [abs(da[j]["test_loss"] - db[j]["test_loss"]) for j in both
             if da[j]["test_loss"] is not None and db[j]["test_loss"] is not None]
-    out: dict[str, Any] = {"widths": list(widths), "jobs_both": len(both), "jobs_equal": equal,
+    out: dict[str, Any] = {"scope": scope, "widths": list(widths), "jobs_both": len(both), "jobs_equal": equal,
                            "max_abs_loss_gap": max(gaps) if gaps else None, "jobs": [len(da), len(db)]}
     if not widths:
         out.update(rows=[], note="no width finished by both")
         return out
     res_a = {"config": ca.to_dict(), **assemble(ca, da, cap, widths)}
-    res_b = {"config": cb.to_dict(), **assemble(cb, db, cap, widths)}
+    res_b = {"config": cb.to_dict(), **assemble(cb, db, cap, widths, ref_ch and {w: ref_ch[w] for w in widths})}
     check = compare(res_a, res_b)
-    rows = [r for r in check["rows"] if not r.endpoint.startswith("(b)")]  # a fit over a subset is not the protocol's
+    every = len(widths) == len(ca.widths)
+    rows = [r for r in check["rows"] if every or not r.endpoint.startswith("(b)")]  # a fit over a subset: not ours
+    note = ("" if every else "the Fig. 3a ratio is left out: its fit needs every width; the rows at the largest "
+            f"width finished by both stand for the protocol's largest-width endpoints only when it is d_model "
+            f"{ca.largest}")
+    if scope == "chosen":
+        note = ("; ".join(x for x in (note, "the lr choices are the reference run's (not replayed under the other "
+                                      "code path: a choice that rounding would move is not checked)") if x))
     out.update(code_paths=check["code_paths"], rows=rows, verdicts_same=sum(r.same == "yes" for r in rows),
-               verdicts=len(rows), lr_choices_differ=check["lr_choices_differ"],
-               note="the Fig. 3a ratio is left out: its fit needs every width; the rows at the largest width "
-                    "finished by both stand for the protocol's largest-width endpoints only when it is d_model "
-                    f"{ca.largest}")
+               verdicts=sum(r.same != "not run" for r in rows), not_run=sum(r.same == "not run" for r in rows),
+               lr_choices_differ=check["lr_choices_differ"], note=note)
     return out
 
 
 def format_partial_rounding(check: dict[str, Any]) -> str:
     lines = [f"jobs run by both: {check['jobs_both']} (of {check['jobs'][0]} and {check['jobs'][1]}); test losses "
              f"bitwise equal: {check['jobs_equal']}; largest difference {check['max_abs_loss_gap']}",
-             f"widths both finished: {check['widths']}; {check['note']}"]
+             f"widths both finished: {check['widths']}" + (f"; {check['note']}" if check["note"] else "")]
     if check["rows"]:
         lines.insert(0, format_rounding(check))
     return "\n".join(lines)
