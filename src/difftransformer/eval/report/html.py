@@ -66,6 +66,15 @@ def image(path: Path, alt: str) -> str:
     return f'<p><img alt="{_esc(alt)}" src="data:image/png;base64,{data}"></p>'
 
 
+def deviations_note(deviations: Optional[Sequence[str]]) -> str:
+    """A study's departures from its protocol as its results file lists them (``deviations``), for its section of
+    the page; nothing when there are none."""
+    if not deviations:
+        return ""
+    return ("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
+            + "".join(f"<li>{_esc(d)}</li>" for d in deviations) + "</ul>")
+
+
 def _slug(verdict: str) -> str:
     return verdict.replace(" ", "-")
 

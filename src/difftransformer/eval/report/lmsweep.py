@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...model.variants import label
+from .html import deviations_note
 
 
 def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
@@ -36,9 +37,7 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
             state = "measurable" if a["measurable"] else "not measurable at this scale"
             parts.append(f"<p class='note'>{name}'s premise (the baseline's loss falls): {state}; "
                          f"{html.escape(a['why'])}.</p>")
-    if res.get("deviations"):
-        parts.append("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
-                     + "".join(f"<li>{html.escape(d)}</li>" for d in res["deviations"]) + "</ul>")
+    parts.append(deviations_note(res.get("deviations")))
     if "verdict_rows" not in res:
         parts.append("<p class='note'>This sweep.json holds no verdict rows (written before the sweep wrote its own): "
                      "rerun <code>difftransformer lm-sweep --out DIR</code> with the same options to add them (it "

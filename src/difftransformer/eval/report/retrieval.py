@@ -18,6 +18,7 @@ from typing import Any
 
 from ...model.variants import label as vlabel
 from .. import stats
+from .html import deviations_note
 
 # results.json's verdict policies (the benchmark's ``statistics.POLICIES``) and how the page names them
 POLICY_LABELS = {"runs": "tuned lr", "matched_runs": "matched lr", "no_failures": "tuned lr, failed seeds dropped"}
@@ -213,10 +214,8 @@ def _rounding_part(fig_dir: Path, table) -> str:
 
 def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
     """The HTML of the lead section; ``table``/``image`` are the page's own helpers."""
-    parts = [f"<p>{html.escape(_intro(results))}</p>", *_failures_notes(results)]
-    if results.get("deviations"):
-        parts.append("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
-                     + "".join(f"<li>{html.escape(d)}</li>" for d in results["deviations"]) + "</ul>")
+    parts = [f"<p>{html.escape(_intro(results))}</p>", *_failures_notes(results),
+             deviations_note(results.get("deviations"))]
     if results.get("quick"):
         parts.append("<p class='note'>A quick benchmark: a smoke run, its numbers mean nothing.</p>")
     if "verdicts" not in results:
