@@ -61,7 +61,7 @@ def test_a_job_declared_later_runs_before_jobs_queued_behind_a_busy_worker(tmp_p
 
 
 def test_one_rule_for_a_bad_line_everywhere(tmp_path):
-    """Every reader (a journal opened to append, a read-only reader, adopt) applies parse's rule: a bad last line
+    """Every reader (a journal opened to append, a read-only reader, reuse_from) applies parse's rule: a bad last line
     is dropped, a bad line before it is an error naming the line."""
     path = tmp_path / JOURNAL
     j = Journal(path, {"c": 1})
@@ -71,10 +71,10 @@ def test_one_rule_for_a_bad_line_everywhere(tmp_path):
     path.write_text(text + '{"key": 3}\n')  # a whole line, but not a record: the last one, so dropped
     assert set(read_journal(path)[1]) == {"k1", "k2"} and parse(path).dropped
     other = Journal(tmp_path / "other.jsonl", {"c": 2})
-    assert other.adopt(path) == 2 and other.get("k2") == {"x": 2}
+    assert other.reuse_from(path) == 2 and other.get("k2") == {"x": 2}
     lines = text.split("\n")
     path.write_text("\n".join([lines[0], "not json", *lines[1:]]))  # a bad line in the middle
-    for read in (read_journal, lambda p: Journal(p, {"c": 1}), lambda p: other.adopt(p)):
+    for read in (read_journal, lambda p: Journal(p, {"c": 1}), lambda p: other.reuse_from(p)):
         with pytest.raises(ValueError, match="line 2: not a journal record"):
             read(path)
     (tmp_path / "empty.jsonl").write_text("nothing\n")

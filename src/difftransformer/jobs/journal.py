@@ -96,7 +96,7 @@ class Journal:
         from ..fileio import atomic_write
         atomic_write(self.path, "".join(line + "\n" for line in lines))
 
-    def adopt(self, other: Path) -> int:
+    def reuse_from(self, other: Path) -> int:
         """Copy into this journal every finished job of another run's journal that this one lacks (the keys are
         hashes of everything that determines a job, so a job found under its key is this job); returns how many."""
         n = 0

@@ -130,7 +130,7 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(Path(out_dir or tmp) / SWEEP_JOURNAL, header)
         if reuse is not None:
-            journal.adopt(Path(reuse))
+            journal.reuse_from(Path(reuse))
         spec = JobSpec(needed=lambda done: (jobs, True), run=_job, args=lambda j: (dicts[j[0]], j[1], j[2], j[3], dev),
                        key=lambda j: job_key(job_description(dicts[j[0]], tuple(j[1:]), dev)),
                        code_path=cfg.cpu_code_path, desc="retrieval width sweep (jobs)")
