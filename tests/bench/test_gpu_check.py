@@ -1,7 +1,7 @@
-"""`make gpu-check` (``bench/gpu_check.py``, ``bench/gpu_summary.py``, ``bench/small_jobs.py``) without a GPU: every
-step run on the CPU at toy size, the GPU plan's commands parsed by the commands they call, the time limits and the
-timeout path, the readers on the real outputs of the H200 run (copied below), the summary files and the proposals
-rule. The one GPU run must not fail for a plumbing bug."""
+"""`make gpu-check` (``bench/gpu_check.py``, ``bench/gpu_readers.py``, ``bench/gpu_summary.py``,
+``bench/small_jobs.py``) without a GPU: every step run on the CPU at toy size, the GPU plan's commands parsed by the
+commands they call, the time limits and the timeout path, the readers on the real outputs of the H200 run (copied
+below), the summary files and the proposals rule. The one GPU run must not fail for a plumbing bug."""
 # ruff: noqa: E501  (the benches' outputs below are copied as printed, long lines included)
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from difftransformer.bench import gpu_candidates, gpu_check, gpu_summary, small_jobs
+from difftransformer.bench import gpu_candidates, gpu_check, gpu_readers, gpu_summary, small_jobs
 from difftransformer.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,10 +100,10 @@ FAILED tests/model/test_triton_fallback.py::test_a_failed_launch_falls_back_once
 KINDS = {"env": "env", "candidates": "candidates", "tests": "tests", "attention-3b": "attention", "attention": "attention",
          "decode-sdpa": "decode", "decode-triton": "decode", "train": "train", "train-3b": "train",
          "small-jobs": "small-jobs"}
-ENV = gpu_summary.ENV_PREFIX + json.dumps({"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0",
+ENV = gpu_readers.ENV_PREFIX + json.dumps({"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0",
                                            "cuda_available": True, "device": "NVIDIA H200", "capability": [9, 0],
                                            "cpus": 16})
-SMALL_JOBS = "\n".join(gpu_summary.SMALL_JOBS_PREFIX + json.dumps(small_jobs.job_row(m, "baseline", p, s, 200, 600))
+SMALL_JOBS = "\n".join(gpu_readers.SMALL_JOBS_PREFIX + json.dumps(small_jobs.job_row(m, "baseline", p, s, 200, 600))
                        for m, p, s in (("one at a time", 1, [1.42]), ("8 processes", 8, [1.7, 1.9]),
                                        ("16 processes", 16, [2.9, 3.1])))
 
@@ -122,37 +122,37 @@ def h200_summary(**texts: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- readers
 def test_readers_take_the_h200_tables():
-    a3 = gpu_summary.read_attention(H200["attention-3b"])
+    a3 = gpu_readers.read_attention(H200["attention-3b"])
     assert (a3["shape"], a3["head_dim"], a3["dtype"]) == ("paper-3b", 128, "bfloat16")
     assert a3["labels"] == ["V1 sdpa", "V1 triton", "V2 sdpa", "V2 triton"]
     assert a3["rows"][16384] == {"baseline_ms": 19.7, "V1 sdpa": 1.74, "V1 triton": 4.93, "V2 sdpa": 1.77,
                                  "V2 triton": 7.45}
-    a = gpu_summary.read_attention(H200["attention"])
+    a = gpu_readers.read_attention(H200["attention"])
     assert sorted(a["rows"]) == [2048, 4096, 8192] and a["head_dim"] == 64 and a["rows"][8192]["V2 triton"] == 2.05
-    t = gpu_summary.read_train(H200["train-3b"])
+    t = gpu_readers.read_train(H200["train-3b"])
     assert (t["shape"], t["overrides"], t["head_dim"], t["seq"], t["batch"], t["layers"]) == \
         ("paper-3b", "--layers 4", 128, 4096, 1, 4)
     assert t["labels"] == ["V1 sdpa", "V1 triton", "V2 sdpa", "V2 triton"]
     assert t["rows"]["V2 triton"] == {"params": 1_107_225_600, "ms": 112.2, "tokens_s": 36_515, "ratio": 0.661}
-    assert gpu_summary.read_train(H200["train"])["rows"]["baseline sdpa"]["tokens_s"] == 271_052
-    d = gpu_summary.read_decode(H200["decode-triton"])
+    assert gpu_readers.read_train(H200["train"])["rows"]["baseline sdpa"]["tokens_s"] == 271_052
+    d = gpu_readers.read_decode(H200["decode-triton"])
     assert (d["backend"], d["head_dim"], d["dtype"], d["labels"]) == ("triton", 64, "bfloat16", ["V1", "V2"])
     assert d["rows"][1] == {"batch": 1, "context": 8192, "baseline_tok_s": 897.1, "V1": 0.990, "V2": 1.027}
-    p = gpu_summary.read_pytest(H200["tests"])
+    p = gpu_readers.read_pytest(H200["tests"])
     assert p["counts"] == {"failed": 32, "passed": 69, "skipped": 2} and p["finished"]
     assert p["failed"][1] == "tests/model/test_triton_diff.py::test_decode_validation[kw0-ValueError-one"
-    assert gpu_summary.read_env(ENV)["capability"] == [9, 0]
+    assert gpu_readers.read_env(ENV)["capability"] == [9, 0]
 
 
 def test_readers_keep_what_a_stopped_command_printed():
     cut = H200["attention"].splitlines()[:5]  # the header and N=2048 only, as when the limit hits at N=4096
-    assert sorted(gpu_summary.read_attention("\n".join(cut))["rows"]) == [2048]
-    stopped = gpu_summary.read_pytest("$ python3 -m pytest -q\n" + "." * 70 + "F" + "." * 9 + " [ 40%]\n..sE\n")
+    assert sorted(gpu_readers.read_attention("\n".join(cut))["rows"]) == [2048]
+    stopped = gpu_readers.read_pytest("$ python3 -m pytest -q\n" + "." * 70 + "F" + "." * 9 + " [ 40%]\n..sE\n")
     assert stopped == {"counts": {"passed": 81, "failed": 1, "skipped": 1, "errors": 1}, "failed": [],
                        "finished": False}
-    assert gpu_summary.read_train("# training step (fwd...)\n")["rows"] == {}
-    assert gpu_summary.read_decode("")["rows"] == []
-    assert gpu_summary.read_env("Traceback ...\n") == {}
+    assert gpu_readers.read_train("# training step (fwd...)\n")["rows"] == {}
+    assert gpu_readers.read_decode("")["rows"] == []
+    assert gpu_readers.read_env("Traceback ...\n") == {}
 
 
 def test_triton_config_lines_are_collected_per_step():
@@ -321,7 +321,7 @@ def test_the_gpu_plan_parses_as_the_commands_it_calls_and_fits_the_budget():
             gpu_candidates.build_parser().parse_args(argv)
         elif module == "pytest":
             assert all((ROOT / f).is_file() for f in argv if f.endswith(".py"))
-        assert s.kind in gpu_summary.READERS
+        assert s.kind in gpu_readers.READERS
     # the docstring's budget table says each step's limit
     table = dict(re.findall(r"^(\S+)\s+(\d+) s\s", gpu_check.__doc__, re.M))
     assert {s.name: s.limit_s for s in plan} == {n: float(v) for n, v in table.items()}
@@ -334,7 +334,7 @@ def test_each_step_runs_on_the_cpu_at_toy_size(name, tmp_path):
     step = next(s for s in gpu_check.dry_plan() if s.name == name)
     r = gpu_check.run_step(step, tmp_path, step.limit_s)
     assert r["status"] == "ok", r["text"][-3000:]
-    data = gpu_summary.READERS[step.kind](r["text"])
+    data = gpu_readers.READERS[step.kind](r["text"])
     if step.kind == "tests":
         assert data["finished"] and data["counts"].get("failed", 0) == 0
     elif step.kind == "candidates":  # one per kernel and form, in the interpreter, each against the oracle
@@ -476,7 +476,7 @@ def test_the_candidates_step_covers_what_the_tuner_tries_and_catches_a_wrong_one
         assert {g[2] for g in got} == {"fwd", "bwd_dkdv", "bwd_dq", "decode"}
         assert any(g[5][4:] for g in got if g[0] == "paper-3b")  # V1's value-split forward candidates too
     assert len(out["90"]["got"]) > len(out["80"]["got"]) > 16  # more fit in sm_90's 227 KB than sm_80's 163 KB
-    read = gpu_summary.read_candidates("\n".join(out["lines"]))
+    read = gpu_readers.read_candidates("\n".join(out["lines"]))
     assert read["counts"] == {"ok": 4, "wrong": 4, "failed": 4}
     assert [b["status"] for b in read["bad"]] == ["wrong", "failed"] * 4
     assert read["bad"][0]["key"] == "sm_90/v1/d64/fwd" and "tol" in read["bad"][0]["reason"]

@@ -7,7 +7,8 @@ recorded as ``failed``; the next step runs either way), and the whole run under 
 what is left of it). Each step's output is saved as it comes to ``OUT/<step>.txt`` (the command on the first line,
 its status on the last); ``OUT/summary.md`` and ``OUT/summary.json`` hold the pass/fail counts, every ratio, the
 Triton configs the kernels chose, the small-job throughput and the proposed ``TRITON_AUTO_MEASURED`` entries
-(``bench/gpu_summary.py``). Only the repository and the machine's PyTorch/Triton are needed: no network, no data.
+(``bench/gpu_summary.py``, the outputs read by ``bench/gpu_readers.py``). Only the repository and the machine's
+PyTorch/Triton are needed: no network, no data.
 
 The budget, per step, from the H200 run of 2026-11-26 (commit 5fdef50, torch 2.11.0+cu130, Triton 3.6.0):
 
@@ -62,7 +63,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..model.attention.triton_tuning import SKIP_ENV
-from . import gpu_summary
+from . import gpu_readers, gpu_summary
 
 BUDGET_S = 350.0  # the whole run: 6 minutes less 10 s for starting and the summary
 MIN_STEP_S = 5.0  # a step with less than this left of the budget is skipped, not started
@@ -78,7 +79,7 @@ SRC = Path(__file__).resolve().parents[2]  # the directory holding the difftrans
 
 @dataclass(frozen=True)
 class Step:
-    """One command of the check: ``python -m <args>``; ``kind`` names its reader in ``gpu_summary.READERS``."""
+    """One command of the check: ``python -m <args>``; ``kind`` names its reader in ``gpu_readers.READERS``."""
 
     name: str
     kind: str
@@ -257,7 +258,7 @@ def check(args: argparse.Namespace, python: str = sys.executable) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     probe = run_step(plan[0], out, plan[0].limit_s, python)
-    env = gpu_summary.read_env(probe["text"])
+    env = gpu_readers.read_env(probe["text"])
     if not args.dry_run and not env.get("cuda_available"):
         why = (f"torch {env['torch']}: torch.cuda.is_available() is False" if env else
                f"the probe failed ({probe['status']}; see {out / probe['output']})")
@@ -296,7 +297,7 @@ def env_probe() -> int:
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
-    print(gpu_summary.ENV_PREFIX + json.dumps(info, sort_keys=True), flush=True)
+    print(gpu_readers.ENV_PREFIX + json.dumps(info, sort_keys=True), flush=True)
     return 0
 
 

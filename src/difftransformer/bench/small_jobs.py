@@ -13,7 +13,7 @@ kernel launches, so its time per step is flat and a few hundred steps give the j
   after their warm-up), so jobs/min = P * 60 / the slowest process's scaled job time; the wall time including the
   processes' start (import, CUDA context, build) is printed beside it.
 
-Every measured row is printed as it is done, with a ``# small-jobs row: {json}`` line that ``bench/gpu_summary.py``
+Every measured row is printed as it is done, with a ``# small-jobs row: {json}`` line that ``bench/gpu_readers.py``
 reads (a run stopped by a time limit keeps its finished rows). One torch thread per process, as a benchmark worker.
 """
 

@@ -1,0 +1,170 @@
+"""`make gpu-check`'s readers: each takes one step's printed text (``bench/gpu_check.py``) as it is (the tables of
+``bench attention|train|decode``, pytest's last line, ``bench/small_jobs.py``'s row lines, the candidates' lines, the
+probe's env line) and keeps what it finds, so a step stopped by its time limit still gives the rows it printed.
+``READERS`` maps a step's kind to its reader; ``gpu_summary`` puts their results together.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+CONFIG_PREFIX = "# triton config:"
+SMALL_JOBS_PREFIX = "# small-jobs row: "  # bench/small_jobs.ROW_PREFIX (not imported: this module needs no torch)
+ENV_PREFIX = "# gpu-check env: "
+CANDIDATE_PREFIX = "# candidate: "  # bench/gpu_candidates.LINE (not imported: that module needs torch)
+
+
+def _float(s: str) -> float:
+    return float(s.replace(",", ""))
+
+
+def read_env(text: str) -> dict[str, Any]:
+    """The probe's ``# gpu-check env: {json}`` line (``gpu_check env``), else {}."""
+    for line in text.splitlines():
+        if line.startswith(ENV_PREFIX):
+            return json.loads(line[len(ENV_PREFIX):])
+    return {}
+
+
+def read_pytest(text: str) -> dict[str, Any]:
+    """pytest -q's counts ("3 failed, 69 passed, 2 skipped, 15 warnings in 64.34s") and the FAILED/ERROR ids."""
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        if re.search(r"\b(passed|failed|skipped|error|errors|no tests ran)\b.* in [\d.]+s", line):
+            counts = {}
+            for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)", line):
+                counts["errors" if what.startswith("error") else what] = int(n)
+    failed = [m.group(2) for m in re.finditer(r"^(FAILED|ERROR) (\S+)", text, re.M)]
+    if not counts:  # stopped before its last line: count the progress characters -q printed ("..F.s  [ 40%]")
+        marks = "".join(m.group(1) for m in re.finditer(r"^([.FEsxX]+)\s*(?:\[\s*\d+%\])?$", text, re.M))
+        names = {".": "passed", "F": "failed", "E": "errors", "s": "skipped", "x": "xfailed", "X": "xpassed"}
+        for ch in marks:
+            counts[names[ch]] = counts.get(names[ch], 0) + 1
+        return {"counts": counts, "failed": failed, "finished": False}
+    return {"counts": counts, "failed": failed, "finished": True}
+
+
+def read_candidates(text: str) -> dict[str, Any]:
+    """The candidates step's lines, ``# candidate: ok|wrong|failed KEY CONFIG (...): reason (S s)``: counts per
+    status, and the wrong and failed ones (key, config, reason). ``finished``: its count line was printed."""
+    counts = {"ok": 0, "wrong": 0, "failed": 0}
+    bad = []
+    line_re = re.compile(re.escape(CANDIDATE_PREFIX) + r"(ok|wrong|failed) (\S+) (\S+) \(([^)]*)\): (.*?)"
+                         r"(?: \([\d.]+ s\))?$")
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if not m:
+            continue
+        status, key, config, where, reason = m.groups()
+        counts[status] += 1
+        if status != "ok":
+            bad.append({"status": status, "key": key, "config": config, "where": where, "reason": reason})
+    finished = re.search(r"^# candidates: \d+ ok, \d+ wrong, \d+ failed of", text, re.M) is not None
+    head = re.search(r"^# candidates: (sm_\d+), \d+ candidates .*?, (\w+), T (\d+)", text, re.M)
+    arch, dtype = (head.group(1), head.group(2)) if head else (None, None)
+    return {"counts": counts, "bad": bad, "finished": finished, "arch": arch, "dtype": dtype}
+
+
+def _shape(header: str) -> dict[str, Any]:
+    shape = re.search(r"shape (\S+?)(?: with ([^:]+))?:", header)
+    hd = re.search(r"head_dim=(\d+)|heads of (\d+)", header)
+    dtype = re.search(r"\b(bfloat16|float16|float32)\b", header)
+    return {"shape": shape.group(1) if shape else None, "overrides": shape.group(2) if shape else None,
+            "head_dim": int(next(g for g in hd.groups() if g)) if hd else None,
+            "dtype": dtype.group(1) if dtype else None}
+
+
+def read_attention(text: str) -> dict[str, Any]:
+    """``bench attention``: {shape, head_dim, dtype, labels (the DIFF cases), rows: {N: {"baseline_ms", label:
+    time ratio}}}. The table: "N", the baseline's "3.0ms 87.6MB", then "1.54x 1.23xM" per case."""
+    lines = text.splitlines()
+    header = next((ln for ln in lines if ln.startswith("# attention fwd+bwd")), "")
+    out: dict[str, Any] = {**_shape(header), "labels": [], "rows": {}}
+    for i, line in enumerate(lines):
+        words = line.split()
+        if words[:1] == ["N"] and len(words) >= 3:
+            pairs = [" ".join(words[j:j + 2]) for j in range(1, len(words), 2)]  # "baseline sdpa", "V1 triton"
+            out["labels"] = pairs[1:]
+            for row in lines[i + 1:]:
+                cells = row.split()
+                if not cells or not cells[0].isdigit() or not cells[1].endswith("ms"):
+                    continue
+                ratios = [c for c in cells[3:] if c.endswith("x")]  # time ratios; memory cells end in "xM"
+                rec: dict[str, float] = {"baseline_ms": _float(cells[1][:-2])}
+                rec.update({lab: _float(r[:-1]) for lab, r in zip(out["labels"], ratios)})
+                out["rows"][int(cells[0])] = rec
+            break
+    return out
+
+
+def read_train(text: str) -> dict[str, Any]:
+    """``bench train``: {shape, head_dim, seq, batch, layers, rows: {label: {params, ms, tokens_s, ratio}}}."""
+    header = next((ln for ln in text.splitlines() if ln.startswith("# training step")), "")
+    out: dict[str, Any] = {**_shape(header), "labels": [], "rows": {}}
+    sb = re.search(r"seq (\d+) x batch (\d+)", header)
+    layers = re.search(r"(\d+) layers", header)
+    out.update(seq=int(sb.group(1)) if sb else None, batch=int(sb.group(2)) if sb else None,
+               layers=int(layers.group(1)) if layers else None)
+    row = re.compile(r"^(\S.*?)\s+([\d,]+)\s+([\d.]+)\s+([\d,]+)\s+([\d.]+)x$")
+    for line in text.splitlines():
+        m = row.match(line.strip())
+        if m and not line.startswith("#"):
+            label = m.group(1)
+            out["rows"][label] = {"params": int(_float(m.group(2))), "ms": _float(m.group(3)),
+                                  "tokens_s": _float(m.group(4)), "ratio": _float(m.group(5))}
+    out["labels"] = list(out["rows"])[1:]
+    return out
+
+
+def read_decode(text: str) -> dict[str, Any]:
+    """``bench decode``: {backend, head_dim, dtype, labels, rows: [{batch, context, baseline_tok_s, label: ratio}]}.
+    The columns: batch, context, the baseline's tok/s, then "<V> tok/s" and "<V>/base" per variant, then HF's."""
+    lines = text.splitlines()
+    header = next((ln for ln in lines if ln.startswith("# decode tokens/s")), "")
+    backend = re.search(r"DIFF backend (\S+?);", header)
+    out: dict[str, Any] = {**_shape(header), "backend": backend.group(1) if backend else None, "labels": [],
+                           "rows": []}
+    for i, line in enumerate(lines):
+        if line.split()[:2] == ["batch", "context"]:
+            out["labels"] = re.findall(r"(\S+)/base", line)
+            for row in lines[i + 1:]:
+                cells = row.split()
+                if len(cells) < 3 or not (cells[0].isdigit() and cells[1].isdigit()):
+                    continue
+                ratios = [c for c in cells[3:] if c.endswith("x")]
+                rec: dict[str, Any] = {"batch": int(cells[0]), "context": int(cells[1]),
+                                       "baseline_tok_s": _float(cells[2])}
+                rec.update({lab: _float(r[:-1]) for lab, r in zip(out["labels"], ratios)})
+                out["rows"].append(rec)
+            break
+    return out
+
+
+def read_small_jobs(text: str) -> dict[str, Any]:
+    """``bench/small_jobs.py``: its row lines, and jobs/min of each P-process row over one job at a time."""
+    rows = [json.loads(ln[len(SMALL_JOBS_PREFIX):]) for ln in text.splitlines() if ln.startswith(SMALL_JOBS_PREFIX)]
+    one = {r["variant"]: r["jobs_per_min"] for r in rows if r["processes"] == 1}
+    for r in rows:
+        if r["processes"] > 1 and r["variant"] in one:
+            r["vs_one_at_a_time"] = r["jobs_per_min"] / one[r["variant"]]
+    return {"rows": rows}
+
+
+def triton_configs(text: str) -> list[dict[str, Any]]:
+    """Every ``# triton config: KEY {json}`` line (the configs the kernels ran with), as {key, config}."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(CONFIG_PREFIX):
+            key, _, rest = line[len(CONFIG_PREFIX):].strip().partition(" ")
+            try:
+                config: Any = json.loads(rest)
+            except ValueError:
+                config = rest
+            out.append({"key": key, "config": config})
+    return out
+
+
+READERS = {"env": read_env, "candidates": read_candidates, "tests": read_pytest, "attention": read_attention,
+           "train": read_train, "decode": read_decode, "small-jobs": read_small_jobs}
