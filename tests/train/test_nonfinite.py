@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 
 import torch
+from train_helpers import tiny_config
 
 from difftransformer import rundir
 from difftransformer.cli import main
 from difftransformer.model.pretrained import load_state_dict
-from difftransformer.train.trainer import MAX_NONFINITE_STREAK, train
-from train_helpers import tiny_config
+from difftransformer.train.steps import MAX_NONFINITE_STREAK
+from difftransformer.train.trainer import train
 
 
 def test_a_diverging_run_stops_with_one_line_and_saves_no_nan(tmp_path, prepared_dir, capsys, monkeypatch):

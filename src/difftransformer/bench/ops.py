@@ -145,7 +145,7 @@ def count_ops(step: Callable[[], None], device: torch.device) -> OpCount:
 def make_step(cfg: ModelConfig, args: argparse.Namespace) -> tuple[Callable[[], None], int]:
     """(one forward + loss + backward of a fresh model of ``cfg`` on fixed random tokens, its parameter count)."""
     from ..model.transformer import DiffTransformerLM
-    from ..train.trainer import autocast_for
+    from ..train.steps import autocast_for
 
     torch.manual_seed(0)
     device = torch.device(args.device)

@@ -114,7 +114,7 @@ def _time_steps(cfg: ModelConfig, hf: Optional[str], args: argparse.Namespace) -
     from ..model.transformer import DiffTransformerLM, lm_loss
     from ..train.config import OptimConfig
     from ..train.optim import build_optimizer
-    from ..train.trainer import autocast_for
+    from ..train.steps import autocast_for
 
     if args.threads:
         torch.set_num_threads(args.threads)

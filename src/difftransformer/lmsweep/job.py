@@ -1,11 +1,11 @@
 """One job of the language-model sweep: train one model (width, variant, seed, lr) and measure it.
 
 The training is ``difftransformer train``'s: the preset's ``TrainConfig`` with the sweep's overrides
-(``train_config``), ``trainer.train_step`` for every optimizer step (AdamW, warmup + cosine, clipping, a non-finite
-step skipped) and the trainer's ``WindowSampler`` seeded by the seed, so at seed s every variant and width sees the
-same windows in the same order. No checkpoint is written: the job's result is its measures (PROTOCOL.md,
-"Seeds, learning rates and the choice": the two halves, the divergence rule and the floor; "Endpoints and
-statistics": what each endpoint reads), journaled by the job runner (``difftransformer.jobs``).
+(``train_config``), the trainer's loop ``train.steps.optimizer_steps`` (AdamW, warmup + cosine, clipping, a
+non-finite step skipped, the divergence rule) and the trainer's ``WindowSampler`` seeded by the seed, so at seed s
+every variant and width sees the same windows in the same order. No checkpoint is written: the job's result is its
+measures (PROTOCOL.md, "Seeds, learning rates and the choice": the two halves, the divergence rule and the floor;
+"Endpoints and statistics": what each endpoint reads), journaled by the job runner (``difftransformer.jobs``).
 
 Measures: the validation windows (non-overlapping, of ``seq_len`` tokens) split by parity into a *tuning half* (even
 windows: the lr choice only) and a *test half* (odd windows: every endpoint); the test-half loss every
@@ -94,8 +94,8 @@ def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int,
     from ..jobs import check_code_path
     from ..model.transformer import DiffTransformerLM
     from ..train.distributed import DistInfo
-    from ..train.optim import build_optimizer, lr_at, negative_weight_at
-    from ..train.trainer import MAX_NONFINITE_STREAK, autocast_for, rank_slice, train_step
+    from ..train.optim import build_optimizer
+    from ..train.steps import autocast_for, optimizer_steps
 
     cap = check_code_path(cfg.cpu_code_path)
     tc = train_config(cfg, width, variant, seed, lr, data_dir, device)
@@ -111,24 +111,17 @@ def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int,
     val = data.tokens("val")
     tune, test = validation_halves(data.num_tokens["val"], cfg.seq_len)
     curve_steps, curve_loss, train_loss = [], [], []
-    skipped, streak, diverged = 0, 0, False
+    skipped, diverged = 0, False
     t0, c0 = time.perf_counter(), time.process_time()
     model.train()
-    for step in range(cfg.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, tc.train)
-        model.set_negative_weight(negative_weight_at(step, tc.train))
-        starts = rank_slice(sampler.next_starts(cfg.batch), 1, info)
-        loss, _, ok = train_step(model, model, opt, data, starts, tc, info, autocast)
-        skipped, streak = skipped + (not ok), (0 if ok else streak + 1)
-        if streak >= MAX_NONFINITE_STREAK:
-            diverged = True
+    for st in optimizer_steps(model, model, opt, data, sampler, tc, info, autocast):  # ``train``'s loop
+        skipped, diverged = st.skipped, st.diverged
+        if diverged:
             break
-        train_loss.append(loss)
-        done = step + 1
-        if done % cfg.eval_every == 0 or done == cfg.steps:
+        train_loss.append(st.loss)
+        if st.done % cfg.eval_every == 0 or st.done == cfg.steps:  # the curve of Fig. 3b, between steps
             model.eval()
-            curve_steps.append(done)
+            curve_steps.append(st.done)
             curve_loss.append(mean_loss(model, val, test, cfg.seq_len))
             model.train()
     train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -44,12 +43,12 @@ from .distributed import (
     barrier,
     init_distributed,
     mean_across,
-    no_grad_sync,
     shutdown,
     wrap,
 )
 from .metrics import LambdaProbe, MetricsLogger, require_tensorboard
-from .optim import build_optimizer, lr_at, negative_weight_at
+from .optim import build_optimizer
+from .steps import MAX_NONFINITE_STREAK, autocast_for, optimizer_steps
 
 
 @dataclass
@@ -61,10 +60,6 @@ class TrainResult:
     final_val_loss: float
     losses: list[float] = field(default_factory=list)  # training loss of every step this process ran
     skipped_steps: int = 0  # steps whose loss or gradient norm was not finite (no update made)
-
-
-# Consecutive non-finite steps after which the run stops: one can be a bad batch, this many is a diverged model.
-MAX_NONFINITE_STREAK = 5
 
 
 class TrainingDiverged(ValueError):
@@ -141,47 +136,7 @@ def setup_data(cfg: TrainConfig, run_dir: Path, info: DistInfo, progress: bool) 
     return data
 
 
-def autocast_for(device: torch.device, precision: str):
-    """bf16 autocast where the device supports it (CUDA with bf16); float32 elsewhere unless asked."""
-    use_bf16 = precision == "bfloat16" or (
-        precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
-    if not use_bf16:
-        return nullcontext
-    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
 # ---------------------------------------------------------------------------------------------- steps
-def rank_slice(starts: torch.Tensor, accum: int, info: DistInfo) -> torch.Tensor:
-    """(batch,) global starts -> (accum, micro) starts of this rank; layout (accum, ranks, micro)."""
-    return starts.view(accum, info.world_size, -1)[:, info.rank]  # (accum, micro)
-
-
-def train_step(model, raw, optimizer, data: PreparedData, starts: torch.Tensor, cfg: TrainConfig, info: DistInfo,
-               autocast) -> tuple[float, float, bool]:
-    """One optimizer step over this rank's micro-batches; returns (mean loss over all ranks, grad norm, whether
-    the update was made). A non-finite loss or norm makes no update: one NaN would poison every weight. Both are
-    the same on every rank (an all-reduced mean, a norm of all-reduced gradients), so all ranks skip together."""
-    accum, T = starts.shape[0], cfg.data.seq_len
-    tokens = data.tokens("train")
-    loss_sum = torch.zeros((), device=info.device)
-    for i in range(accum):
-        x, y = (t.to(info.device, non_blocking=True) for t in windows(tokens, starts[i], T))
-        with no_grad_sync(model, skip=i < accum - 1), autocast():
-            loss = model(x, y).loss
-        (loss / accum).backward()
-        loss_sum += loss.detach()
-    clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf
-    norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), clip)
-    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
-        norm = norm.full_tensor()
-    mean_loss, grad_norm = mean_across(float(loss_sum) / accum, info), float(norm)
-    ok = math.isfinite(mean_loss) and math.isfinite(grad_norm)
-    if ok:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return mean_loss, grad_norm, ok
-
-
 def check_finite_weights(raw, step: int, info: DistInfo) -> None:
     """Refuse to checkpoint NaN or inf weights (finite steps can still overflow them). Under FSDP each rank
     checks its own shard and all ranks agree before any of them raises (the save is a collective)."""
@@ -343,26 +298,18 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
               if info.is_main else None)
 
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
-    losses, val_loss, skipped, streak = [], float("nan"), 0, 0
+    losses, val_loss = [], float("nan")
     window_t, window_tokens, total_t, total_tokens, first_t = 0.0, 0, 0.0, 0, 0.0
     bar = tqdm(total=cfg.train.steps, initial=start, desc=desc, unit="step", disable=not (progress and info.is_main),
                dynamic_ncols=True)
     raw.train()
-    for step in range(start, cfg.train.steps):
-        lr = lr_at(step, cfg.train)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        if not t.lora_rank:  # under LoRA the base model, this weight included, stays as loaded
-            raw.set_negative_weight(negative_weight_at(step, cfg.train))  # DIFF V1 per_head only; else a no-op
-        t0 = time.perf_counter()
-        starts = rank_slice(sampler.next_starts(cfg.train.batch_size), accum, info)
-        loss, gnorm, ok = train_step(step_fn, raw, optimizer, data, starts, cfg, info, autocast)
-        dt = time.perf_counter() - t0
-        skipped, streak = skipped + (not ok), (0 if ok else streak + 1)
-        if streak >= MAX_NONFINITE_STREAK:
-            raise TrainingDiverged(f"training diverged: {streak} steps in a row with a non-finite loss or gradient "
-                                   f"norm (last: step {step + 1}); stopped without saving (lower train.lr)")
-        done, tokens_seen = step + 1, tokens_seen + tokens_per_step
+    skipped = 0
+    for st in optimizer_steps(step_fn, raw, optimizer, data, sampler, cfg, info, autocast, start, accum):
+        if st.diverged:
+            raise TrainingDiverged(f"training diverged: {MAX_NONFINITE_STREAK} steps in a row with a non-finite loss "
+                                   f"or gradient norm (last: step {st.done}); stopped without saving (lower train.lr)")
+        step, done, loss, skipped, dt = st.done - 1, st.done, st.loss, st.skipped, st.seconds
+        tokens_seen += tokens_per_step
         losses.append(loss)
         window_t, window_tokens = window_t + dt, window_tokens + tokens_per_step
         if step > start:  # the first step pays for warm-up (allocations, compile)
@@ -373,7 +320,7 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
         bar.update(1)
         last = done == cfg.train.steps
         if logger and (done % cfg.log.every == 0 or last):
-            logger.log({"step": done, "loss": loss, "lr": lr, "grad_norm": gnorm, "tokens": tokens_seen,
+            logger.log({"step": done, "loss": loss, "lr": st.lr, "grad_norm": st.grad_norm, "tokens": tokens_seen,
                         "tokens_per_s": window_tokens / max(window_t, 1e-9), "skipped_steps": skipped})
             window_t, window_tokens = 0.0, 0
         if done % cfg.train.eval_every == 0 or last:
