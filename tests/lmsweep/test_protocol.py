@@ -119,7 +119,7 @@ def test_a_diverged_seed_at_the_chosen_lr_is_tabled_at_the_cap_and_makes_its_com
 
 
 def test_rounding_check_lines_up_the_verdicts_and_names_what_differs():
-    from difftransformer.lmsweep.sweep import compare, format_rounding
+    from difftransformer.lmsweep.rounding import compare, format_rounding
     c = cfg(lr_widen=0)
     done = bowl(c, 4e-3)
     for s in c.test_seeds:
@@ -146,7 +146,7 @@ def test_rounding_check_lines_up_the_verdicts_and_names_what_differs():
 def test_partial_rounding_compares_the_widths_both_journals_finished(tmp_path):
     import json
 
-    from difftransformer.lmsweep.sweep import JOURNAL, format_partial_rounding, partial_rounding
+    from difftransformer.lmsweep.rounding import JOURNAL, format_partial_rounding, partial_rounding
     c = cfg(widths=(16, 32, 48), lr_widen=0)
     full = bowl(c, 4e-3)
 
@@ -173,7 +173,7 @@ def test_partial_rounding_compares_the_widths_both_journals_finished(tmp_path):
 def test_partial_rounding_on_a_single_finished_width(tmp_path):
     import json
 
-    from difftransformer.lmsweep.sweep import JOURNAL, partial_rounding
+    from difftransformer.lmsweep.rounding import JOURNAL, partial_rounding
     c = cfg(widths=(16, 32, 48), lr_widen=0)
     full = bowl(c, 4e-3)
     for name, code_path, jobs in (("ref", "machine", full),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from difftransformer.eval import stats
-from difftransformer.lmsweep.analysis import param_ratio, ratio_verdict, token_ratio
+from difftransformer.lmsweep.fits import param_ratio, ratio_verdict, token_ratio
 
 PARAMS = np.array([66_000, 110_000, 197_000, 443_000], dtype=float)
 SEEDS = 3

@@ -13,7 +13,7 @@ from test_protocol import CAP, bowl, cfg, run
 
 from difftransformer.eval import stats
 from difftransformer.lmsweep.analysis import Job, lr_choice, rounding_jobs
-from difftransformer.lmsweep.sweep import JOURNAL, format_partial_rounding, partial_rounding
+from difftransformer.lmsweep.rounding import JOURNAL, format_partial_rounding, partial_rounding
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -105,6 +105,6 @@ def test_the_chosen_scope_end_to_end_then_the_full_check_from_the_same_journal(t
 
 def _ref_choices(ref: Path):
     from difftransformer.lmsweep.config import LMSweepConfig
-    from difftransformer.lmsweep.sweep import read_journal, reference_choices
+    from difftransformer.lmsweep.rounding import read_journal, reference_choices
     header, _ = read_journal(ref)
     return LMSweepConfig.from_dict(header["config"]), reference_choices(ref)

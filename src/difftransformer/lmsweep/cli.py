@@ -95,7 +95,7 @@ def run_cli(args) -> int:
     from ..rundir.files import SWEEP_RESULTS_NAME
     from .sweep import format_sweep, run_lm_sweep
     if args.rounding_partial is not None:
-        from .sweep import format_partial_rounding, partial_rounding
+        from .rounding import format_partial_rounding, partial_rounding
         print(format_partial_rounding(partial_rounding(args.rounding_partial, args.out, args.rounding_scope)))
         return 0
     cfg = config_from_args(args)
@@ -117,7 +117,7 @@ def run_cli(args) -> int:
             raise ValueError(f"--rounding-of: that sweep ran the same CPU code path ({cfg.cpu_code_path}); pass "
                              "another --cpu-code-path")
         if args.rounding_scope == "chosen":
-            from .sweep import reference_choices
+            from .rounding import reference_choices
             choices = reference_choices(args.rounding_of)
     res = run_lm_sweep(cfg, args.out, options=options, choices=choices)
     if args.quick:
@@ -129,7 +129,7 @@ def run_cli(args) -> int:
         from pathlib import Path
 
         from ..fileio import atomic_write
-        from .sweep import compare, format_partial_rounding, format_rounding, partial_rounding
+        from .rounding import compare, format_partial_rounding, format_rounding, partial_rounding
         if choices is None:
             check = compare(other, res)
             text = format_rounding(check)
