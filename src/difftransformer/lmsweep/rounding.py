@@ -63,6 +63,12 @@ def format_rounding(check: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def loss_cap(c: LMSweepConfig) -> float:
+    """ln(vocabulary): the loss a diverged run counts as (the preset's tokenizer size)."""
+    from .job import train_config
+    return math.log(train_config(c, c.widths[0], c.variants[0], 0, 1e-3, "").model.vocab_size)
+
+
 def read_journal(out_dir: str | Path) -> tuple[dict[str, Any], dict[Job, dict[str, Any]]]:
     """(header, {job: result}) of a sweep's journal, finished or not (read by the runner's one rule: a torn last line
     is skipped)."""
@@ -76,24 +82,20 @@ def read_journal(out_dir: str | Path) -> tuple[dict[str, Any], dict[Job, dict[st
 
 def _configs(ref_dir: str | Path, other_dir: str | Path):
     """Both sweeps' journals, configurations and loss cap, refused unless only the CPU code path differs."""
-    from .job import train_config
     (ha, da), (hb, db) = read_journal(ref_dir), read_journal(other_dir)
     ca, cb = LMSweepConfig.from_dict(ha["config"]), LMSweepConfig.from_dict(hb["config"])
     if ca.replace(cpu_code_path="machine") != cb.replace(cpu_code_path="machine") or ha["data"] != hb["data"]:
         raise ValueError("the two sweeps ran other configurations (only the CPU code path may differ)")
     if ca.cpu_code_path == cb.cpu_code_path:
         raise ValueError(f"both sweeps ran the CPU code path {ca.cpu_code_path!r}: nothing to check")
-    cap = math.log(train_config(ca, ca.widths[0], ca.variants[0], 0, 1e-3, "").model.vocab_size)
-    return (ca, da), (cb, db), cap
+    return (ca, da), (cb, db), loss_cap(ca)
 
 
 def reference_choices(ref_dir: str | Path) -> Choices:
     """A finished sweep's lr choices at every width (the rounding check's chosen scope runs at them)."""
-
-    from .job import train_config
     header, done = read_journal(ref_dir)
     c = LMSweepConfig.from_dict(header["config"])
-    cap = math.log(train_config(c, c.widths[0], c.variants[0], 0, 1e-3, "").model.vocab_size)
+    cap = loss_cap(c)
     ch = {w: {v: lr_choice(c, w, v, done, cap) for v in c.variants} for w in c.widths}
     if any(x.lr is None for d in ch.values() for x in d.values()):
         raise ValueError(f"{ref_dir}: an lr choice is not settled yet (the reference sweep is unfinished)")
