@@ -58,3 +58,45 @@ def comparable_results(results: dict) -> dict:
                 for k in [k for k in run if k.endswith("_s")]:
                     run.pop(k)
     return r
+
+
+# Numbers rebuilt from a committed file on another machine are compared to this relative tolerance, never exactly:
+# the analyses' means, fits and intervals go through numpy/OpenBLAS reductions whose summation order (and so the last
+# bits) depends on the CPU and the BLAS build. Seen across two x86-64 CPUs: at most 2e-13 relative (issue 49). 1e-9
+# leaves four orders of magnitude for other builds and is still far below the 3-4 digits any page prints, so a change
+# of the analysis that moves a printed number fails; strings (verdicts, texts), booleans and integers compare exactly.
+REBUILT_REL_TOL = 1e-9
+REBUILT_ABS_TOL = 1e-12
+
+
+def results_differences(got, want, path: str = "$") -> list[str]:
+    """Where two JSON-like values differ, as ``path: got != want`` lines: floats beyond ``REBUILT_REL_TOL`` (or
+    ``REBUILT_ABS_TOL`` near zero), anything else (strings, ints, bools, None, keys, lengths) exactly. An int and a
+    float are different values here (a count that became a mean is a change)."""
+    import math
+
+    if isinstance(want, float) and isinstance(got, float) and not isinstance(got, bool):
+        if math.isnan(want) and math.isnan(got):
+            return []
+        if math.isclose(got, want, rel_tol=REBUILT_REL_TOL, abs_tol=REBUILT_ABS_TOL):
+            return []
+        return [f"{path}: {got!r} != {want!r}"]
+    if type(got) is not type(want):
+        return [f"{path}: {type(got).__name__} {got!r} != {type(want).__name__} {want!r}"]
+    if isinstance(want, dict):
+        diffs = [f"{path}: keys {sorted(set(got) ^ set(want))} in one only"] if set(got) != set(want) else []
+        for k in want:
+            if k in got:
+                diffs += results_differences(got[k], want[k], f"{path}.{k}")
+        return diffs
+    if isinstance(want, list):
+        if len(got) != len(want):
+            return [f"{path}: length {len(got)} != {len(want)}"]
+        return [d for i, (g, w) in enumerate(zip(got, want)) for d in results_differences(g, w, f"{path}[{i}]")]
+    return [] if got == want else [f"{path}: {got!r} != {want!r}"]
+
+
+def assert_results_close(got, want) -> None:
+    """``got`` equals ``want`` with floats to ``REBUILT_REL_TOL`` (see ``results_differences``)."""
+    diffs = results_differences(got, want)
+    assert not diffs, f"{len(diffs)} differences, first 20:\n  " + "\n  ".join(diffs[:20])
