@@ -13,9 +13,9 @@ from typing import Optional
 from . import demo, extras
 from .bench import cli as bench_cli
 from .eval import cli as eval_cli
+from .eval import lm_eval_cli
 from .inference import cli as inference_cli
 from .interop import cli as interop_cli
-from .interop import lm_eval_cli
 from .lmsweep import cli as lmsweep_cli
 from .log import setup_cli_logging
 from .retrieval import cli as retrieval_cli

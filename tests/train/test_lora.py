@@ -1,4 +1,4 @@
-"""LoRA in our trainer (``train --init-from DIR --train.lora_rank R``, ``train/lora.py``): only the adapters train
+"""LoRA in our trainer (``train --init-from DIR --train.lora_rank R``, ``model/lora.py``): only the adapters train
 and the base stays bitwise; at B = 0 the model is the source exactly; the run's checkpoints hold the merged model,
 resume exactly, and ``RUN/adapter`` is a PEFT adapter that peft puts onto the remote-code export of the source,
 computing our LoRA model's logits and the merged model's; bad settings are one error line."""
@@ -16,6 +16,14 @@ from train_helpers import tiny_config, weights
 from difftransformer import rundir
 from difftransformer.cli import main
 from difftransformer.interop.peft import export_adapter, load_adapter
+from difftransformer.model.lora import (
+    LORA_TARGETS,
+    STATE_PREFIX,
+    LoRALinear,
+    apply_lora,
+    lora_layers,
+    merge_lora,
+)
 from difftransformer.model.pretrained import load_state_dict
 from difftransformer.model.transformer import DiffTransformerLM
 from difftransformer.rundir.files import (
@@ -26,14 +34,6 @@ from difftransformer.rundir.files import (
     adapter_dir,
 )
 from difftransformer.train.config import TrainConfig
-from difftransformer.train.lora import (
-    LORA_TARGETS,
-    STATE_PREFIX,
-    LoRALinear,
-    apply_lora,
-    lora_layers,
-    merge_lora,
-)
 from difftransformer.train.optim import build_optimizer
 
 QUIET = ["--no-progress", "--log.tensorboard", "false"]

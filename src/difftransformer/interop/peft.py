@@ -1,6 +1,6 @@
 """LoRA adapters in PEFT's format: a LoRA run's ``RUN/adapter`` and its base, reading and writing them.
 
-What a LoRA run (``train/lora.py``) writes beside its checkpoints (``train.checkpoint`` calls
+What a LoRA run (``model/lora.py``) writes beside its checkpoints (``train.checkpoint`` calls
 ``write_run_adapter``):
 
 * ``RUN/adapter/`` (``adapter_config.json`` + ``adapter_model.safetensors`` + a model card, ``README.md``),
@@ -33,6 +33,7 @@ from torch import nn
 
 from ..fileio import read_json
 from ..model.config import ModelConfig
+from ..model.lora import LORA_A, LORA_B, STATE_PREFIX, adapters_of, apply_lora, lora_layers
 from ..model.pretrained import atomic_directory, load_state_dict, temp_prefix
 from ..model.transformer import DiffTransformerLM
 from ..rundir import read_run_config, resolve_checkpoint
@@ -46,7 +47,6 @@ from ..rundir.files import (
     adapter_base_dir,
     adapter_dir,
 )
-from ..train.lora import LORA_A, LORA_B, STATE_PREFIX, adapters_of, apply_lora, lora_layers
 from . import model_card
 from .remote_code import HEAD, PREFIX
 

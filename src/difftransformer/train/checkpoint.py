@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..interop.peft import write_run_adapter  # RUN/adapter in PEFT's format: the one import of interop here
 from ..model.config import ModelConfig
+from ..model.lora import adapters_of, lora_layers, settings, split_state, unmerged_state
 from ..model.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_state_dict, write_model_dir
 from ..rundir import (
     STATE_JSON,
@@ -47,7 +48,6 @@ from ..rundir import (
     newest_complete_checkpoint,
     step_dir,
 )
-from .lora import adapters_of, lora_layers, settings, split_state, unmerged_state
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

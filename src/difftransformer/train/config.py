@@ -26,7 +26,7 @@ else:  # Python 3.10: the same parser as the tomli package (a dependency there o
 from ..data.synthetic import CITIES
 from ..fileio import check_text, read_text
 from ..model.config import ModelConfig
-from .lora import DEFAULT_TARGETS, LORA_TARGETS
+from ..model.lora import DEFAULT_TARGETS, LORA_TARGETS
 
 # Repo-root `configs/` is a link to this folder, so presets work from a checkout and from an installed package.
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from tqdm import tqdm
 
 from .. import rundir
 from ..data.shards import (
@@ -32,9 +31,10 @@ from ..data.shards import (
     windows,
 )
 from ..fileio import atomic_copy
+from ..log import progress_bar
+from ..model import lora
 from ..model.transformer import DiffTransformerLM
 from . import checkpoint as ckpt_io
-from . import lora
 from .config import TrainConfig
 from .distributed import (
     DistInfo,
@@ -300,8 +300,8 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     losses, val_loss = [], float("nan")
     window_t, window_tokens, total_t, total_tokens, first_t = 0.0, 0, 0.0, 0, 0.0
-    bar = tqdm(total=cfg.train.steps, initial=start, desc=desc, unit="step", disable=not (progress and info.is_main),
-               dynamic_ncols=True)
+    bar = progress_bar(total=cfg.train.steps, initial=start, desc=desc, unit="step",
+                       disable=not (progress and info.is_main), dynamic_ncols=True)
     raw.train()
     skipped = 0
     for st in optimizer_steps(step_fn, raw, optimizer, data, sampler, cfg, info, autocast, start, accum):

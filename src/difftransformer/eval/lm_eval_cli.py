@@ -4,7 +4,7 @@
     difftransformer lm-eval --model hf-llama --tasks my_task --include-path my_tasks/ --limit 100
 
 --model is a run, one of our model directories or a Hugging Face Llama/DiffLlama directory (every variant, DIFF V2
-included, through `difftransformer.interop.lm_eval_adapter`). No hub is reached: tasks are the harness's YAML
+included, through `difftransformer.eval.lm_eval_adapter`). No hub is reached: tasks are the harness's YAML
 files read from --include-path, plus the built-in `kjv_cloze`: the last word of sentences from the held-out 2% of
 the embedded King James Bible, scored by loglikelihood (accuracy = the word is the greedy continuation;
 perplexity of the word), written as JSONL into a temporary task folder.

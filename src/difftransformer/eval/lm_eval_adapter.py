@@ -1,6 +1,6 @@
 """Our models (baseline, DIFF V1, DIFF V2) as an lm-evaluation-harness model, named ``difftransformer``.
 
-    from difftransformer.interop.lm_eval_adapter import DiffTransformerHarnessLM
+    from difftransformer.eval.lm_eval_adapter import DiffTransformerHarnessLM
     import lm_eval
     lm_eval.simple_evaluate(model=DiffTransformerHarnessLM("runs/v2"), tasks=["kjv_cloze"], task_manager=...)
 

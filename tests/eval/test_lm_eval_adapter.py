@@ -15,7 +15,7 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from difftransformer import rundir  # noqa: E402
 from difftransformer.cli import main  # noqa: E402
-from difftransformer.interop.lm_eval_adapter import DiffTransformerHarnessLM  # noqa: E402
+from difftransformer.eval.lm_eval_adapter import DiffTransformerHarnessLM  # noqa: E402
 from difftransformer.model.pretrained import save_pretrained  # noqa: E402
 from difftransformer.model.transformer import DiffTransformerLM  # noqa: E402
 
@@ -104,7 +104,7 @@ def test_the_command_scores_the_built_in_task(dirs, tmp_path, capsys):
 
 
 def test_kjv_cloze_documents():
-    from difftransformer.interop.lm_eval_cli import kjv_cloze_docs
+    from difftransformer.eval.lm_eval_cli import kjv_cloze_docs
 
     docs = kjv_cloze_docs(50)
     assert len(docs) == 50

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model.transformer import DiffTransformerLM
+from .transformer import DiffTransformerLM
 
 # The names train.lora_targets may hold: every linear layer of the model, by its attribute name.
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "wlambda", "w1", "w2", "w3", "output")
