@@ -5,9 +5,9 @@ The defaults are the pre-registered protocol's values at the ``cpu`` scale (PROT
 
 Every model of the sweep is a ``DiffTransformerLM`` built from
 the ``preset``'s [model] section with ``d_model``, ``n_layers``, ``n_heads`` and ``attention`` replaced, trained on
-the preset's [data] tokens (prepared once into OUT/data) with windows of ``seq_len`` tokens, by the training step of
-``difftransformer train`` (``trainer.train_step``: AdamW, linear warmup then cosine to ``min_lr_ratio * lr``,
-clipping).
+the preset's [data] tokens (prepared once into OUT/data) with windows of ``seq_len`` tokens, by the optimizer loop of
+``difftransformer train`` (``train/steps.py``'s ``optimizer_steps``: AdamW, linear warmup then cosine to
+``min_lr_ratio * lr``, clipping).
 """
 
 from __future__ import annotations

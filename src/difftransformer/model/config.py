@@ -51,7 +51,7 @@ def default_ffn_hidden(d_model: int, multiple_of: int) -> int:
     return m * math.ceil(8 * d_model / 3 / m)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """Configuration of a decoder-only LM whose only variable part is the attention module.
 
@@ -94,11 +94,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
-            self.n_kv_heads = self.n_heads
+            object.__setattr__(self, "n_kv_heads", self.n_heads)  # frozen: resolved once, here
         if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0:
-            self.head_dim = self.d_model // self.n_heads
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if self.ffn_hidden is None and isinstance(self.d_model, int) and isinstance(self.ffn_multiple_of, int):
-            self.ffn_hidden = default_ffn_hidden(self.d_model, self.ffn_multiple_of)
+            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.d_model, self.ffn_multiple_of))
         self.validate()
 
     # ------------------------------------------------------------------ validation
@@ -144,7 +144,7 @@ class ModelConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
                 raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; "
                                  f"use \"schedule\" or a number in (0, 1)")
-            self.lambda_init = float(v)
+            object.__setattr__(self, "lambda_init", float(v))
         if self.headwise_norm_weight and not self.headwise_norm:
             raise ValueError("ModelConfig.headwise_norm_weight=true needs headwise_norm=true")
         if var.check is not None:

@@ -118,10 +118,6 @@ def baseline_to_diff_v2(model: DiffTransformerLM, v2_lambda: str = "sigmoid") ->
     return out
 
 
-def added_parameters(source: DiffTransformerLM, converted: DiffTransformerLM) -> int:
-    return converted.num_parameters() - source.num_parameters()
-
-
 def diff_v1_config_from_baseline(cfg: ModelConfig, headwise_norm: bool = False) -> ModelConfig:
     """The per_head DIFF V1 config with ``cfg``'s shapes."""
     if not _is(cfg, BaselineAttention):

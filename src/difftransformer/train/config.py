@@ -46,7 +46,7 @@ def _field(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     sources: list[str] = _field(["kjv"], 'list of corpora: "kjv" (embedded King James Bible) or .txt/.jsonl '
                                          "files or folders")
@@ -68,7 +68,7 @@ class DataConfig:
                                    "data folder)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
     steps: int = _field(1000, "optimizer steps")
     batch_size: int = _field(16, "global batch in sequences (all ranks and accumulation micro-steps)")
@@ -110,13 +110,13 @@ class OptimConfig:
                                 "RUN/adapter_base, and names it")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     every: int = _field(500, "steps between checkpoints (the last step is always saved)")
     keep_last: int = _field(3, "number of newest checkpoints kept")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LogConfig:
     every: int = _field(10, "steps between metric records (the run's metrics file and TensorBoard)")
     tensorboard: bool = _field(True, "also write TensorBoard events into the run directory (true/false)")
@@ -127,7 +127,7 @@ SECTIONS: dict[str, type] = {"data": DataConfig, "train": OptimConfig, "checkpoi
                              "log": LogConfig}
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -45,16 +45,6 @@ def _converted(src: ModelConfig, attention: str, path: Path) -> ModelConfig:
         raise ValueError(f"--init-from {path}: --model.{e}") from None
 
 
-def source_config(path: Path) -> ModelConfig:
-    """The source's model config, without reading its weights."""
-    return _source(path).config()
-
-
-def source_tokenizer(path: Path) -> Path:
-    """The source's tokenizer.json: the model directory's, else its run's (a Hugging Face directory's own)."""
-    return _source(path).tokenizer_file()
-
-
 def apply_init_from(cfg: TrainConfig, path: Path, model_overrides: Mapping[str, Any]) -> TrainConfig:
     """``cfg`` with the source's model config, tokenizer and vocabulary size, and ``train.init_from`` set."""
     path = Path(path).resolve()
