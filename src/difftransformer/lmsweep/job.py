@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .config import LMSweepConfig
 
 
 def train_config(cfg: LMSweepConfig, width: int, variant: str, seed: int, lr: float, data_dir: str,
-                 device: str = "cpu"):
-    """The ``TrainConfig`` of one job: the preset with the sweep's model, data and optimizer settings."""
+                 device: str = "cpu", model_overrides: Optional[dict[str, Any]] = None):
+    """The ``TrainConfig`` of one job: the preset with the sweep's model, data and optimizer settings
+    (``model_overrides``: more ``ModelConfig`` fields, the V1 diagnostic's one change per arm)."""
     from ..train.config import load_config
     return load_config(cfg.preset, {
         "model": {"attention": variant, "d_model": width, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-                  "max_seq_len": max(cfg.seq_len, 8)},
+                  "max_seq_len": max(cfg.seq_len, 8), **(model_overrides or {})},
         "data": {"prepared_dir": data_dir, "seq_len": cfg.seq_len},
         "train": {"steps": cfg.steps, "batch_size": cfg.batch, "micro_batch_size": cfg.batch, "lr": lr,
                   "min_lr": lr * cfg.min_lr_ratio, "warmup_steps": cfg.warmup_steps, "seed": seed, "device": device,
@@ -42,7 +44,8 @@ def train_config(cfg: LMSweepConfig, width: int, variant: str, seed: int, lr: fl
 def validation_halves(n_val: int, seq_len: int):
     """(tuning starts, test starts): the non-overlapping validation windows, even ones and odd ones."""
     import torch
-    starts = torch.arange(0, n_val - seq_len, seq_len)  # each window needs seq_len + 1 tokens
+    # each window needs seq_len + 1 tokens; the starts index the token memmap, on the host
+    starts = torch.arange(0, n_val - seq_len, seq_len, device="cpu")
     if starts.numel() < 2:
         raise ValueError(f"the validation split ({n_val} tokens) holds fewer than two windows of {seq_len} tokens")
     return starts[0::2], starts[1::2]
@@ -86,7 +89,10 @@ def run_job(cfg_d: dict, data_dir: str, width: int, variant: str, seed: int, lr:
 
 
 def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int, lr: float,
-         device: str = "cpu") -> dict[str, Any]:
+         device: str = "cpu", model_overrides: Optional[dict[str, Any]] = None,
+         measure: Optional[Callable[[Any, Any], dict[str, Any]]] = None) -> dict[str, Any]:
+    """``run_job``'s work; ``model_overrides`` and ``measure(model, windows)`` (more measures of the trained model on
+    the outlier windows, added to the result) serve the V1 diagnostic (``diagnostic.py``)."""
     import torch
 
     from ..data.shards import WindowSampler, read_prepared
@@ -98,7 +104,7 @@ def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int,
     from ..train.steps import autocast_for, optimizer_steps
 
     cap = check_code_path(cfg.cpu_code_path)
-    tc = train_config(cfg, width, variant, seed, lr, data_dir, device)
+    tc = train_config(cfg, width, variant, seed, lr, data_dir, device, model_overrides)
     data = read_prepared(Path(data_dir), tc.data)
     if data is None:
         raise FileNotFoundError(f"{data_dir} holds no prepared data of the preset {cfg.preset!r}")
@@ -148,6 +154,8 @@ def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int,
                outliers={"attention_logit_top1": logit_stats["top1"], "hidden_state_top1": hidden_stats["top1"],
                          "attention_logit_median": logit_stats["median"],
                          "hidden_state_median": hidden_stats["median"]})
+    if measure is not None:
+        out.update(measure(model, x.to(info.device)))
     out["eval_s"] = time.perf_counter() - t0 - train_s
     if not all(math.isfinite(v) for v in (out["tune_loss"], out["test_loss"])):
         out.update(diverged=True, tune_loss=None, test_loss=None)

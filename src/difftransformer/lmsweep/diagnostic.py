@@ -1,0 +1,282 @@
+"""The DIFF V1 loss diagnostic (DIAGNOSTIC.md beside this file, read side by side with it).
+
+"Arms": DIFF V1 with one ``ModelConfig`` change each (``ARMS``), trained as the sweep's jobs at its primary width;
+the baseline's and DIFF V1's runs are the reference sweep's, read from its journal (``reference``), and one DIFF V1
+job (``RERUN``) is run again to show that they reproduce. "Learning rates, seeds, the choice": the sweep's own
+``analysis.lr_choice`` with the arm as the variant. "Endpoints and statistics": ``assess`` (D, C, share, reading).
+"The implementation checked once more": ``v1_scales`` (per layer: lambda, lambda_init, head-output RMS before and
+after the norm and the multiplier), recorded by every arm's job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
+from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
+from .config import LMSweepConfig
+
+VERSION = 1  # DIAGNOSTIC.md's version: in every job key and the journal header
+JOURNAL = "diag-jobs.jsonl"
+RESULTS = "diagnostic.json"
+PLOT = "diagnostic-curves.png"
+# DIAGNOSTIC.md "Arms": the one change of DIFF V1 each arm makes (ModelConfig fields).
+ARMS: dict[str, dict[str, Any]] = {
+    "per_head": {"v1_layout": "per_head"},
+    "no_norm": {"headwise_norm": False, "headwise_norm_weight": False},
+    "lambda_08": {"lambda_init": 0.8},
+    "lambda_05": {"lambda_init": 0.5},
+}
+RERUN = "diff_v1_rerun"  # DIFF V1 unchanged, seed 5000 at the reference's chosen lr: the reuse check
+BASE, V1 = "baseline", "diff_v1"
+READINGS = ("closes the gap", "closes part of the gap", "no detectable effect", "widens the gap", "inconclusive")
+
+
+# ---------------------------------------------------------------------------------------------- the reference
+def reference(ref_dir: Path) -> tuple[LMSweepConfig, str, dict[Job, dict[str, Any]]]:
+    """The reference sweep's configuration, data fingerprint and finished jobs (its journal, read only)."""
+    from .sweep import JOURNAL as SWEEP_JOURNAL
+    from .sweep import PROTOCOL_VERSION
+    path = Path(ref_dir) / SWEEP_JOURNAL
+    if not path.is_file():
+        raise ValueError(f"--reference {ref_dir}: no {SWEEP_JOURNAL} there (give a finished lm-sweep directory)")
+    header, records = read_journal(path)
+    if header.get("protocol_version") != PROTOCOL_VERSION or header.get("benchmark") != "language-model sweep":
+        raise ValueError(f"--reference {ref_dir}: not a protocol version {PROTOCOL_VERSION} language-model sweep")
+    cfg = LMSweepConfig.from_dict(header["config"])
+    done = {Job(int(r["job"][0]), str(r["job"][1]), int(r["job"][2]), float(r["job"][3])): r["result"]
+            for r in records.values()}
+    return cfg, header["data"], done
+
+
+def cap_of(vocab: int) -> float:
+    return math.log(vocab)
+
+
+# ---------------------------------------------------------------------------------------------- the jobs
+def v1_scales(model, x) -> dict[str, Any]:
+    """Per DIFF V1 layer on the windows ``x``: lambda (Eq. (2)), lambda_init, and the mean over tokens and heads of
+    each head's output RMS over its channels before the head-wise norm, after it, and after the (1 - lambda_init)
+    multiplier (what ``wo`` reads), with the RMS of the norm's weight (Eq. (3))."""
+    import torch
+    layers: list[dict[str, Any]] = []
+    seen: dict[int, dict[str, float]] = {}
+    handles = []
+
+    def rms(t: torch.Tensor) -> float:  # per token and head over the last dim, then the mean
+        return float(t.float().pow(2).mean(-1).sqrt().mean())
+
+    for i, block in enumerate(model.layers):
+        attn, rec = block.attn, seen.setdefault(i, {})
+        if attn.subln is not None:
+            handles.append(attn.subln.register_forward_hook(
+                lambda m, a, o, rec=rec: rec.update(before_norm=rms(a[0]), after_norm=rms(o))))
+        handles.append(attn.wo.register_forward_pre_hook(
+            lambda m, a, attn=attn, rec=rec: rec.update(after_multiplier=rms(
+                a[0].view(*a[0].shape[:-1], attn.n_heads, attn.value_dim)))))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        for i, block in enumerate(model.layers):
+            attn = block.attn
+            w = getattr(attn.subln, "weight", None) if attn.subln is not None else None
+            layers.append({"layer": i, "lambda": float(attn.lambda_full()), "lambda_init": float(attn.lambda_init),
+                           "weight_rms": None if w is None else float(w.float().pow(2).mean().sqrt()), **seen[i]})
+    return {"v1_scales": layers}
+
+
+def run_arm_job(cfg_d: dict, data_dir: str, width: int, arm: str, seed: int, lr: float,
+                device: str = "cpu") -> dict[str, Any]:
+    """One job: DIFF V1 with ``ARMS[arm]`` (none for ``RERUN``) trained and measured as a sweep job, plus
+    ``v1_scales``."""
+    from .job import _run
+    overrides = {} if arm == RERUN else ARMS[arm]
+    out = _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, V1, seed, lr, device, model_overrides=overrides,
+               measure=v1_scales)
+    out["arm"] = arm
+    return out
+
+
+def needed_jobs(cfg: LMSweepConfig, width: int, rerun: Job, done: dict[Job, dict[str, Any]],
+                cap: float) -> tuple[list[Job], bool]:
+    """The rerun, then each arm's grid on every seed, widened as the sweep's rule says; final when every choice is."""
+    jobs, final = [rerun], True
+    for arm in ARMS:
+        c = lr_choice(cfg, width, arm, done, cap)
+        jobs += [Job(width, arm, s, lr) for lr in c.grid for s in cfg.test_seeds]
+        final = final and c.lr is not None
+    return list(dict.fromkeys(jobs)), final
+
+
+# ---------------------------------------------------------------------------------------------- endpoints
+def reading(d: dict[str, Any], c: dict[str, Any], inconclusive: bool) -> str:
+    """DIAGNOSTIC.md "Endpoints and statistics": the arm's reading from D's and C's intervals."""
+    if inconclusive or None in c["ci"] or None in d["ci"]:
+        return "inconclusive"
+    c_lo, c_hi = c["ci"]
+    if c_hi < 0:
+        return "closes part of the gap" if d["ci"][0] > 0 else "closes the gap"
+    return "widens the gap" if c_lo > 0 else "no detectable effect"
+
+
+def _interval(x: dict[str, Any]) -> dict[str, Any]:
+    return {k: x[k] for k in ("estimate", "ci", "n", "method")}
+
+
+def assess(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], arms: dict[Job, dict[str, Any]],
+           cap: float) -> dict[str, Any]:
+    """Per arm: its lr choice, D (arm - baseline), C (arm - DIFF V1), the share closed, the reading, and the
+    seed-mean per-layer scales at the chosen lr; the baseline's and DIFF V1's choices and D."""
+    def loss(r: dict[str, Any]) -> float:
+        return loss_of(r, "test_loss", cap)
+
+    def chosen(done: dict[Job, dict[str, Any]], name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        c = lr_choice(cfg, width, name, done, cap)
+        runs = [done[Job(width, name, s, c.lr)] for s in cfg.test_seeds]  # type: ignore[arg-type]
+        scores = lr_scores([done[Job(width, name, s, lr)] for lr in c.grid for s in cfg.test_seeds], cap)
+        return {"lr": c.lr, "grid": scores, "widened": c.widened, "unresolved_edge": unresolved_edge(cfg, c)}, runs
+
+    out: dict[str, Any] = {}
+    info_b, base = chosen(ref, BASE)
+    info_v, v1 = chosen(ref, V1)
+    d_v1 = _compare(base, v1, loss)
+    out[BASE] = {**info_b, "test_loss": [loss(r) for r in base]}
+    out[V1] = {**info_v, "test_loss": [loss(r) for r in v1], "D": _interval(d_v1)}
+    for arm in ARMS:
+        info, runs = chosen(arms, arm)
+        d, c = _compare(base, runs, loss), _compare(v1, runs, loss)
+        bad = not all(passed(r) for r in base + v1 + runs)
+        out[arm] = {**info, "overrides": ARMS[arm], "params_non_embedding": runs[0]["params_non_embedding"],
+                    "test_loss": [loss(r) for r in runs], "D": _interval(d), "C": _interval(c),
+                    "share_closed": (-c["estimate"] / d_v1["estimate"]) if d_v1["estimate"] else None,
+                    "reading": reading(d, c, bad), "v1_scales": mean_scales(runs)}
+    return out
+
+
+def mean_scales(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The seed means of each layer's ``v1_scales`` entries, and the multiplier check's ratio."""
+    per = [r["v1_scales"] for r in runs if r.get("v1_scales")]
+    if not per:
+        return []
+    out = []
+    for i, first in enumerate(per[0]):
+        row: dict[str, Any] = {"layer": first["layer"], "lambda_init": first["lambda_init"]}
+        for k in ("lambda", "weight_rms", "before_norm", "after_norm", "after_multiplier"):
+            xs = [p[i].get(k) for p in per]
+            row[k] = statistics.fmean(xs) if all(x is not None for x in xs) else None
+        if row["after_norm"]:
+            row["multiplier_ratio"] = row["after_multiplier"] / row["after_norm"]
+        out.append(row)
+    return out
+
+
+def rerun_check(ref: dict[Job, dict[str, Any]], rerun: Job, got: dict[str, Any]) -> dict[str, Any]:
+    want = ref[Job(rerun.width, V1, rerun.seed, rerun.lr)]
+    same_cpu = want.get("cpu_capability") == got.get("cpu_capability")
+    equal = want["test_loss"] == got["test_loss"]
+    return {"job": list(rerun), "reference_test_loss": want["test_loss"], "rerun_test_loss": got["test_loss"],
+            "difference": None if got["test_loss"] is None else got["test_loss"] - want["test_loss"],
+            "bitwise_equal": equal, "same_cpu_capability": same_cpu,
+            "verdict": ("reproduced bit for bit" if equal else "NOT reproduced on the same CPU code path" if same_cpu
+                        else "another CPU code path: the difference is reported, not judged")}
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOptions] = None,
+                   width: Optional[int] = None) -> dict[str, Any]:
+    """Run (or resume) every job DIAGNOSTIC.md asks for, decide, and write OUT/diagnostic.json and the plot."""
+    from ..fileio import atomic_write
+    from .sweep import prepare
+    options = options or RunOptions(workers=2)
+    cfg, fp, ref = reference(Path(ref_dir))
+    width = width or cfg.largest
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ex = open_executor(cfg.cpu_code_path, options)
+    try:
+        data, fp_here, vocab = prepare(cfg, out, options.progress)
+        if fp_here != fp:
+            raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
+                             f"({fp_here}); the reused runs would not be comparable")
+        cap = cap_of(vocab)
+        v1_lr = lr_choice(cfg, width, V1, ref, cap).lr
+        if v1_lr is None or lr_choice(cfg, width, BASE, ref, cap).lr is None:
+            raise ValueError(f"--reference {ref_dir}: the baseline's or DIFF V1's lr choice at d_model {width} is "
+                             "not finished there")
+        rerun = Job(width, RERUN, cfg.seed_base, v1_lr)
+        dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
+        header = {"benchmark": "DIFF V1 diagnostic", "version": VERSION, "config": cfg_d, "data": fp,
+                  "width": width}
+        spec: JobSpec[Job] = JobSpec(
+            needed=lambda d: needed_jobs(cfg, width, rerun, d, cap), run=run_arm_job,
+            args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev),
+            key=lambda j: job_key({"diagnostic_version": VERSION, "config": cfg_d, "data": fp, "job": list(j),
+                                   "overrides": ARMS.get(j.variant, {}), **device_key(dev)}),
+            code_path=cfg.cpu_code_path, desc="DIFF V1 diagnostic (jobs)")
+        done, ran = run_jobs(spec, Journal(out / JOURNAL, header), options, ex)
+    finally:
+        ex.close()
+    res: dict[str, Any] = {"benchmark": "v1_diagnostic", "version": VERSION, "width": width, "reference": str(ref_dir),
+                           "config": cfg.to_dict(), "arms": assess(cfg, width, ref, done, cap),
+                           "rerun": rerun_check(ref, rerun, done[rerun])}
+    res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
+                      "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
+    atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
+    plot_curves(cfg, width, ref, done, res, out / PLOT)
+    return res
+
+
+def plot_curves(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], arms: dict[Job, dict[str, Any]],
+                res: dict[str, Any], path: Path) -> Path:
+    """The seed-mean test-half curves of the baseline, DIFF V1 and the arm with the lowest mean test loss."""
+    import numpy as np
+
+    from ..eval.plotting import color, pyplot, save_figure
+    plt = pyplot()
+    best = min(ARMS, key=lambda a: statistics.fmean(res["arms"][a]["test_loss"]))
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    for name, done, col, style in ((BASE, ref, color(BASE), "-"), (V1, ref, color(V1), "-"),
+                                   (best, arms, color(V1), "--")):
+        lr = res["arms"][name]["lr"]
+        runs = [done[Job(width, name, s, lr)] for s in cfg.test_seeds]
+        steps = runs[0]["curve"]["steps"]
+        mean = np.mean([r["curve"]["test_loss"] for r in runs], axis=0)
+        tokens = [s * cfg.batch * cfg.seq_len for s in steps]
+        label = name if name in (BASE, V1) else f"DIFF V1, {name} (best arm)"
+        ax.plot(tokens, mean, style, color=col, label=f"{label}, lr {lr:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (test half)")
+    ax.set_title(f"DIFF V1 diagnostic, d_model {width}: seed means at each one's chosen lr", fontsize=9)
+    save_figure(fig, [ax], path)
+    return path
+
+
+def format_diagnostic(res: dict[str, Any]) -> str:
+    """The text summary: one line per arm and the rerun check."""
+    a = res["arms"]
+
+    def iv(x: dict[str, Any]) -> str:
+        lo, hi = x["ci"]
+        return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{x['estimate']:+.3f}"
+
+    lines = [f"DIFF V1 diagnostic at d_model {res['width']} (n = {a[V1]['D']['n']} paired seeds, 95%)",
+             f"  DIFF V1 (lr {a[V1]['lr']:g}) minus baseline (lr {a[BASE]['lr']:g}): D {iv(a[V1]['D'])}"]
+    for arm in ARMS:
+        x = a[arm]
+        share = "" if x["share_closed"] is None else f", share closed {x['share_closed']:+.0%}"
+        edge = ", unresolved edge" if x["unresolved_edge"] else ""
+        lines.append(f"  {arm:10s} lr {x['lr']:g}{edge}: D {iv(x['D'])}, C {iv(x['C'])}{share}: {x['reading']}")
+    r = res["rerun"]
+    lines.append(f"  reuse check ({r['job']}): {r['verdict']} (difference {r['difference']})")
+    return "\n".join(lines)

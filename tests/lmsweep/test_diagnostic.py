@@ -1,0 +1,82 @@
+"""The DIFF V1 diagnostic (lmsweep/DIAGNOSTIC.md, ``diagnostic.py``) at toy size: a tiny reference sweep of the
+baseline and DIFF V1, then the four arms on its journal. What must hold: the reference's jobs are reused (not run
+again) but for the one rerun, which reproduces its journaled loss bit for bit on this machine; every arm's grid runs
+on every seed and is chosen by the sweep's rule; each arm's model has its one change (the parameter count of
+per_head, the multiplier 1 - lambda_init measured inside the trained models); the reading rule is the protocol's;
+a resumed run runs nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from difftransformer.jobs import RunOptions
+from difftransformer.lmsweep import diagnostic as dg
+from difftransformer.lmsweep.config import LMSweepConfig
+from difftransformer.lmsweep.sweep import run_lm_sweep
+
+TINY = LMSweepConfig(widths=(16, 32), steps=6, warmup_steps=1, batch=2, seq_len=32, seeds=2, lr_grid=(4e-3, 8e-3),
+                     lr_widen=0, eval_every=3, variants=("baseline", "diff_v1"), outlier_windows=2)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("diag")
+    run_lm_sweep(TINY, root / "ref", workers=1, progress=False)
+    res = dg.run_diagnostic(root / "ref", root / "diag", RunOptions(workers=1, progress=False))
+    return root, res
+
+
+def test_the_arms_run_on_the_reference_and_reuse_its_jobs(runs):
+    root, res = runs
+    assert res["width"] == 32 and set(res["arms"]) == {"baseline", "diff_v1", *dg.ARMS}
+    assert res["timings"]["jobs_run"] == 1 + len(dg.ARMS) * 2 * 2  # the rerun, then each arm's 2 lrs x 2 seeds
+    assert res["rerun"]["bitwise_equal"] and res["rerun"]["verdict"] == "reproduced bit for bit"
+    for arm in dg.ARMS:
+        a = res["arms"][arm]
+        assert a["reading"] in dg.READINGS and a["lr"] in TINY.lr_grid and a["D"]["n"] == 2
+        assert [g["lr"] for g in a["grid"]] == list(TINY.lr_grid)
+        assert a["share_closed"] == pytest.approx(-a["C"]["estimate"] / res["arms"]["diff_v1"]["D"]["estimate"])
+        # C is arm minus DIFF V1 and D arm minus baseline: their difference is DIFF V1's own D, seed by seed
+        assert a["D"]["estimate"] - a["C"]["estimate"] == pytest.approx(res["arms"]["diff_v1"]["D"]["estimate"])
+    assert json.loads((root / "diag" / dg.RESULTS).read_text())["arms"].keys() == res["arms"].keys()
+    assert (root / "diag" / dg.PLOT).stat().st_size > 1000
+    assert "reuse check" in dg.format_diagnostic(res)
+
+
+def test_each_arm_makes_its_one_change(runs):
+    _, res = runs
+    a = res["arms"]
+    assert a["per_head"]["params_non_embedding"] > a["lambda_08"]["params_non_embedding"]
+    assert a["no_norm"]["params_non_embedding"] < a["lambda_08"]["params_non_embedding"]  # no norm weight
+    for arm, init in (("lambda_08", 0.8), ("lambda_05", 0.5)):
+        assert [r["lambda_init"] for r in a[arm]["v1_scales"]] == [init] * TINY.n_layers
+        for r in a[arm]["v1_scales"]:  # Eq. (3)'s multiplier, measured between the norm and wo in the model
+            assert r["multiplier_ratio"] == pytest.approx(1 - init, rel=1e-5)
+    sched = [r["lambda_init"] for r in a["per_head"]["v1_scales"]]
+    assert sched[0] == pytest.approx(0.2) and sched == sorted(sched)  # the paper's schedule, rising with depth
+    assert all(r["before_norm"] is None and r["after_multiplier"] > 0 for r in a["no_norm"]["v1_scales"])
+
+
+def test_a_resumed_diagnostic_runs_nothing(runs):
+    root, res = runs
+    again = dg.run_diagnostic(root / "ref", root / "diag", RunOptions(workers=1, progress=False))
+    assert again["timings"]["jobs_run"] == 0 and again["arms"] == res["arms"]
+
+
+def _iv(lo, hi):
+    return {"estimate": (lo + hi) / 2, "ci": [lo, hi]}
+
+
+def test_the_reading_rule():
+    assert dg.reading(_iv(-0.1, 0.05), _iv(-0.4, -0.2), False) == "closes the gap"
+    assert dg.reading(_iv(0.1, 0.2), _iv(-0.3, -0.1), False) == "closes part of the gap"
+    assert dg.reading(_iv(0.2, 0.4), _iv(-0.1, 0.1), False) == "no detectable effect"
+    assert dg.reading(_iv(0.4, 0.6), _iv(0.1, 0.2), False) == "widens the gap"
+    assert dg.reading(_iv(-0.1, 0.05), _iv(-0.4, -0.2), True) == "inconclusive"
+
+
+def test_a_reference_that_is_not_a_sweep_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no lm-jobs.jsonl there"):
+        dg.run_diagnostic(tmp_path, tmp_path / "out", RunOptions(workers=1, progress=False))
