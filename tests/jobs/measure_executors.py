@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from difftransformer.jobs import JobSpec, Journal, RunOptions, open_executor, run_jobs  # noqa: E402
+from difftransformer.jobs import JobSpec, Journal, RunOptions, open_executor, run_jobs
 
 
 def noop(i: int) -> dict:

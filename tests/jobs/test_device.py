@@ -19,7 +19,8 @@ def test_the_device_and_precision_are_part_of_a_gpu_jobs_key_and_cpu_keys_are_un
     job = ("baseline", 3000, 2e-3)
     cpu, gpu = job_description(cfg_d, job), job_description(cfg_d, job, "cuda")
     assert cpu == job_description(cfg_d, job, "cpu") and "device" not in cpu  # the keys of existing journals
-    assert gpu["device"] == {"type": "cuda", "precision": "float32", "matmul": "highest"} == device_key("cuda")["device"]
+    want = {"type": "cuda", "precision": "float32", "matmul": "highest"}
+    assert gpu["device"] == want == device_key("cuda")["device"]
     assert job_key(cpu) != job_key(gpu)
     lm = lm_quick()
     lm_job = (16, "baseline", 4000, 4e-3)

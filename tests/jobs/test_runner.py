@@ -1,14 +1,27 @@
 """The job runner apart from any study (difftransformer.jobs): the journal's one rule for a bad line, the CPU code
-paths, the declared order, the options' validation, the local pool's own environment."""
+paths, the declared order, the options' validation, the local pool's own environment; a failing job (recorded, the
+others run, a rerun retries it), a dying worker, the failure hook, the time limit."""
 
 import json
 import os
 
 import pytest
 
-from difftransformer.jobs import (JobSpec, Journal, RunOptions, code_path_env, in_code_path, parse, read_journal,
-                                  run_jobs)
+from difftransformer.jobs import (
+    EXIT_FAILED,
+    EXIT_TIME_LIMIT,
+    Incomplete,
+    JobSpec,
+    Journal,
+    RunOptions,
+    code_path_env,
+    in_code_path,
+    parse,
+    read_journal,
+    run_jobs,
+)
 from difftransformer.jobs.codepath import process_env
+from difftransformer.jobs.outcome import FAIL_ENV
 
 JOURNAL = "jobs.jsonl"
 
@@ -28,7 +41,7 @@ def test_journal_drops_a_torn_line_and_refuses_another_configuration(tmp_path):
     with pytest.raises(ValueError, match="another configuration"):
         Journal(path, {"config": 2})
     path.write_text(path.read_text().replace('"k1"', "garbage", 1).replace("{", "[", 2))
-    with pytest.raises(ValueError, match="another configuration|not a journal record"):
+    with pytest.raises(ValueError, match=r"another configuration|not a journal record"):
         Journal(path, {"config": 1})
 
 
@@ -113,9 +126,93 @@ def test_the_local_pool_gives_workers_their_own_environment_and_leaves_ours(tmp_
     spec = JobSpec(needed=needed, run=_environment, args=lambda j: (j,), key=lambda j: j, code_path="avx2")
     try:
         done, _ = run_jobs(spec, Journal(tmp_path / JOURNAL, {"t": 1}), RunOptions(workers=1, progress=False))
-    except ValueError as e:  # a CPU without AVX2: the job refuses; the environment still travelled (not here)
+    except Incomplete as e:  # a CPU without AVX2: the job refuses; the environment still travelled (not here)
         pytest.skip(str(e))
     r = done["PATH"]
     assert r["value"] == os.environ.get("PATH") and r["pinned"] == code_path_env("avx2")
     assert dict(os.environ) == before and all(s == before for s in seen)
     assert json.loads(json.dumps(r)) == r
+
+
+# ---------------------------------------------------------------------------------------------- failures, time limit
+def _square(i: int) -> dict:
+    if os.environ.get("TEST_RUNNER_EXIT") == str(i):
+        os._exit(9)  # the worker process dies under the job
+    return {"sq": i * i}
+
+
+def _fails_on_three(i: int) -> dict:
+    if i == 3:
+        raise ValueError(f"job {i} cannot\nsecond line")
+    return _square(i)
+
+
+def _spec(run, n: int = 6, **kw) -> JobSpec:
+    return JobSpec(needed=lambda done: (list(range(n)), True), run=run, args=lambda j: (j,), key=lambda j: f"k{j}",
+                   **kw)
+
+
+@pytest.mark.parametrize("workers", [1, 2])  # in this process (Inline), and the local pool's worker processes
+def test_a_failing_job_is_recorded_and_the_others_run(tmp_path, workers):
+    journal = Journal(tmp_path / JOURNAL, {"t": 1})
+    with pytest.raises(Incomplete) as info:
+        run_jobs(_spec(_fails_on_three), journal, RunOptions(workers=workers, progress=False))
+    e = info.value
+    assert e.exit_code == EXIT_FAILED == 3 and len(e.failures) == 1 and e.done == 5 and e.ran == 5
+    tb = tmp_path / "failed" / "k3.txt"
+    assert str(e) == f"1 of 6 jobs failed; first: 3 [key k3]: ValueError: job 3 cannot (traceback: {tb})"
+    text = tb.read_text()
+    assert text.startswith("job: 3\nkey: k3\nerror: ValueError: job 3 cannot\n")
+    assert "in _fails_on_three" in text and 'raise ValueError(f"job {i} cannot' in text  # the worker's own frame
+    assert set(read_journal(tmp_path / JOURNAL)[1]) == {"k0", "k1", "k2", "k4", "k5"}  # the others, journaled
+    done, ran = run_jobs(_spec(_square), Journal(tmp_path / JOURNAL, {"t": 1}), RunOptions(workers=workers,
+                                                                                           progress=False))
+    assert ran == 1 and done == {i: {"sq": i * i} for i in range(6)}  # a rerun runs the failed job only
+    assert not (tmp_path / "failed").exists()  # and its traceback goes once it succeeds
+
+
+def test_a_worker_that_dies_fails_its_job_and_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEST_RUNNER_EXIT", "2")
+    with pytest.raises(Incomplete) as info:
+        run_jobs(_spec(_square), Journal(tmp_path / JOURNAL, {"t": 1}), RunOptions(workers=2, progress=False))
+    f = info.value.failures
+    assert [x.label for x in f] == ["2"] and "worker process died (exit code 9)" in f[0].error
+    assert len(read_journal(tmp_path / JOURNAL)[1]) == 5
+
+
+def test_the_injected_failure_hook_names_a_job_by_its_label(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAIL_ENV, "b 2")
+    spec = JobSpec(needed=lambda done: ([("a", 1), ("b", 2)], True), run=_record, args=lambda j: (j[0],),
+                   key=lambda j: j[0])
+    with pytest.raises(Incomplete, match=r"1 of 2 jobs failed; first: b 2 \[key b\]: RuntimeError: injected "
+                                         r"failure: DIFFTRANSFORMER_FAIL_JOB='b 2'"):
+        run_jobs(spec, Journal(tmp_path / JOURNAL, {"t": 1}), RunOptions(workers=1, progress=False))
+
+
+def _slow(i: int) -> dict:
+    import time
+    time.sleep(0.3)
+    return {"i": i}
+
+
+def test_the_time_limit_stops_starting_jobs_and_a_rerun_resumes(tmp_path):
+    """No job starts after the limit, the running ones finish and are journaled; the rerun ends as one run would."""
+    path = tmp_path / JOURNAL
+    with pytest.raises(Incomplete) as info:
+        run_jobs(_spec(_slow, 8), Journal(path, {"t": 1}), RunOptions(workers=2, progress=False, time_limit=0.5))
+    e = info.value
+    assert e.exit_code == EXIT_TIME_LIMIT == 75 and not e.failures and 2 <= e.done < 8 and e.ran == e.done
+    assert str(e).startswith("incomplete: rerun the same command to resume (--time-limit 0.5 s reached: ")
+    assert len(read_journal(path)[1]) == e.done and path.read_text().endswith("\n")  # whole: every job it ran
+    done, ran = run_jobs(_spec(_slow, 8), Journal(path, {"t": 1}), RunOptions(workers=2, progress=False))
+    assert ran == 8 - e.done and done == {i: {"i": i} for i in range(8)}
+
+
+def test_the_time_limit_counts_from_the_options_start(tmp_path):
+    opts = RunOptions(workers=1, progress=False, time_limit=5, start=0.0)  # long past
+    with pytest.raises(Incomplete, match=r"0 of 6 jobs done, 0 run now"):
+        run_jobs(_spec(_square), Journal(tmp_path / JOURNAL, {"t": 1}), opts)
+    assert not (tmp_path / JOURNAL).exists()
+    for bad in (0, -1, float("nan"), True, "5"):
+        with pytest.raises(ValueError, match="--time-limit must be a number of seconds > 0"):
+            RunOptions(time_limit=bad)

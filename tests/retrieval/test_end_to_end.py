@@ -1,12 +1,13 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from difftransformer.cli import main
 from difftransformer.retrieval.benchmark import protocol_deviations, run_benchmark, seed_values
-from difftransformer.retrieval.protocol import Job, choose_lr, lr_choice, lr_scores, needed_jobs, next_lr
 from difftransformer.retrieval.cli import format_table
 from difftransformer.retrieval.config import Condition, RetrievalConfig
+from difftransformer.retrieval.protocol import Job, choose_lr, lr_choice, lr_scores, needed_jobs, next_lr
 
 
 def tiny(**kw):
@@ -133,3 +134,36 @@ def test_cli_bad_input_one_line(tmp_path, capsys, argv):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("difftransformer retrieval: error:")
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_a_failed_job_and_the_time_limit_are_one_line_each_and_a_rerun_finishes(tmp_path, capsys, monkeypatch):
+    """Through `difftransformer retrieval`: a job that fails (the tests' hook) is recorded, the others run, exit code
+    3 and one line, no results; a rerun stopped by --time-limit before any job starts says so (exit code 75); a rerun
+    without it runs the failed job alone and writes the results."""
+    import re
+
+    from difftransformer.jobs import EXIT_FAILED, EXIT_TIME_LIMIT
+    from difftransformer.jobs.outcome import FAIL_ENV
+    from difftransformer.retrieval.scheduler import JOURNAL
+    out = tmp_path / "o"
+    argv = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "3", "--batch", "4", "--seeds", "2",
+            "--lr-grid", "2e-3", "--lr-widen", "0", "--eval-contexts", "4", "--train-pairs", "8,10",
+            "--train-context", "40,48", "--queries", "2", "--variants", "baseline,diff_v2", "--workers", "1",
+            "--no-progress", "--out", str(out)]  # 4 jobs
+    monkeypatch.setenv(FAIL_ENV, "diff_v2 3001 0.002")
+    capsys.readouterr()
+    assert main(argv) == EXIT_FAILED
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    m = re.fullmatch(r"difftransformer retrieval: 1 of 4\+? jobs failed; first: diff_v2 3001 0\.002 \[key "
+                     r"[0-9a-f]{12}\]: RuntimeError: injected failure: .+? \(traceback: (.+)\)", last)
+    assert m, last
+    assert "in injected_failure" in Path(m.group(1)).read_text() and Path(m.group(1)).parent == out / "failed"
+    assert (out / JOURNAL).read_text().count("\n") == 1 + 3 and not (out / "results.json").exists()
+    monkeypatch.delenv(FAIL_ENV)
+    assert main([*argv, "--time-limit", "0.001"]) == EXIT_TIME_LIMIT
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "difftransformer retrieval: incomplete: rerun the same command to resume (--time-limit 0.001 s reached: "
+        "3 of 4+ jobs done, 0 run now)")
+    assert main(argv) == 0
+    assert "4 jobs (1 run now" in capsys.readouterr().out and not (out / "failed").exists()
+    assert json.loads((out / "results.json").read_text())["timings"]["jobs_run"] == 1

@@ -1,11 +1,14 @@
 """The flags of every command that runs jobs (``retrieval``, ``lm-sweep``; ``demo`` takes ``--device``), parsed into
-one ``RunOptions`` (validated there, once)."""
+one ``RunOptions`` (validated there, once), and how such a command ends when its jobs did not all finish
+(``incomplete``: one line, an exit code; ``outcome``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .codepath import DEVICES
+from .outcome import EXIT_FAILED, EXIT_TIME_LIMIT, Incomplete
 from .runner import EXECUTORS, RunOptions
 
 
@@ -31,9 +34,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where each job trains: 'cpu' (default) or 'cuda' (the GPU its process was given); GPU "
                         "results differ from CPU ones and are journaled apart (the device and precision are part "
                         "of the job's key)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="no job starts SECONDS after the command started; the running ones finish and are "
+                        "journaled, then the command prints 'incomplete: rerun the same command to resume' and exits "
+                        f"with code {EXIT_TIME_LIMIT} (for a machine held for a fixed time: leave the longest job's "
+                        f"time to spare). A job that fails does not stop the others: exit code {EXIT_FAILED}, "
+                        "OUT/failed/KEY.txt holds its traceback, a rerun retries it")
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     return RunOptions(workers=args.workers, executor=args.executor, ray_address=args.ray_address,
                       cpus_per_job=args.cpus_per_job, gpus_per_job=args.gpus_per_job, device=args.device,
-                      progress=not getattr(args, "no_progress", False))
+                      progress=not getattr(args, "no_progress", False), time_limit=args.time_limit)
+
+
+def incomplete(e: Incomplete, command: str) -> int:
+    """A run whose jobs did not all finish: its one line on stderr (the command's last), and its exit code."""
+    print(f"difftransformer {command}: {e}", file=sys.stderr)
+    return e.exit_code

@@ -3,9 +3,9 @@
 A worker is ``python -m difftransformer.jobs.worker`` started by ``subprocess`` with its own environment (the CPU code
 path's variables among it, in place before torch loads: the parent's ``os.environ`` is never edited), talking with
 the driver over two pipes of its own (``multiprocessing.connection``: pickled, framed; stdout and stderr stay the
-job's). It runs one job at a time: (function, arguments) in, ("ok", result) or ("error", exception) out. A worker
-whose driver dies reads the end of its pipe and exits. ``Inline`` runs a job in this process instead (one worker,
-already in the code path asked for).
+job's). It runs one job at a time: (function, arguments) in, ("ok", result) or ("error", ``JobError``) out. A worker
+whose driver dies reads the end of its pipe and exits; one that dies under a job fails that job and is replaced for
+the next. ``Inline`` runs a job in this process instead (one worker, already in the code path asked for).
 """
 
 from __future__ import annotations
@@ -21,14 +21,19 @@ from typing import Any, Optional
 
 
 def call(fn: Callable[..., dict], args: Sequence[Any], variants: Any = None, device: str = "cpu") -> dict:
-    """One job, wherever it runs: the driver's variant registry, one torch thread, the device."""
+    """One job, wherever it runs: the driver's variant registry, one torch thread, the device. Its exception
+    leaves as a ``JobError`` carrying the traceback of here (the worker's)."""
     from ..model import variants as registry
     from .codepath import check_device, one_thread
-    if variants is not None:
-        registry.adopt(variants)
-    check_device(device)
-    with one_thread():
-        return fn(*args)
+    from .outcome import JobError
+    try:
+        if variants is not None:
+            registry.adopt(variants)
+        check_device(device)
+        with one_thread():
+            return fn(*args)
+    except Exception as e:
+        raise JobError.of(e) from None
 
 
 class Inline:
@@ -41,7 +46,10 @@ class Inline:
 
     def submit(self, fn: Callable[..., dict], args: Sequence[Any]) -> Future:
         f: Future = Future()
-        f.set_result(call(fn, args, None, self.device))
+        try:
+            f.set_result(call(fn, args, None, self.device))
+        except Exception as e:  # a JobError: the runner records it, the other jobs run
+            f.set_exception(e)
         return f
 
     def close(self) -> None:
@@ -68,8 +76,8 @@ class _Worker:
             try:
                 status, value = self.recv.recv()
             except (EOFError, OSError):
-                f.set_exception(RuntimeError(f"a worker process died (exit code {self.proc.wait()}) while it ran a "
-                                             "job; the finished jobs are journaled, rerun the command to resume"))
+                f.set_exception(RuntimeError(f"its worker process died (exit code {self.proc.wait()}) while it ran "
+                                             "the job"))
                 return
             if status == "ok":
                 f.set_result(value)
@@ -96,6 +104,10 @@ class LocalPool:
         self.workers: list[_Worker] = []
 
     def submit(self, fn: Callable[..., dict], args: Sequence[Any]) -> Future:
+        dead = [w for w in self.workers if w.proc.poll() is not None]  # died under a job, which failed
+        for w in dead:
+            self.workers.remove(w)
+            w.close()
         free = [w for w in self.workers if w.future is None or w.future.done()]
         if not free:
             if len(self.workers) >= self.slots:

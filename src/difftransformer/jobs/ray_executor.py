@@ -6,7 +6,8 @@ cluster with no node offering one job's CPUs and GPUs is one ``ValueError`` (nev
 ``local.call`` (the driver's variant registry, one torch thread, the device) under the CPU code path's variables as
 its runtime environment (set before its worker process loads torch); Ray gives it ``--gpus-per-job`` of a GPU
 (``CUDA_VISIBLE_DEVICES``) and retries it when its worker or node is lost (``MAX_RETRIES``). Only the driver writes
-the journal: a result travels back to it as the task's return value.
+the journal: a result travels back to it as the task's return value, a job's exception as its ``JobError`` (the
+worker's traceback; ``outcome``), a task Ray gave up on as Ray's error.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from typing import Any, Optional
 
 from .codepath import code_path_env
 from .local import call
+from .outcome import JobError
 
 MAX_RETRIES = 3  # times Ray reruns a task whose worker process or node died (an exception in a job is not retried)
 CONNECT_TIMEOUT_S = 5.0
+AUTH_HINT = (" (a cluster with token authentication takes only a driver that has its token: RAY_AUTH_MODE=token, and "
+             "the token in ~/.ray/auth_token, $RAY_AUTH_TOKEN_PATH or $RAY_AUTH_TOKEN; docs/cluster.md)")
 
 
 def _answers(address: str) -> bool:
@@ -78,9 +82,12 @@ class RayExecutor:
             try:
                 ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR,
                          log_to_driver=False, configure_logging=True)
-            except (ConnectionError, RuntimeError, ValueError) as e:
+            except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
                 where = named or "a new local instance"
-                raise ValueError(f"--executor ray: could not join the Ray cluster at {where}: {e}") from None
+                auth = getattr(ray.exceptions, "AuthenticationError", ConnectionError)
+                hint = AUTH_HINT if isinstance(e, (ConnectionError, auth)) else ""
+                raise ValueError(f"--executor ray: could not join the Ray cluster at {where}: "
+                                 f"{' '.join(str(e).split())}{hint}") from None
         try:
             nodes = ray.nodes()
             self.slots = slots(nodes, cpus, gpus)
@@ -105,9 +112,9 @@ class RayExecutor:
             e = f.exception()
             if e is None:
                 out.set_result(f.result())
-            else:  # the job's own exception, not Ray's wrapper of it (a ValueError stays one error line)
+            else:  # the job's JobError (local.call), not Ray's wrapper of it; a lost task: Ray's error
                 cause = getattr(e, "cause", None)
-                out.set_exception(cause if isinstance(cause, BaseException) else e)
+                out.set_exception(JobError.of(cause if isinstance(cause, BaseException) else e))
         ref.future().add_done_callback(done)
         return out
 

@@ -8,19 +8,24 @@ is free, in the order the list declares them, so a job declared once results are
 than after every job already listed. The results are the same whatever the order, the number of workers, the
 executor or the interruptions: every job runs at one torch thread from its own seed under the CPU code path, and a
 finished job is read back from the journal instead of run again.
+
+A job that raises does not stop the others, and a time limit stops handing out jobs; either way ``run_jobs`` ends
+with ``outcome.Incomplete`` once every job it can run is done (``outcome``'s docstring).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Optional, TypeVar
 
 from .codepath import CODE_PATHS, DEVICES, check_device, in_code_path, process_env
 from .journal import Journal
+from .outcome import Failure, Incomplete, clear_failure, fails_by_injection, injected_failure, label, record_failure
 
 J = TypeVar("J", bound=Hashable)
 EXECUTORS = ("local", "ray")
@@ -52,7 +57,8 @@ class RunOptions:
     """How jobs run (``jobs.cli.add_arguments`` gives every command the same flags): ``workers`` local processes
     (the local executor), or ``executor="ray"`` on the cluster at ``ray_address`` (None: a local Ray instance;
     "auto": the cluster this node belongs to) with ``cpus_per_job``/``gpus_per_job`` per task; ``device`` where
-    each job trains ("cpu" or "cuda"); ``progress`` a progress bar."""
+    each job trains ("cpu" or "cuda"); ``progress`` a progress bar; ``time_limit`` seconds after ``start`` (when
+    these options were made: the command's start) no job starts (None: no limit)."""
     workers: int = 2
     executor: str = "local"
     ray_address: Optional[str] = None
@@ -60,6 +66,8 @@ class RunOptions:
     gpus_per_job: float = 0
     device: str = "cpu"
     progress: bool = True
+    time_limit: Optional[float] = None
+    start: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -80,9 +88,16 @@ class RunOptions:
             raise ValueError("--device cuda with --executor ray needs --gpus-per-job > 0 (a fraction shares a GPU)")
         if self.gpus_per_job > 1 and self.gpus_per_job != int(self.gpus_per_job):
             raise ValueError(f"--gpus-per-job above 1 must be a whole number, got {self.gpus_per_job!r}")
+        t = self.time_limit
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
+            raise ValueError(f"--time-limit must be a number of seconds > 0, got {t!r}")
 
     def replace(self, **changes: Any) -> RunOptions:
         return dataclasses.replace(self, **changes)
+
+    def deadline(self) -> float:
+        """``time.monotonic()`` after which no job starts."""
+        return math.inf if self.time_limit is None else self.start + self.time_limit
 
     def describe(self) -> dict[str, Any]:
         """What a results file records about how its jobs ran (not part of any job's key)."""
@@ -112,21 +127,25 @@ def run_jobs(spec: JobSpec[J], journal: Journal, options: Optional[RunOptions] =
              executor: Any = None) -> tuple[dict[J, dict], int]:
     """Run every job ``spec.needed`` declares that the journal does not hold, until the list is final and done,
     on ``executor`` (default: one opened, and closed, here). Returns ({job: result}, the number of jobs run now, not
-    read back)."""
-    from tqdm import tqdm
+    read back). Raises ``Incomplete`` where a job failed (the others all ran: see ``OUT/failed/``) or the time
+    limit stopped the run; the finished jobs are journaled either way."""
+    from ..log import progress_bar
     options = options or RunOptions()
+    out = journal.path.parent
     done: dict[J, dict] = {}
     pending: dict[Future, J] = {}
+    failures: dict[J, Failure] = {}
     ran = 0
+    stopped = False  # the time limit passed: no job starts any more
     ex = executor or open_executor(spec.code_path, options)
-    bar = tqdm(total=0, desc=spec.desc, disable=not options.progress)
+    bar = progress_bar(total=0, desc=spec.desc, disable=not options.progress)
     try:
         while True:
             jobs, final = spec.needed(done)
             bar.total = len(jobs)
             new = 0
             for j in jobs:
-                if j in done or j in pending.values():
+                if j in done or j in failures or j in pending.values():
                     continue
                 old = journal.get(spec.key(j))
                 if old is not None:
@@ -134,23 +153,33 @@ def run_jobs(spec: JobSpec[J], journal: Journal, options: Optional[RunOptions] =
                     done[j] = old
                     bar.update(1)
                     continue
-                if len(pending) >= ex.slots:
+                if stopped or len(pending) >= ex.slots:
                     continue  # every worker busy: submitted when one frees, in the declared order
+                if time.monotonic() >= options.deadline():
+                    stopped = True
+                    continue
                 new += 1
-                pending[ex.submit(spec.run, spec.args(j))] = j
+                pending[_submit(ex, spec, j)] = j
             bar.refresh()
             if all(j in done for j in jobs) and final:
                 break
             if not pending:
-                if not new:
-                    raise RuntimeError("the job list is not final, yet every job it names is done")
-                continue  # read back from the journal only: ask again with the new results
+                if new:
+                    continue  # read back from the journal only: ask again with the new results
+                if failures or stopped:
+                    raise Incomplete(list(failures.values()), len(done), len(jobs), final, ran, options.time_limit)
+                raise RuntimeError("the job list is not final, yet every job it names is done")
             finished = [f for f in pending if f.done()] or list(wait(list(pending), return_when=FIRST_COMPLETED)[0])
             for f in finished:
                 j = pending.pop(f)
-                r = f.result()
-                journal.append(spec.key(j), list(j) if isinstance(j, (tuple, list)) else [j], r)
-                done[j] = r
+                key = spec.key(j)
+                e = f.exception()
+                if e is not None:
+                    failures[j] = record_failure(out, key, label(j), e)
+                    continue
+                journal.append(key, list(j) if isinstance(j, (tuple, list)) else [j], f.result())
+                clear_failure(out, key)
+                done[j] = f.result()
                 ran += 1
                 bar.update(1)
     finally:
@@ -158,3 +187,10 @@ def run_jobs(spec: JobSpec[J], journal: Journal, options: Optional[RunOptions] =
         if executor is None:
             ex.close()
     return done, ran
+
+
+def _submit(ex: Any, spec: JobSpec[J], job: J) -> Future:
+    """``job`` on ``ex``; the tests' injected failure in its place where ``DIFFTRANSFORMER_FAIL_JOB`` names it."""
+    if fails_by_injection(label(job)):
+        return ex.submit(injected_failure, (label(job),))
+    return ex.submit(spec.run, spec.args(job))

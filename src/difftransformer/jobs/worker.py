@@ -1,7 +1,8 @@
 """A local worker process (``local.LocalPool``): ``python -m difftransformer.jobs.worker READ_FD WRITE_FD``.
 
 First message: (the driver's variant registry, its ``sys.path``: a job function from a script or a test imports
-here as there); then one (function, arguments, device) per job, answered ("ok", result) or ("error", exception).
+here as there); then one (function, arguments, device) per job, answered ("ok", result) or ("error", ``JobError``:
+the job's error line and this process's traceback, ``local.call``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,9 @@ def main(read_fd: int, write_fd: int) -> None:
         try:
             fn, args, device = pickle.loads(message)
             send.send(("ok", call(fn, args, variants, device)))
-        except Exception as e:  # the driver raises it (as itself when it pickles, else as its text)
-            try:
-                send.send(("error", e))
-            except Exception:
-                send.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+        except Exception as e:  # the driver records it (a JobError, strings only: it pickles)
+            from .outcome import JobError
+            send.send(("error", JobError.of(e)))
 
 
 if __name__ == "__main__":

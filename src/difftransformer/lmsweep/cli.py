@@ -1,15 +1,18 @@
 """``difftransformer lm-sweep``: the pre-registered language-model sweep (PROTOCOL.md beside this file).
 
 Writes OUT/sweep.json, OUT/lm-sweep-{params,tokens,lr}.png and OUT/lm-jobs.jsonl (the job journal: run the same
-command again to resume), and prints the per-width table, the verdict table and the sensitivity rows.
+command again to resume), and prints the per-width table, the verdict table and the sensitivity rows. A failed job
+or ``--time-limit`` ends it with one line and its own exit code (``jobs.outcome``), no sweep.json.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from ..jobs import Incomplete
 from ..jobs import cli as jobs_cli
 from ..jobs.codepath import CODE_PATHS
+from ..jobs.outcome import EXIT_CODES_HELP
 from ..model import variants as registry
 from ..retrieval.cli import _floats, _ints
 from .config import SCALES, LMSweepConfig, quick_config
@@ -68,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and seed) and the largest width's lr grid (about half the jobs), decided at the reference's "
                         "lr choices (not replayed: a choice that rounding would move is not checked); the same "
                         "journal, so a later run with 'all' completes the whole check")
-    jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device
+    jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device,
+    # --time-limit
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -91,6 +95,13 @@ def config_from_args(args) -> LMSweepConfig:
 
 
 def run_cli(args) -> int:
+    try:
+        return _run_cli(args)
+    except Incomplete as e:  # the finished jobs are journaled: the same command resumes
+        return jobs_cli.incomplete(e, "lm-sweep")
+
+
+def _run_cli(args) -> int:
     options = jobs_cli.options_from_args(args)
     from ..rundir.files import SWEEP_RESULTS_NAME
     from .sweep import format_sweep, run_lm_sweep
@@ -143,6 +154,6 @@ def run_cli(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("lm-sweep", help=HELP, description=HELP, allow_abbrev=False)
+    p = sub.add_parser("lm-sweep", help=HELP, description=HELP, epilog=EXIT_CODES_HELP, allow_abbrev=False)
     add_arguments(p)
     p.set_defaults(func=run_cli)

@@ -1,7 +1,8 @@
 """``difftransformer retrieval``: the token-level key-value retrieval benchmark (paper Fig. 1, Table 2/3, Fig. 5/8).
 
 Writes DIR/results.json and DIR/*.png and prints, per variant: parameters, chosen lr, accuracy at each condition
-(mean +- seed sd, with the number of seeds) and the layer-mean attention shares at the primary endpoint.
+(mean +- seed sd, with the number of seeds) and the layer-mean attention shares at the primary endpoint. A failed job
+or ``--time-limit`` ends it with one line and its own exit code (``jobs.outcome``), no results.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import argparse
 from pathlib import Path
 from typing import Any, Optional
 
+from ..jobs import Incomplete
 from ..jobs import cli as jobs_cli
 from ..jobs.codepath import CODE_PATHS
+from ..jobs.outcome import EXIT_CODES_HELP
 from ..model import variants as registry
 from .config import RetrievalConfig, quick_config
 
@@ -85,7 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounding-check", metavar="CODE_PATH", choices=CODE_PATHS,
                    help="after the benchmark, rerun every job under this CPU code path into OUT/rounding-CODE_PATH and "
                         "print both verdict tables and the verdicts that differ (written to OUT/rounding.json)")
-    jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device
+    jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device,
+    # --time-limit
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -176,6 +180,13 @@ def _where(t: dict[str, Any]) -> str:
 
 
 def run_cli(args) -> int:
+    try:
+        return _run_cli(args)
+    except Incomplete as e:  # the finished jobs are journaled: the same command resumes
+        return jobs_cli.incomplete(e, "retrieval")
+
+
+def _run_cli(args) -> int:
     options = jobs_cli.options_from_args(args)
     cfg = config_from_args(args)
     if args.reuse_jobs is not None and (args.sweep_width is None or not Path(args.reuse_jobs).is_file()):
@@ -201,6 +212,6 @@ def run_cli(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("retrieval", help=HELP, description=HELP, allow_abbrev=False)
+    p = sub.add_parser("retrieval", help=HELP, description=HELP, epilog=EXIT_CODES_HELP, allow_abbrev=False)
     add_arguments(p)
     p.set_defaults(func=run_cli)
