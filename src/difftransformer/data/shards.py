@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..fileio import atomic_copy, atomic_json, fault_point, read_json
+from ..log import progress_bar
 from ..model.pretrained import TOKENIZER_NAME  # the one spelling of the file name; shards sit in a run
 from . import corpus
 from .synthetic import FILLER_MAX_CHARS, RETRIEVAL_MARKER, retrieval_documents, short_sentences
@@ -117,7 +117,7 @@ def retrieval_doc_tokens(tok, docs: list[str], sample: int = 256) -> int:
 def _encode(tok, docs: list[str], split: str, progress: bool) -> np.ndarray:
     eos = eos_id(tok)
     parts = []
-    bar = tqdm(total=len(docs), desc=f"tokenising {split}", unit="doc", disable=not progress, leave=False)
+    bar = progress_bar(total=len(docs), desc=f"tokenising {split}", unit="doc", disable=not progress, leave=False)
     for i in range(0, len(docs), ENCODE_CHUNK):
         for enc in tok.encode_batch(docs[i:i + ENCODE_CHUNK]):
             parts.append(np.asarray([*enc.ids, eos], dtype=np.int64))

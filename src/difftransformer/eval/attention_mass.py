@@ -35,7 +35,7 @@ def attention_shares(rows: torch.Tensor, answer: torch.Tensor, context: torch.Te
     rest = context & ~answer
     a = r.abs()
     ctx_abs = (a * context).sum(-1)
-    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=r.device)
     denom = torch.where(ctx_abs > 0, ctx_abs, nan)  # undefined on a row with nothing on the context
     total_abs = a.sum(-1)
     return {

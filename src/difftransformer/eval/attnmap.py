@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from ..model import variants
-from .loading import EvalModel
+from .loading import EvalModel, model_device
 from .needles import NeedleTask, TaskChoice, build_haystack, filler_sentences
 from .noise import key_masks, span_masses
 from .plotting import pyplot
@@ -86,8 +86,7 @@ def _token_texts(tok, text: str, n: int) -> list[str]:
 def model_row(ev: EvalModel, ids: Sequence[int], query_pos: int) -> tuple[torch.Tensor, int]:
     """Head-averaged attention rows of ``query_pos`` over keys 0..query_pos, per layer: ((n_layers, K) float64,
     the model's greedy next token at ``query_pos``)."""
-    device = next(ev.model.parameters()).device
-    x = torch.tensor([list(ids[:query_pos + 1])], dtype=torch.long, device=device)
+    x = torch.tensor([list(ids[:query_pos + 1])], dtype=torch.long, device=model_device(ev.model))
     out = ev.model(x, return_maps=True)
     rows = torch.stack([m.attn[0, :, query_pos, :query_pos + 1].to(torch.float64).mean(0) for m in out.maps])
     return rows.cpu(), int(out.logits[0, query_pos].argmax())

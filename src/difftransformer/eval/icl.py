@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from tqdm import tqdm
 
 from ..data.tokenizer import eos_id
-from .loading import EvalModel
+from ..log import progress_bar
+from .loading import EvalModel, model_device
 from .plotting import color, pyplot
 from .spec import AnalysisSpec
 
@@ -223,14 +223,16 @@ def score(model, prompts: Sequence[list[int]], label_ids: Sequence[int], pad_id:
           batch_size: int = 16) -> tuple[list[int], list[float]]:
     """Per prompt: the predicted label (index into ``label_ids``) and the probability mass on all K labels."""
     preds, masses = [], []
-    lab = torch.tensor(label_ids)
+    device = model_device(model)
+    lab = torch.tensor(label_ids, device=device)
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i:i + batch_size]
         T = max(len(p) for p in chunk)
-        x = torch.tensor([p + [pad_id] * (T - len(p)) for p in chunk], dtype=torch.long)
+        x = torch.tensor([p + [pad_id] * (T - len(p)) for p in chunk], dtype=torch.long, device=device)
         logits = model(x).logits  # right padding: a causal model's last prompt logits do not see it
-        last = torch.tensor([len(p) - 1 for p in chunk])
-        logp = torch.log_softmax(logits[torch.arange(len(chunk)), last].to(torch.float64), dim=-1)[:, lab]
+        last = torch.tensor([len(p) - 1 for p in chunk], device=device)
+        rows = torch.arange(len(chunk), device=device)
+        logp = torch.log_softmax(logits[rows, last].to(torch.float64), dim=-1)[:, lab]
         preds += logp.argmax(-1).tolist()
         masses += logp.exp().sum(-1).tolist()
     return preds, masses
@@ -269,7 +271,7 @@ def run_icl(ev: EvalModel, classes: int = QUICK.classes, samples: int = QUICK.sa
                          "query; use a longer --context or fewer --words")
     pad = enc.eos
     shots = shot_counts(n_max)
-    bar = tqdm(total=len(shots) + orders, desc=f"icl {ev.label}", disable=not progress, leave=False)
+    bar = progress_bar(total=len(shots) + orders, desc=f"icl {ev.label}", disable=not progress, leave=False)
     acc, mass, lengths = [], [], []
     for n in shots:
         prompts = []

@@ -83,14 +83,15 @@ class DiffTransformerHarnessLM(LM):
             chunk = pairs[i:i + self.batch_size]
             inps = [(ctx + cont)[-(self.max_length + 1):][:-1] for ctx, cont in chunk]
             T = max(len(x) for x in inps)
-            ids = torch.full((len(inps), T), self.eot_token_id, dtype=torch.long)
+            # built on the host, one copy to the model's device; the log-probabilities come back in one copy
+            ids = torch.full((len(inps), T), self.eot_token_id, dtype=torch.long, device="cpu")
             for r, x in enumerate(inps):  # right-padded: causal attention never reads the padding
-                ids[r, :len(x)] = torch.tensor(x)
+                ids[r, :len(x)] = torch.tensor(x, device="cpu")
             logp = F.log_softmax(self.model(ids.to(self.device)).logits.double(), dim=-1).cpu()
             for r, ((_, cont), x) in enumerate(zip(chunk, inps)):
                 n = len(cont)
                 lp = logp[r, len(x) - n:len(x)]  # the positions that predict the continuation's tokens
-                target = torch.tensor(cont)
+                target = torch.tensor(cont, device=lp.device)
                 out.append((float(lp.gather(1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all())))
         return out
 

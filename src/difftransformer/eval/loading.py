@@ -54,7 +54,13 @@ class EvalModel:
                 "parameters": self.model.num_parameters(), "model_config": self.model.cfg.to_dict()}
 
 
-def load_for_eval(path: str | Path, device: str = "cpu", label: Optional[str] = None) -> EvalModel:
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are: every tensor an analysis feeds it, or meets its outputs with, is made there
+    (on ``--device cuda`` a CPU tensor meeting a GPU one is an error)."""
+    return next(model.parameters()).device
+
+
+def load_for_eval(path: str | Path, device: str | torch.device = "cpu", label: Optional[str] = None) -> EvalModel:
     """The model of a run or model directory, on ``device`` in float32, with its tokenizer."""
     source = Path(path)
     loaded = load_model(source, device=device, dtype=torch.float32, backend="sdpa", kinds=("run", "model"))
@@ -102,12 +108,13 @@ def held_out_documents(ev: EvalModel, min_docs: int = 8) -> tuple[list[str], str
 
 
 def held_out_tokens(ev: EvalModel, docs: list[str]) -> torch.Tensor:
-    """The documents as one token stream, separated by the EOS token: (N,) long."""
+    """The documents as one token stream, separated by the EOS token: (N,) long, on the CPU (the windows cut from
+    it go to the model's device where they are fed)."""
     eos = eos_id(ev.tokenizer)
     out: list[int] = []
     for enc in ev.tokenizer.encode_batch(docs):
         out.extend([*enc.ids, eos])
-    return torch.tensor(out, dtype=torch.long)
+    return torch.tensor(out, dtype=torch.long, device="cpu")
 
 
 def text_windows(ev: EvalModel, docs: list[str], length: int, count: int) -> torch.Tensor:

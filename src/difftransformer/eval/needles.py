@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-from tqdm import tqdm
 
 from ..data.corpus import sentences
 from ..data.synthetic import Haystack, needle_haystack, short_sentences
 from ..data.tokenizer import eos_id
-from .loading import EvalModel, held_out_documents
+from ..log import progress_bar
+from .loading import EvalModel, held_out_documents, model_device
 from .plotting import pyplot
 from .spec import AnalysisSpec
 
@@ -156,10 +156,12 @@ def build_haystack(ev: EvalModel, filler: Sequence[str], task: NeedleTask, lengt
         n -= 1
 
 
-def padded_batch(items: Sequence[EncodedHaystack], pad_id: int) -> torch.Tensor:
-    """(B, T) ids, right-padded: a causal model's logits before the padding do not see it."""
+def padded_batch(items: Sequence[EncodedHaystack], pad_id: int,
+                 device: Optional[torch.device] = None) -> torch.Tensor:
+    """(B, T) ids on ``device`` (default the CPU), right-padded: a causal model's logits before the padding do not
+    see it."""
     T = max(len(e.ids) for e in items)
-    return torch.tensor([e.ids + [pad_id] * (T - len(e.ids)) for e in items], dtype=torch.long)
+    return torch.tensor([e.ids + [pad_id] * (T - len(e.ids)) for e in items], dtype=torch.long, device=device)
 
 
 @torch.no_grad()
@@ -169,9 +171,9 @@ def score_answers(model, items: Sequence[EncodedHaystack], pad_id: int, batch_si
     out: list[tuple[bool, int]] = []
     for i in range(0, len(items), batch_size):
         chunk = items[i:i + batch_size]
-        pred = model(padded_batch(chunk, pad_id)).logits.argmax(-1)  # (B, T)
+        pred = model(padded_batch(chunk, pad_id, model_device(model))).logits.argmax(-1)  # (B, T)
         for b, e in enumerate(chunk):
-            gold = torch.tensor(e.ids[e.answer_start:])
+            gold = torch.tensor(e.ids[e.answer_start:], device=pred.device)
             got = pred[b, e.answer_start - 1:len(e.ids) - 1]
             out.append((bool((got == gold).all()), int(got[0])))
     return out
@@ -203,7 +205,7 @@ def run_needles(ev: EvalModel, lengths: Sequence[float] = QUICK.lengths, depths:
     acc = [[0.0] * len(depths) for _ in toks]
     first_ok = first_any = first_last = 0
     actual = [[0.0] * len(depths) for _ in toks]
-    bar = tqdm(total=len(toks) * len(depths), desc=f"needles {ev.label}", disable=not progress, leave=False)
+    bar = progress_bar(total=len(toks) * len(depths), desc=f"needles {ev.label}", disable=not progress, leave=False)
     for i, L in enumerate(toks):
         for j, d in enumerate(depths):
             rng = random.Random(f"{seed}-{L}-{d}")  # the same haystacks for every model with this tokenizer

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-from tqdm import tqdm
 
 from ..data.tokenizer import eos_id
+from ..log import progress_bar
 from ..model import variants
 from .attention_mass import attention_shares
-from .loading import EvalModel
+from .loading import EvalModel, model_device
 from .needles import EncodedHaystack, NeedleTask, TaskChoice, build_haystack, filler_sentences, padded_batch
 from .plotting import color, pyplot, save_figure
 from .spec import AnalysisSpec
@@ -85,9 +85,9 @@ def span_masses(rows: torch.Tensor, answer: torch.Tensor, noise: torch.Tensor) -
     return (rows * answer).sum(-1), (rows * noise).sum(-1)
 
 
-def key_masks(e: EncodedHaystack, tk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Tk,) masks of the answer span and of the rest of the context."""
-    pos = torch.arange(tk)
+def key_masks(e: EncodedHaystack, tk: int, device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Tk,) masks of the answer span and of the rest of the context, on ``device`` (default the CPU)."""
+    pos = torch.arange(tk, device=device)
     answer = (pos >= e.target[0]) & (pos < e.target[1])
     noise = (pos < e.context_end) & ~answer
     return answer, noise
@@ -100,10 +100,10 @@ def layer_measures(model, items: Sequence[EncodedHaystack], pad_id: int,
     out_all: dict[str, list[torch.Tensor]] = {k: [] for k in MEASURES}
     for i in range(0, len(items), batch_size):
         chunk = items[i:i + batch_size]
-        out = model(padded_batch(chunk, pad_id), return_maps=True)
+        out = model(padded_batch(chunk, pad_id, model_device(model)), return_maps=True)
         for b, e in enumerate(chunk):
             rows = torch.stack([m.attn[b, :, e.query_pos, :] for m in out.maps])  # (L, heads, Tk)
-            a_mask, n_mask = key_masks(e, rows.shape[-1])
+            a_mask, n_mask = key_masks(e, rows.shape[-1], rows.device)
             a, n = span_masses(rows, a_mask, n_mask)  # (L, heads)
             sa, sn = shares(rows, a_mask, a_mask | n_mask)
             for k, v in zip(MEASURES, (sa, sn, a, n)):
@@ -131,7 +131,7 @@ def summarise(m: dict[str, torch.Tensor], depths: Sequence[float]) -> dict[str, 
     n_layers = next(iter(m.values())).shape[1]
     out["per_layer"] = [{key: (float(v[:, i].mean()) if j == 0 else _sem(v[:, i]))
                          for k, v in m.items() for j, key in enumerate((k, f"{k}_sem"))} for i in range(n_layers)]
-    d = torch.tensor(list(depths), dtype=torch.float64)
+    d = torch.tensor(list(depths), dtype=torch.float64, device=next(iter(m.values())).device)
     out["per_depth"] = [{"depth": float(depth), "samples": int((d == depth).sum()),
                          "answer_share": float(m["answer_share"][d == depth].mean(1).mean()),
                          "noise_share": float(m["noise_share"][d == depth].mean(1).mean())}
@@ -147,7 +147,7 @@ def run_noise(ev: EvalModel, samples: int = QUICK_SAMPLES, seed: int = 0, task: 
     rng = random.Random(f"noise-{seed}")
     depths = [DEPTHS[i % len(DEPTHS)] for i in range(samples)]
     items = [build_haystack(ev, filler, task, L, depths[i], rng)
-             for i in tqdm(range(samples), desc=f"noise {ev.label}", disable=not progress, leave=False)]
+             for i in progress_bar(range(samples), desc=f"noise {ev.label}", disable=not progress, leave=False)]
     s = summarise(layer_measures(ev.model, items, eos_id(ev.tokenizer)), depths)
     a, n = s["answer_share"], s["noise_share"]
     return {"analysis": "noise", "model": ev.describe(), "task": task.to_dict(), "held_out": note, "seed": seed,

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
-from .loading import EvalModel, held_out_documents, text_windows
+from .loading import EvalModel, held_out_documents, model_device, text_windows
 from .plotting import color, pyplot, save_figure
 from .spec import AnalysisSpec
 
@@ -36,10 +36,11 @@ QUICK, FULL = OutliersSettings(QUICK_SEQS), OutliersSettings(FULL_SEQS)
 
 
 class TopAbs:
-    """Streaming k-th largest |x| (k <= max(RANKS)) and an exact median over everything seen."""
+    """Streaming k-th largest |x| (k <= max(RANKS)) and an exact median over everything seen, on the device of the
+    values it is given (issue 48: a running top made on the CPU met a GPU model's values in ``torch.cat``)."""
 
     def __init__(self) -> None:
-        self.top = torch.empty(0, dtype=torch.float64)
+        self.top: Optional[torch.Tensor] = None  # float64, on the values' device; None before the first values
         self.values: list[torch.Tensor] = []
 
     def add(self, x: torch.Tensor) -> None:
@@ -47,12 +48,13 @@ class TopAbs:
         v = v[torch.isfinite(v)]  # the causal mask's -inf entries are not logits
         if v.numel() == 0:
             return
-        both = torch.cat((self.top, v.topk(min(max(RANKS), v.numel())).values))
+        best = v.topk(min(max(RANKS), v.numel())).values
+        both = best if self.top is None else torch.cat((self.top, best))
         self.top = both.topk(min(max(RANKS), both.numel())).values
         self.values.append(v.to(torch.float32))
 
     def result(self) -> dict[str, float]:
-        if not self.values:
+        if not self.values or self.top is None:
             raise ValueError("no finite values to rank")
         out = {f"top{k}": float(self.top[k - 1]) for k in RANKS if k <= self.top.numel()}
         out["median"] = float(torch.cat(self.values).median())
@@ -69,9 +71,10 @@ def collect(model, windows: torch.Tensor) -> tuple[dict[str, float], dict[str, f
     logits, hidden = TopAbs(), TopAbs()
     per_layer = [0.0] * model.cfg.n_layers
     per_seq: dict[str, list[float]] = {"attention_logits": [], "hidden_states": []}
+    device = model_device(model)
     with torch.no_grad():
         for w in windows:
-            out = model(w[None], return_maps=True, return_hidden=True)
+            out = model(w[None].to(device), return_maps=True, return_hidden=True)
             seq_logit = 0.0
             for i, m in enumerate(out.maps):
                 logits.add(m.logits)

@@ -30,10 +30,10 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from ..data.tokenizer import eos_id
-from .loading import DEFAULT_VAL_FRACTION, EvalModel
+from ..log import progress_bar
+from .loading import DEFAULT_VAL_FRACTION, EvalModel, model_device
 from .long_context import context_gains, long_held_out_texts, text_tokens
 from .plotting import color, pyplot
 from .spec import AnalysisSpec
@@ -76,13 +76,15 @@ def eval_length(ev: EvalModel, factor: float = 2.0, length: Optional[int] = None
 @torch.no_grad()
 def token_nll(model, windows: torch.Tensor, batch_size: int = 8, progress: bool = False,
               desc: str = "positions") -> torch.Tensor:
-    """Next-token NLL (nats) of every position of every window: (n, T) float64 for windows (n, T + 1)."""
+    """Next-token NLL (nats) of every position of every window: (n, T) float64 on the CPU for windows (n, T + 1)
+    (one copy from the model's device: the per-position numbers are read one by one)."""
     out = []
-    for i in tqdm(range(0, len(windows), batch_size), desc=desc, disable=not progress, leave=False):
-        w = windows[i:i + batch_size]
+    device = model_device(model)
+    for i in progress_bar(range(0, len(windows), batch_size), desc=desc, disable=not progress, leave=False):
+        w = windows[i:i + batch_size].to(device)
         logits = model(w[:, :-1]).logits.to(torch.float64)
         out.append(F.cross_entropy(logits.transpose(1, 2), w[:, 1:], reduction="none"))
-    return torch.cat(out)
+    return torch.cat(out).cpu()
 
 
 def chars_per_token(ev: EvalModel, sample: Sequence[str]) -> float:
@@ -119,7 +121,7 @@ def long_documents(ev: EvalModel, length: int, count: int) -> tuple[torch.Tensor
                          "books after the cut stay unseen")
     note = (f"{len(rows)} long held-out texts never trained on (" + ", ".join(f"{n} {k}" for k, n in kinds.items())
             + f"), each read from its start for {length} predictions")
-    return torch.tensor(rows, dtype=torch.long), note
+    return torch.tensor(rows, dtype=torch.long, device="cpu"), note  # to the model's device in token_nll
 
 
 def _gains(nll: Sequence[Sequence[float]], train_len: int) -> tuple[Optional[dict], Optional[dict], Optional[str]]:
@@ -153,7 +155,7 @@ def run_positions(ev: EvalModel, factor: float = QUICK.factor, sequences: int = 
     nll_docs = [[round(float(v), 4) for v in row] for row in nll]
     within, beyond, gain_note = _gains(nll_docs, ev.train_len)  # from the stored values: recomputable from them
     per_pos = nll.mean(0)  # (T,)
-    cumulative = per_pos.cumsum(0) / torch.arange(1, T + 1, dtype=torch.float64)
+    cumulative = per_pos.cumsum(0) / torch.arange(1, T + 1, dtype=torch.float64, device=per_pos.device)
     tail_start = T - max(1, round(TAIL_FRACTION * T))  # 0-based index of the first tail position
     per_doc_tail = nll[:, tail_start:].mean(1)  # (n,)
     n = nll.shape[0]
@@ -201,11 +203,11 @@ def format_positions(r: dict[str, Any]) -> str:
 
 def smooth(x: Sequence[float], width: int) -> list[float]:
     """Centred moving average over ``width`` positions (shorter at the ends)."""
-    t = torch.tensor(list(x), dtype=torch.float64)
-    c = torch.cat((torch.zeros(1, dtype=torch.float64), t.cumsum(0)))
+    t = torch.tensor(list(x), dtype=torch.float64, device="cpu")  # a list in, a list out: the host's work
+    c = torch.cat((torch.zeros(1, dtype=torch.float64, device="cpu"), t.cumsum(0)))
     h = max(0, width // 2)
-    lo = torch.clamp(torch.arange(len(t)) - h, min=0)
-    hi = torch.clamp(torch.arange(len(t)) + h + 1, max=len(t))
+    lo = torch.clamp(torch.arange(len(t), device="cpu") - h, min=0)
+    hi = torch.clamp(torch.arange(len(t), device="cpu") + h + 1, max=len(t))
     return ((c[hi] - c[lo]) / (hi - lo)).tolist()
 
 

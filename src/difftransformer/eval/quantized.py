@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 from ..data.tokenizer import eos_id
-from .loading import EvalModel, held_out_documents, text_windows
+from .loading import EvalModel, held_out_documents, model_device, text_windows
 from .needles import NeedleTask, TaskChoice, answers_correct, build_haystack, filler_sentences
 from .plotting import color, pyplot, save_figure
 from .spec import AnalysisSpec
@@ -72,7 +72,8 @@ def quantized_attention(model, bits: Optional[int]):
 @torch.no_grad()
 def sequence_losses(model, windows: torch.Tensor) -> list[float]:
     """Mean next-token loss of each of ``windows`` (n, T+1), one window at a time (no padding in the scales)."""
-    return [float(model(w[None, :-1], w[None, 1:]).loss) for w in windows]
+    device = model_device(model)
+    return [float(model(w[None, :-1].to(device), w[None, 1:].to(device)).loss) for w in windows]
 
 
 def text_loss(model, windows: torch.Tensor) -> float:

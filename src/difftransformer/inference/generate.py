@@ -107,10 +107,11 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0,
         if n == 0:
             raise ValueError(f"prompt {i} is empty: give at least one token")
     P = max(lengths)
-    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), P, dtype=torch.bool)
+    # built on the host, row by row, then one copy each to ``device`` (not one small copy per prompt)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros(len(prompts), P, dtype=torch.bool, device="cpu")
     for i, p in enumerate(prompts):
-        ids[i, P - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        ids[i, P - len(p):] = torch.as_tensor(list(p), dtype=torch.long, device="cpu")
         mask[i, P - len(p):] = True
     return ids.to(device), mask.to(device)
 

@@ -60,7 +60,7 @@ def attention_metrics(model, batch: Batch) -> dict[str, Any]:
     for c in _chunks(batch):
         out = model(c.tokens, return_maps=True)
         T = c.tokens.shape[1]
-        keys = torch.arange(T)
+        keys = torch.arange(T, device=c.tokens.device)
         answer = keys[None, None, :] == c.answer_pos[..., None]  # (b, Q, T)
         if not per_layer:
             per_layer = [dict() for _ in out.maps]

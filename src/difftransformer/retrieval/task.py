@@ -33,7 +33,7 @@ class Batch:
     @property
     def context_mask(self) -> torch.Tensor:
         """(T,) True on context keys (facts and filler), False on BOS and the query/answer section."""
-        pos = torch.arange(self.tokens.shape[1])
+        pos = torch.arange(self.tokens.shape[1], device=self.tokens.device)
         return (pos >= 1) & (pos < self.context_end)
 
     def rows(self, i: int, j: int) -> Batch:

@@ -81,8 +81,8 @@ def train_model(cfg: RetrievalConfig, variant: str, seed: int, lr: float, progre
     t0, c0 = time.perf_counter(), time.process_time()
     bar = None
     if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=cfg.steps, desc=f"{variant} s{seed} lr{lr:g}", leave=False)
+        from ..log import progress_bar
+        bar = progress_bar(total=cfg.steps, desc=f"{variant} s{seed} lr{lr:g}", leave=False)
     for step in range(cfg.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg, lr)
