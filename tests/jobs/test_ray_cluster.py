@@ -1,10 +1,13 @@
 """The Ray executor on a real two-node cluster on this machine (``ray.cluster_utils.Cluster``, the way Ray tests
-itself; one cluster for the module, dashboards off): the results equal the local executor's bitwise, a node removed
-mid-run still ends equal, a driver killed with SIGKILL and rerun runs only the unfinished jobs, and the refusals are
-one error line before any job starts."""
+itself; one cluster for the module, dashboards off, token authentication on as docs/cluster.md sets it up): the
+results equal the local executor's bitwise, a job that fails is recorded while the others finish and a rerun runs it
+alone, a node removed mid-run still ends equal, a driver killed with SIGKILL and rerun runs only the unfinished
+jobs, and the refusals (a driver without the cluster's token among them) are one error line before any job."""
 
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -12,15 +15,18 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 ray = pytest.importorskip("ray")
+from ray._private.authentication_test_utils import AuthenticationEnvSnapshot, reset_auth_token_state  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from suite_helpers import comparable_results  # noqa: E402
 
 from difftransformer.cli import main  # noqa: E402
-from difftransformer.jobs import RunOptions  # noqa: E402
+from difftransformer.jobs import EXIT_FAILED, RunOptions  # noqa: E402
+from difftransformer.jobs.outcome import FAIL_ENV  # noqa: E402
 from difftransformer.retrieval.benchmark import run_benchmark  # noqa: E402
 from difftransformer.retrieval.config import Condition, RetrievalConfig  # noqa: E402
 from difftransformer.retrieval.scheduler import JOURNAL  # noqa: E402
@@ -37,15 +43,34 @@ def tiny(**kw) -> RetrievalConfig:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A head and a worker node of one CPU each: two job slots, on two raylets."""
+def cluster(tmp_path_factory):
+    """A head and a worker node of one CPU each: two job slots, on two raylets. Token authentication is on as
+    docs/cluster.md sets it up: RAY_AUTH_MODE=token and the token in the environment of every node and of the
+    driver (this process, and the CLI processes it starts). Two drivers without the token start at once and are
+    checked by the last test (Ray retries a refused connection for about 20 s; the other tests overlap that)."""
+    before = AuthenticationEnvSnapshot.capture()
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    reset_auth_token_state()  # Ray caches the mode and the token per process
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    yield c
-    if ray.is_initialized():
-        ray.shutdown()
-    c.shutdown()
+    try:
+        c.add_node(num_cpus=1)
+        c.wait_for_nodes()
+        tmp = tmp_path_factory.mktemp("no-token")
+        bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"HOME": str(tmp)}
+        c.refused = {"no auth": _cli(tmp / "a", "--executor", "ray", "--ray-address", c.address, env=bare),
+                     "no token": _cli(tmp / "b", "--executor", "ray", "--ray-address", c.address,
+                                      env={**bare, "RAY_AUTH_MODE": "token"})}
+        yield c
+    finally:
+        for p in getattr(c, "refused", {}).values():
+            p.kill()
+            p.communicate()
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+        before.restore()
+        reset_auth_token_state()
 
 
 def ray_options(cluster, **kw) -> RunOptions:
@@ -80,7 +105,7 @@ def test_a_language_model_sweep_on_the_cluster_equals_the_local_one(cluster, tmp
 
 def test_a_node_removed_mid_run_still_ends_equal(cluster, tmp_path):
     """A third node joins, takes jobs, and is killed while it runs one: Ray retries its jobs on the other two."""
-    cfg = tiny(steps=60, seeds=3)
+    cfg = tiny(steps=30, seeds=3)
     extra = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     out: dict = {}
@@ -94,23 +119,52 @@ def test_a_node_removed_mid_run_still_ends_equal(cluster, tmp_path):
     cluster.remove_node(extra, allow_graceful=False)
     t.join(timeout=300)
     assert "r" in out, "the run did not end after the node was removed"
-    local = run_benchmark(cfg, None, workers=2, progress=False)
+    local = run_benchmark(cfg, None, workers=1, progress=False)  # in this process: the same numbers as a pool's
     assert out["r"]["timings"]["jobs_run"] == 12 and comparable_results(out["r"]) == comparable_results(local)
 
 
-ARGS = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "40", "--batch", "4", "--seeds", "3",
+ARGS = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "20", "--batch", "4", "--seeds", "3",
         "--seed-base", "50", "--lr-grid", "2e-3,4e-3", "--lr-widen", "0", "--eval-contexts", "4", "--train-pairs",
         "8,10", "--train-context", "40,48", "--queries", "2", "--variants", "baseline,diff_v2", "--cpu-code-path",
-        "machine", "--no-progress"]
+        "machine", "--no-progress"]  # 12 jobs
 
 
-def _cli(out: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def _cli(out: Path, *extra: str, env: Optional[dict] = None) -> subprocess.Popen:
+    env = {**(os.environ if env is None else env), "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([sys.executable, "-m", "difftransformer", *ARGS, *extra, "--out", str(out)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def test_a_driver_killed_and_rerun_runs_only_the_unfinished_jobs(cluster, tmp_path):
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> dict:
+    """ARGS run whole on the local executor (in this process's CLI), for the Ray runs to equal."""
+    out = tmp_path_factory.mktemp("whole")
+    assert main([*ARGS, "--workers", "1", "--out", str(out)]) == 0  # its jobs in this process: a pool's numbers
+    return json.loads((out / "results.json").read_text())
+
+
+def test_a_failing_job_is_recorded_the_others_finish_and_a_rerun_runs_it(cluster, whole, tmp_path, capsys,
+                                                                        monkeypatch):
+    out, ray_flags = tmp_path / "failing", ("--executor", "ray", "--ray-address", cluster.address)
+    monkeypatch.setenv(FAIL_ENV, "diff_v2 51 0.004")  # that job raises in its worker (jobs.outcome)
+    capsys.readouterr()
+    assert main([*ARGS, *ray_flags, "--out", str(out)]) == EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    m = re.fullmatch(r"difftransformer retrieval: 1 of 12\+? jobs failed; first: diff_v2 51 0\.004 \[key "
+                     r"[0-9a-f]{12}\]: RuntimeError: injected failure: DIFFTRANSFORMER_FAIL_JOB='diff_v2 51 0\.004' "
+                     r"\(traceback: (.+)\)", err[-1])
+    assert m, err
+    trace = Path(m.group(1)).read_text()
+    assert trace.startswith("job: diff_v2 51 0.004\nkey: ") and "Traceback (most recent call last)" in trace
+    assert "in injected_failure" in trace and f"jobs{os.sep}local.py" in trace  # the frames of the Ray worker
+    assert (out / JOURNAL).read_text().count("\n") == 1 + 11 and not (out / "results.json").exists()
+    monkeypatch.delenv(FAIL_ENV)
+    assert main([*ARGS, *ray_flags, "--out", str(out)]) == 0
+    assert "(1 run now," in capsys.readouterr().out and not (out / "failed").exists()
+    assert comparable_results(json.loads((out / "results.json").read_text())) == comparable_results(whole)
+
+
+def test_a_driver_killed_and_rerun_runs_only_the_unfinished_jobs(cluster, whole, tmp_path):
     killed = tmp_path / "killed"
     ray_flags = ("--executor", "ray", "--ray-address", cluster.address)
     p = _cli(killed, *ray_flags)
@@ -126,11 +180,8 @@ def test_a_driver_killed_and_rerun_runs_only_the_unfinished_jobs(cluster, tmp_pa
     again = _cli(killed, *ray_flags)
     out, err = again.communicate(timeout=600)
     assert again.returncode == 0, err
-    whole = _cli(tmp_path / "whole", "--workers", "2")  # the local executor, for the same jobs
-    assert whole.wait(timeout=600) == 0
-    a = json.loads((tmp_path / "whole" / "results.json").read_text())
     b = json.loads((killed / "results.json").read_text())
-    assert b["timings"]["jobs_run"] == 12 - n_before and comparable_results(a) == comparable_results(b)
+    assert b["timings"]["jobs_run"] == 12 - n_before and comparable_results(whole) == comparable_results(b)
     assert f"{12 - n_before} run now" in out and "Ray (" in out
 
 
@@ -157,3 +208,18 @@ def test_refusals_are_one_line_before_any_job(cluster, tmp_path, capsys, monkeyp
     monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
     line = _one_error_line(capsys, tmp_path, "--executor", "ray")
     assert "pip install 'difftransformer[ray]'" in line
+
+
+@pytest.mark.parametrize("driver, needle", [("no auth", "Failed to connect to Ray cluster"),
+                                            ("no token", "no authentication token was found")])
+def test_a_driver_without_the_token_is_refused_in_one_line(cluster, driver, needle):
+    """The cluster runs with token authentication: a driver without the token (RAY_AUTH_MODE unset: the cluster
+    refuses it; RAY_AUTH_MODE=token: it finds no token to send) ends with one error line, exit code 2, nothing
+    written (before it, Ray's own C++ client may log its retries)."""
+    p = cluster.refused[driver]
+    _, err = p.communicate(timeout=300)
+    last = err.strip().splitlines()[-1]
+    assert p.returncode == 2 and "Traceback" not in err, err
+    assert last.startswith("difftransformer retrieval: error: --executor ray: could not join the Ray cluster at ")
+    assert needle in last and "token authentication" in last
+    assert not Path(p.args[-1]).exists()

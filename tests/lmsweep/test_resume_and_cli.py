@@ -1,22 +1,33 @@
-"""The language-model sweep end to end through its CLI: a sweep killed mid-run (SIGKILL, workers included) resumes
-with only its unfinished jobs and ends with the results of an uninterrupted one; bad input is one error line."""
+"""The language-model sweep end to end through its CLI: a sweep killed mid-run (SIGKILL, workers included), one
+stopped by --time-limit and one with a failing job each end, rerun, with the results of an uninterrupted one (the
+rerun runs only the unfinished or failed jobs); a failed job and the time limit are one line and an exit code of
+their own; bad input is one error line. One uninterrupted sweep (in this process) serves every comparison, and its
+prepared tokens every other run; the interrupted runs use 2 worker processes, the runs that finish them one
+worker in this process (the numbers do not depend on it, and no process start is paid)."""
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from difftransformer.cli import main
+from difftransformer.jobs import EXIT_FAILED, EXIT_TIME_LIMIT
+from difftransformer.jobs.outcome import FAIL_ENV
 from difftransformer.lmsweep.sweep import JOURNAL
 from difftransformer.rundir import SWEEP_RESULTS_NAME as RESULTS
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-# 2 widths x 2 variants x 2 lrs x 2 seeds = 16 jobs of 20 steps on the demo preset's tokens
-ARGS = ["lm-sweep", "--widths", "16,32", "--steps", "20", "--warmup-steps", "2", "--batch", "4", "--seq-len", "32",
-        "--seeds", "2", "--seed-base", "7", "--lr-grid", "4e-3,8e-3", "--lr-widen", "0", "--eval-every", "5",
-        "--variants", "baseline,diff_v2", "--no-progress", "--workers", "2"]
+# 2 widths x 2 variants x 2 lrs x 2 seeds = 16 jobs of 10 steps on the tiny preset's tokens
+ARGS = ["lm-sweep", "--preset", "tiny", "--widths", "16,32", "--steps", "10", "--warmup-steps", "2", "--batch", "4",
+        "--seq-len", "32", "--seeds", "2", "--seed-base", "7", "--lr-grid", "4e-3,8e-3", "--lr-widen", "0",
+        "--eval-every", "5", "--variants", "baseline,diff_v2", "--no-progress", "--workers", "2"]
 JOBS = 16
 
 
@@ -39,68 +50,132 @@ def _comparable(res: dict) -> dict:
     return r
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_sweep(tmp_path):
-    whole = _cli(tmp_path / "whole")
-    killed = tmp_path / "killed"
+def _results(out: Path) -> dict:
+    return json.loads((out / RESULTS).read_text())
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    """The uninterrupted sweep, run once for the module (its jobs in this process: the numbers of the worker
+    processes the other runs use)."""
+    out = tmp_path_factory.mktemp("whole")
+    assert main([*ARGS, "--workers", "1", "--out", str(out)]) == 0
+    return out
+
+
+def _with_tokens(whole: Path, out: Path) -> Path:
+    """``out`` holding the whole run's prepared tokens (reused: the same preset and window)."""
+    shutil.copytree(whole / "data", out / "data")
+    return out
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_sweep(whole, tmp_path, capsys):
+    killed = _with_tokens(whole, tmp_path / "killed")
     p = _cli(killed)
     deadline = time.time() + 300
     while _jobs(killed / JOURNAL) < 3 and p.poll() is None and time.time() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert p.poll() is None, f"the sweep ended before it could be killed: {p.communicate()}"
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     n_before = _jobs(killed / JOURNAL)
     assert 3 <= n_before < JOBS and not (killed / RESULTS).exists()
-    again = _cli(killed)
-    out, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err
-    assert whole.wait(timeout=600) == 0, whole.communicate()[1]
-    a = json.loads((tmp_path / "whole" / RESULTS).read_text())
-    b = json.loads((killed / RESULTS).read_text())
+    capsys.readouterr()
+    assert main([*ARGS, "--workers", "1", "--out", str(killed)]) == 0  # the rest in this process
+    out = capsys.readouterr().out
+    b = _results(killed)
     assert b["timings"]["jobs"] == JOBS and b["timings"]["jobs_run"] == JOBS - n_before
-    assert _comparable(a) == _comparable(b)
+    assert _comparable(_results(whole)) == _comparable(b)
     assert "(d) top |attention logit| ratio" in out and "Fig. 3a parameter ratio" in out
     for name in ("lm-sweep-params.png", "lm-sweep-tokens.png", "lm-sweep-lr.png"):
         assert (killed / name).stat().st_size > 1000
 
 
-def test_a_journal_of_another_configuration_is_refused(tmp_path):
-    (tmp_path / JOURNAL).write_text(json.dumps({"journal": {"benchmark": "something else"}}) + "\n")
-    p = _cli(tmp_path)
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == 2 and "another configuration" in err and "Traceback" not in err
+INCOMPLETE = re.compile(r"difftransformer lm-sweep: incomplete: rerun the same command to resume \(--time-limit 4 s "
+                        r"reached: (\d+) of 16\+? jobs done, (\d+) run now\)")
 
 
-def test_bad_flags_are_one_error_line(tmp_path):
-    for extra, needle in ((["--widths", "32"], "at least two distinct"), (["--widths", "30,32"], "divisible"),
-                          (["--lr-grid", "x"], "--lr-grid"), (["--variants", "baseline"], "reference"),
-                          (["--n-heads", "3"], "n_heads"), (["--workers", "0"], "--workers")):
-        p = _cli(tmp_path / "bad", *extra)
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 2, (extra, err)
-        assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (extra, err)
+def test_a_sweep_stopped_by_the_time_limit_and_rerun_equals_an_uninterrupted_one(whole, tmp_path, capsys):
+    """The same command, --time-limit 4 included, run until it ends with 0: every run before that stops with exit
+    code 75 and its one line, having journaled every job it started; the last run's results are the uninterrupted
+    sweep's. One worker, in this process (no process start to wait for): a job starts, and runs to its end, only
+    before the limit."""
+    out = _with_tokens(whole, tmp_path / "limited")
+    command = [*ARGS, "--workers", "1", "--time-limit", "4", "--out", str(out)]
+    stops = []
+    for _ in range(JOBS):  # each run starts a job before its limit
+        capsys.readouterr()
+        rc = main(command)
+        if rc == 0:
+            break
+        err = capsys.readouterr().err.strip().splitlines()
+        m = INCOMPLETE.fullmatch(err[-1])
+        assert rc == EXIT_TIME_LIMIT and m, (rc, err)
+        done, ran = int(m.group(1)), int(m.group(2))
+        assert done == _jobs(out / JOURNAL) < JOBS and ran >= 1 and not (out / RESULTS).exists()
+        stops.append(done)
+    assert rc == 0 and stops, "the limit never stopped the sweep: nothing was shown"
+    res = _results(out)
+    assert res["timings"]["jobs_run"] == JOBS - stops[-1]
+    assert _comparable(_results(whole)) == _comparable(res)
+    print(f"--time-limit 4: stopped with {stops} jobs journaled, then finished")
 
 
-def test_a_protocol_version_1_journal_is_refused_in_one_line(tmp_path):
+def test_a_failing_job_is_reported_the_others_run_and_a_rerun_runs_it(whole, tmp_path, capsys, monkeypatch):
+    out = _with_tokens(whole, tmp_path / "failing")
+    monkeypatch.setenv(FAIL_ENV, "32 diff_v2 8 0.008")  # that job raises in its worker process (jobs.outcome)
+    capsys.readouterr()
+    assert main([*ARGS, "--out", str(out)]) == EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    m = re.fullmatch(r"difftransformer lm-sweep: 1 of 16\+? jobs failed; first: 32 diff_v2 8 0\.008 \[key "
+                     r"([0-9a-f]{12})\]: RuntimeError: injected failure: DIFFTRANSFORMER_FAIL_JOB='32 diff_v2 8 "
+                     r"0\.008' \(traceback: (.+)\)", err[-1])
+    assert m, err
+    trace = Path(m.group(2))
+    assert trace.parent == out / "failed" and trace.name.startswith(m.group(1))
+    text = trace.read_text()
+    assert text.startswith("job: 32 diff_v2 8 0.008\nkey: ") and "Traceback (most recent call last)" in text
+    assert "in injected_failure" in text and f"jobs{os.sep}local.py" in text  # the worker's own frames
+    assert _jobs(out / JOURNAL) == JOBS - 1 and not (out / RESULTS).exists()  # the others ran; no verdicts
+    monkeypatch.delenv(FAIL_ENV)
+    assert main([*ARGS, "--workers", "1", "--out", str(out)]) == 0
+    assert f"{JOBS} jobs (1 run now)" in capsys.readouterr().out and not trace.exists()
+    assert _comparable(_results(whole)) == _comparable(_results(out))
+
+
+def test_a_journal_of_another_configuration_is_refused(whole, tmp_path, assert_cli_error):
+    out = _with_tokens(whole, tmp_path)
+    (out / JOURNAL).write_text(json.dumps({"journal": {"benchmark": "something else"}}) + "\n")
+    assert_cli_error([*ARGS, "--out", str(out)], "another configuration")
+
+
+@pytest.mark.parametrize("extra, needle", [(["--widths", "32"], "at least two distinct"),
+                                           (["--widths", "30,32"], "divisible"), (["--lr-grid", "x"], "--lr-grid"),
+                                           (["--variants", "baseline"], "reference"), (["--n-heads", "3"], "n_heads"),
+                                           (["--workers", "0"], "--workers"), (["--time-limit", "0"], "--time-limit")])
+def test_bad_flags_are_one_error_line(tmp_path, assert_cli_error, extra, needle):
+    assert_cli_error([*ARGS, *extra, "--out", str(tmp_path / "bad")], needle)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_protocol_version_1_journal_is_refused_in_one_line(tmp_path, assert_cli_error):
     header = {"benchmark": "language-model sweep", "protocol_version": 1, "config": {}, "data": "x"}
     (tmp_path / JOURNAL).write_text(json.dumps({"journal": header}) + "\n")
-    p = _cli(tmp_path)
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == 2 and "protocol version 1 journal" in err and "Traceback" not in err, err
-    assert len(err.strip().splitlines()) == 1
+    assert_cli_error([*ARGS, "--out", str(tmp_path)], "protocol version 1 journal")
 
 
-def test_the_gpu_scale_runs_end_to_end_on_the_cpu_at_toy_size(tmp_path):
+def test_the_gpu_scale_runs_end_to_end_on_the_cpu_at_toy_size(whole, tmp_path, capsys):
     # the gpu scale's code path (its config, its journal, its verdicts) with shrunk flags, on the CPU
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    args = ["--scale", "gpu", "--widths", "16,32", "--steps", "6", "--warmup-steps", "1", "--batch", "2",
-            "--seq-len", "32", "--seeds", "2", "--lr-grid", "4e-3,8e-3", "--lr-widen", "0", "--eval-every", "3",
-            "--variants", "baseline,diff_v2", "--device", "cpu", "--workers", "1", "--no-progress"]
-    p = subprocess.run([sys.executable, "-m", "difftransformer", "lm-sweep", *args, "--out", str(tmp_path)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
-    res = json.loads((tmp_path / RESULTS).read_text())
+    args = ["--scale", "gpu", "--preset", "tiny", "--widths", "16,32", "--steps", "6", "--warmup-steps", "1",
+            "--batch", "2", "--seq-len", "32", "--seeds", "2", "--lr-grid", "4e-3,8e-3", "--lr-widen", "0",
+            "--eval-every", "3", "--variants", "baseline,diff_v2", "--device", "cpu", "--workers", "1",
+            "--no-progress"]
+    out = _with_tokens(whole, tmp_path / "gpu")
+    capsys.readouterr()
+    assert main(["lm-sweep", *args, "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    res = _results(out)
     assert res["protocol_version"] == 2 and res["config"]["scale"] == "gpu" and res["config"]["n_heads"] == 4
     assert res["config"]["outlier_windows"] == 8 and res["timings"]["jobs"] == 16  # the gpu scale's own defaults
     assert "param_ratio" in res["applicability"]  # (3b's premise only where the largest width's runs pass the floor)
-    assert "Fig. 3a premise" in p.stdout and "unresolved edge" in p.stdout  # lr_widen 0: every edge choice
+    assert "Fig. 3a premise" in stdout and "unresolved edge" in stdout  # lr_widen 0: every edge choice

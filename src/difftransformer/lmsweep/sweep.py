@@ -3,7 +3,8 @@
 The tokens are prepared once into OUT/data (the preset's [data] section); ``analysis.needed_jobs`` declares the jobs,
 the job runner (``difftransformer.jobs``: local worker processes or a Ray cluster, one torch thread each) runs them
 and journals each one in OUT/lm-jobs.jsonl, so a killed sweep resumes with its unfinished jobs only and ends with the
-same results.
+same results. A failed job (OUT/failed/KEY.txt) or ``--time-limit`` ends the run with ``jobs.Incomplete`` once the
+other jobs are journaled, before any analysis: no sweep.json is computed from a partial set.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 ``protocol.py`` declares the jobs (every variant x lr of the grid x test seed; a widened lr once a variant's grid
 is in; the matched lr where a variant lacks it) and decides the learning rates and the robustness endpoint; the job
 runner (``difftransformer.jobs``) runs them on the local pool or a Ray cluster, journals each one in
-``OUT/jobs.jsonl`` and resumes after a kill. A job (``_job``) trains one model and measures it on the validation
-split (the lr choice) and the test split (the verdicts).
+``OUT/jobs.jsonl`` and resumes after a kill; a failed job or ``--time-limit`` ends the run (``jobs.Incomplete``)
+before any verdict. A job (``_job``) trains one model and measures it on the validation split (the lr choice) and
+the test split (the verdicts).
 
 Bitwise reproducible for a seed on one kind of machine: the runner runs every job at one torch thread, under the
 configuration's CPU code path, so the numbers do not depend on the process layout, the executor, the machine's
