@@ -53,11 +53,10 @@ FITS: dict[str, list[dict]] = {
     ],
     'sm_80/v1/d128/bwd_dkdv': [
         {'config': (64, 16, 8, 2), 'shared': 84992, 'regs': 209, 'stack': 0, 'fits': True},
-        {'config': (32, 64, 8, 2), 'shared': 102912, 'regs': 255, 'stack': 312, 'fits': False},
-        {'config': (64, 64, 8, 2), 'shared': 140288, 'regs': 255, 'stack': 424, 'fits': False},
-        {'config': (16, 64, 4, 2), 'shared': 84224, 'regs': 168, 'stack': 1464, 'fits': False},
-        {'config': (32, 32, 4, 2), 'shared': 68096, 'regs': 255, 'stack': 384, 'fits': False},
-        {'config': (16, 128, 8, 2), 'shared': 147712, 'regs': 255, 'stack': 624, 'fits': False},
+        {'config': (32, 32, 8, 2), 'shared': 68096, 'regs': 255, 'stack': 16, 'fits': True},
+        {'config': (64, 32, 8, 2), 'shared': 103424, 'regs': 255, 'stack': 128, 'fits': True},
+        {'config': (64, 16, 8, 3), 'shared': 151552, 'regs': 255, 'stack': 64, 'fits': True},
+        {'config': (32, 16, 8, 2), 'shared': 50688, 'regs': 179, 'stack': 0, 'fits': True},
     ],
     'sm_80/v1/d128/bwd_dq': [
         {'config': (32, 32, 8, 2), 'shared': 67584, 'regs': 184, 'stack': 0, 'fits': True},
@@ -216,11 +215,10 @@ FITS: dict[str, list[dict]] = {
     ],
     'sm_90/v1/d128/bwd_dkdv': [
         {'config': (64, 16, 8, 2), 'shared': 84992, 'regs': 216, 'stack': 0, 'fits': True},
-        {'config': (32, 64, 8, 2), 'shared': 131584, 'regs': 255, 'stack': 488, 'fits': False},
-        {'config': (64, 64, 8, 2), 'shared': 197632, 'regs': 255, 'stack': 1024, 'fits': False},
-        {'config': (16, 64, 4, 2), 'shared': 98560, 'regs': 255, 'stack': 920, 'fits': False},
-        {'config': (32, 32, 4, 2), 'shared': 68096, 'regs': 255, 'stack': 416, 'fits': False},
-        {'config': (16, 128, 8, 2), 'shared': 164096, 'regs': 255, 'stack': 816, 'fits': False},
+        {'config': (32, 32, 8, 2), 'shared': 68096, 'regs': 236, 'stack': 0, 'fits': True},
+        {'config': (64, 32, 8, 2), 'shared': 103424, 'regs': 255, 'stack': 72, 'fits': True},
+        {'config': (64, 16, 8, 3), 'shared': 151552, 'regs': 255, 'stack': 32, 'fits': True},
+        {'config': (32, 16, 8, 2), 'shared': 50688, 'regs': 174, 'stack': 0, 'fits': True},
     ],
     'sm_90/v1/d128/bwd_dq': [
         {'config': (32, 32, 8, 2), 'shared': 67584, 'regs': 168, 'stack': 0, 'fits': True},

@@ -51,6 +51,10 @@ MAX_SPILL_BYTES = 128
 # so DIFF V1's forward at d 128 also gets candidates that split its 256 value columns into two programs of 128
 # (block_dv, the 5th entry): each recomputes both maps' scores (the forward's matmul work grows by a third) and holds
 # the accumulators of V1 per_head, whose 64 x 64 and 128 x 64 tiles fit sm_90 (and 64 x 64 x 3 stages sm_80).
+# DIFF V1's dK/dV kernel at d 128 holds three float32 accumulators per key row, dk1 and dk2 (d wide) and dv (dv =
+# 256 wide): 512 floats, twice d128's. Its first grid (block_n 64 and 128, the d128 sizes) spilled 300-1500 bytes
+# per thread on both GPUs, so only the default (64, 16, 8, 2) fitted and the tuner had nothing to measure (gpu-check
+# on an H100, 2026-11-26: "measured": 0). These block_n 16-32 tiles at 8 warps fit sm_80 and sm_90 (triton_fits.py).
 CANDIDATES_16BIT: dict[str, dict[str, tuple[Config, ...]]] = {
     "d64": {
         "fwd": ((128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3)),
@@ -67,7 +71,7 @@ CANDIDATES_16BIT: dict[str, dict[str, tuple[Config, ...]]] = {
     "d128v256": {
         "fwd": ((128, 32, 16, 2), (64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (32, 64, 4, 2),
                 (128, 64, 8, 2, 128), (64, 64, 4, 2, 128), (64, 64, 8, 3, 128)),
-        "bwd_dkdv": ((32, 64, 8, 2), (64, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2), (16, 128, 8, 2)),
+        "bwd_dkdv": ((32, 32, 8, 2), (64, 32, 8, 2), (64, 16, 8, 3), (32, 16, 8, 2)),
         "bwd_dq": ((64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 8, 3), (128, 32, 16, 2)),
         "decode": ((0, 32, 4, 2), (0, 64, 4, 4), (0, 128, 4, 3), (0, 64, 8, 3), (0, 128, 8, 2)),
     },
