@@ -1,11 +1,13 @@
 """The DIFF V1 loss diagnostic (DIAGNOSTIC.md beside this file, read side by side with it).
 
-"Arms": DIFF V1 with one ``ModelConfig`` change each (``ARMS``), trained as the sweep's jobs at its primary width;
-the baseline's and DIFF V1's runs are the reference sweep's, read from its journal (``reference``), and one DIFF V1
-job (``RERUN``) is run again to show that they reproduce. "Learning rates, seeds, the choice": the sweep's own
-``analysis.lr_choice`` with the arm as the variant. "Endpoints and statistics": ``assess`` (D, C, share, reading).
-"The implementation checked once more": ``v1_scales`` (per layer: lambda, lambda_init, head-output RMS before and
-after the norm and the multiplier), recorded by every arm's job.
+"Arms": DIFF V1 with one ``ModelConfig`` change each (``ARMS``), trained as the sweep's jobs at its primary width.
+The baseline's and DIFF V1's lr choices are the reference sweep's, read from its journal (``reference``); their runs
+at those lrs are run again here (``RERUNS``; "Deviations": another machine's runs round differently), so every
+comparison is between runs of one machine, and the reference's own runs give a sensitivity row.
+"Learning rates, seeds, the choice": the sweep's own ``analysis.lr_choice`` with the arm as the variant.
+"Endpoints and statistics": ``assess`` (D, C, share, reading). "The implementation checked once more":
+``v1_scales`` (per layer: lambda, lambda_init, head-output RMS before and after the norm and the multiplier),
+recorded by every DIFF V1 job; ``rerun_check``.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "lambda_08": {"lambda_init": 0.8},
     "lambda_05": {"lambda_init": 0.5},
 }
-RERUN = "diff_v1_rerun"  # DIFF V1 unchanged, seed 5000 at the reference's chosen lr: the reuse check
 BASE, V1 = "baseline", "diff_v1"
+# The baseline and DIFF V1 unchanged, at the reference's chosen lrs on every seed, run here ("Deviations").
+RERUNS = {"baseline_rerun": BASE, "diff_v1_rerun": V1}
 READINGS = ("closes the gap", "closes part of the gap", "no detectable effect", "widens the gap", "inconclusive")
 
 
@@ -96,20 +99,21 @@ def v1_scales(model, x) -> dict[str, Any]:
 
 def run_arm_job(cfg_d: dict, data_dir: str, width: int, arm: str, seed: int, lr: float,
                 device: str = "cpu") -> dict[str, Any]:
-    """One job: DIFF V1 with ``ARMS[arm]`` (none for ``RERUN``) trained and measured as a sweep job, plus
-    ``v1_scales``."""
+    """One job: DIFF V1 with ``ARMS[arm]`` (or a rerun's variant unchanged) trained and measured as a sweep job,
+    plus ``v1_scales`` for every DIFF V1 model."""
     from .job import _run
-    overrides = {} if arm == RERUN else ARMS[arm]
-    out = _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, V1, seed, lr, device, model_overrides=overrides,
-               measure=v1_scales)
+    variant = RERUNS.get(arm, V1)
+    out = _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, variant, seed, lr, device,
+               model_overrides=ARMS.get(arm, {}), measure=v1_scales if variant == V1 else None)
     out["arm"] = arm
     return out
 
 
-def needed_jobs(cfg: LMSweepConfig, width: int, rerun: Job, done: dict[Job, dict[str, Any]],
+def needed_jobs(cfg: LMSweepConfig, width: int, reruns: list[Job], done: dict[Job, dict[str, Any]],
                 cap: float) -> tuple[list[Job], bool]:
-    """The rerun, then each arm's grid on every seed, widened as the sweep's rule says; final when every choice is."""
-    jobs, final = [rerun], True
+    """The reruns, then each arm's grid on every seed, widened as the sweep's rule says; final when every choice
+    is."""
+    jobs, final = list(reruns), True
     for arm in ARMS:
         c = lr_choice(cfg, width, arm, done, cap)
         jobs += [Job(width, arm, s, lr) for lr in c.grid for s in cfg.test_seeds]
@@ -135,7 +139,8 @@ def _interval(x: dict[str, Any]) -> dict[str, Any]:
 def assess(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], arms: dict[Job, dict[str, Any]],
            cap: float) -> dict[str, Any]:
     """Per arm: its lr choice, D (arm - baseline), C (arm - DIFF V1), the share closed, the reading, and the
-    seed-mean per-layer scales at the chosen lr; the baseline's and DIFF V1's choices and D."""
+    seed-mean per-layer scales at the chosen lr, from the reruns (``RERUNS``), and the same from the reference's own
+    runs (``*_reference``, the sensitivity row); the baseline's and DIFF V1's choices and D."""
     def loss(r: dict[str, Any]) -> float:
         return loss_of(r, "test_loss", cap)
 
@@ -145,20 +150,31 @@ def assess(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], arms:
         scores = lr_scores([done[Job(width, name, s, lr)] for lr in c.grid for s in cfg.test_seeds], cap)
         return {"lr": c.lr, "grid": scores, "widened": c.widened, "unresolved_edge": unresolved_edge(cfg, c)}, runs
 
+    def rerun(name: str, lr: float) -> list[dict[str, Any]]:
+        return [arms[Job(width, name, s, lr)] for s in cfg.test_seeds]
+
     out: dict[str, Any] = {}
-    info_b, base = chosen(ref, BASE)
-    info_v, v1 = chosen(ref, V1)
-    d_v1 = _compare(base, v1, loss)
-    out[BASE] = {**info_b, "test_loss": [loss(r) for r in base]}
-    out[V1] = {**info_v, "test_loss": [loss(r) for r in v1], "D": _interval(d_v1)}
+    info_b, base_ref = chosen(ref, BASE)
+    info_v, v1_ref = chosen(ref, V1)
+    base, v1 = rerun("baseline_rerun", info_b["lr"]), rerun("diff_v1_rerun", info_v["lr"])
+    d_v1, d_v1_ref = _compare(base, v1, loss), _compare(base_ref, v1_ref, loss)
+    out[BASE] = {**info_b, "params_non_embedding": base[0]["params_non_embedding"],
+                 "test_loss": [loss(r) for r in base], "test_loss_reference": [loss(r) for r in base_ref]}
+    out[V1] = {**info_v, "params_non_embedding": v1[0]["params_non_embedding"], "test_loss": [loss(r) for r in v1],
+               "test_loss_reference": [loss(r) for r in v1_ref], "D": _interval(d_v1),
+               "D_reference": _interval(d_v1_ref), "v1_scales": mean_scales(v1)}
     for arm in ARMS:
         info, runs = chosen(arms, arm)
         d, c = _compare(base, runs, loss), _compare(v1, runs, loss)
+        d_ref, c_ref = _compare(base_ref, runs, loss), _compare(v1_ref, runs, loss)
         bad = not all(passed(r) for r in base + v1 + runs)
+        bad_ref = not all(passed(r) for r in base_ref + v1_ref + runs)
         out[arm] = {**info, "overrides": ARMS[arm], "params_non_embedding": runs[0]["params_non_embedding"],
                     "test_loss": [loss(r) for r in runs], "D": _interval(d), "C": _interval(c),
                     "share_closed": (-c["estimate"] / d_v1["estimate"]) if d_v1["estimate"] else None,
-                    "reading": reading(d, c, bad), "v1_scales": mean_scales(runs)}
+                    "reading": reading(d, c, bad), "v1_scales": mean_scales(runs),
+                    "D_reference": _interval(d_ref), "C_reference": _interval(c_ref),
+                    "reading_reference": reading(d_ref, c_ref, bad_ref)}
     return out
 
 
@@ -179,15 +195,21 @@ def mean_scales(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def rerun_check(ref: dict[Job, dict[str, Any]], rerun: Job, got: dict[str, Any]) -> dict[str, Any]:
-    want = ref[Job(rerun.width, V1, rerun.seed, rerun.lr)]
-    same_cpu = want.get("cpu_capability") == got.get("cpu_capability")
-    equal = want["test_loss"] == got["test_loss"]
-    return {"job": list(rerun), "reference_test_loss": want["test_loss"], "rerun_test_loss": got["test_loss"],
-            "difference": None if got["test_loss"] is None else got["test_loss"] - want["test_loss"],
-            "bitwise_equal": equal, "same_cpu_capability": same_cpu,
-            "verdict": ("reproduced bit for bit" if equal else "NOT reproduced on the same CPU code path" if same_cpu
-                        else "another CPU code path: the difference is reported, not judged")}
+def rerun_check(ref: dict[Job, dict[str, Any]], reruns: list[Job], done: dict[Job, dict[str, Any]]) -> dict[str, Any]:
+    """Each rerun's test-half loss against the reference's run of the same job: how many are bitwise equal, the
+    differences (another machine rounds differently: DIAGNOSTIC.md "Deviations")."""
+    rows = []
+    for j in reruns:
+        want, got = ref[Job(j.width, RERUNS[j.variant], j.seed, j.lr)], done[j]
+        rows.append({"job": list(j), "reference_test_loss": want["test_loss"], "rerun_test_loss": got["test_loss"],
+                     "difference": None if None in (got["test_loss"], want["test_loss"])
+                     else got["test_loss"] - want["test_loss"], "bitwise_equal": want["test_loss"] == got["test_loss"],
+                     "cpu_capability": [want.get("cpu_capability"), got.get("cpu_capability")]})
+    diffs = [abs(r["difference"]) for r in rows if r["difference"] is not None]
+    equal = sum(r["bitwise_equal"] for r in rows)
+    return {"runs": rows, "bitwise_equal": equal, "of": len(rows), "largest_difference": max(diffs, default=None),
+            "verdict": "reproduced bit for bit" if equal == len(rows) else
+            f"{len(rows) - equal} of {len(rows)} differ from the reference (largest {max(diffs, default=0):.4f} nats)"}
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -209,16 +231,17 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
             raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
                              f"({fp_here}); the reused runs would not be comparable")
         cap = cap_of(vocab)
-        v1_lr = lr_choice(cfg, width, V1, ref, cap).lr
-        if v1_lr is None or lr_choice(cfg, width, BASE, ref, cap).lr is None:
+        base_lr, v1_lr = lr_choice(cfg, width, BASE, ref, cap).lr, lr_choice(cfg, width, V1, ref, cap).lr
+        if base_lr is None or v1_lr is None:
             raise ValueError(f"--reference {ref_dir}: the baseline's or DIFF V1's lr choice at d_model {width} is "
                              "not finished there")
-        rerun = Job(width, RERUN, cfg.seed_base, v1_lr)
+        reruns = [Job(width, name, s, lr) for name, lr in (("baseline_rerun", base_lr), ("diff_v1_rerun", v1_lr))
+                  for s in cfg.test_seeds]
         dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
         header = {"benchmark": "DIFF V1 diagnostic", "version": VERSION, "config": cfg_d, "data": fp,
                   "width": width}
         spec: JobSpec[Job] = JobSpec(
-            needed=lambda d: needed_jobs(cfg, width, rerun, d, cap), run=run_arm_job,
+            needed=lambda d: needed_jobs(cfg, width, reruns, d, cap), run=run_arm_job,
             args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev),
             key=lambda j: job_key({"diagnostic_version": VERSION, "config": cfg_d, "data": fp, "job": list(j),
                                    "overrides": ARMS.get(j.variant, {}), **device_key(dev)}),
@@ -228,7 +251,7 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
         ex.close()
     res: dict[str, Any] = {"benchmark": "v1_diagnostic", "version": VERSION, "width": width, "reference": str(ref_dir),
                            "config": cfg.to_dict(), "arms": assess(cfg, width, ref, done, cap),
-                           "rerun": rerun_check(ref, rerun, done[rerun])}
+                           "rerun": rerun_check(ref, reruns, done)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
     atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
@@ -277,6 +300,7 @@ def format_diagnostic(res: dict[str, Any]) -> str:
         share = "" if x["share_closed"] is None else f", share closed {x['share_closed']:+.0%}"
         edge = ", unresolved edge" if x["unresolved_edge"] else ""
         lines.append(f"  {arm:10s} lr {x['lr']:g}{edge}: D {iv(x['D'])}, C {iv(x['C'])}{share}: {x['reading']}")
-    r = res["rerun"]
-    lines.append(f"  reuse check ({r['job']}): {r['verdict']} (difference {r['difference']})")
+    lines.append(f"  the reruns against the reference's runs: {res['rerun']['verdict']}")
+    lines.append(f"  sensitivity, with the reference's own baseline and DIFF V1 runs: DIFF V1 D "
+                 f"{iv(a[V1]['D_reference'])}; " + "; ".join(f"{arm} {a[arm]['reading_reference']}" for arm in ARMS))
     return "\n".join(lines)
