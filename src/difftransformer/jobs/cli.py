@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "results differ from CPU ones and are journaled apart (the device and precision are part "
                         "of the job's key)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
-                   help="no job starts SECONDS after the command started; the running ones finish and are "
+                   help="no job starts later than SECONDS after the command started; the running ones finish and are "
                         "journaled, then the command prints 'incomplete: rerun the same command to resume' and exits "
                         f"with code {EXIT_TIME_LIMIT} (for a machine held for a fixed time: leave the longest job's "
                         f"time to spare). A job that fails does not stop the others: exit code {EXIT_FAILED}, "
