@@ -9,7 +9,8 @@ from difftransformer.cli import main
 
 def test_demo_trains_three_variants_then_reuses_them(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["demo", "--config", "tiny", "--steps", "4", "--out", str(out), "--no-report", "--no-progress", "--no-retrieval"]
+    argv = ["demo", "--config", "tiny", "--steps", "4", "--out", str(out), "--no-report", "--no-progress",
+            "--no-retrieval"]
     assert main(argv) == 0
     first = capsys.readouterr().out
     for kind in ("baseline", "diff_v1", "diff_v2"):
@@ -25,7 +26,8 @@ def test_demo_trains_three_variants_then_reuses_them(tmp_path, capsys):
     again = capsys.readouterr().out
     assert again.count("reused") == 3
     # A complete run from other options (here another preset) is refused, not silently reported as this one.
-    assert main(["demo", "--config", "demo", "--steps", "4", "--out", str(out), "--no-report", "--no-progress", "--no-retrieval"]) == 2
+    assert main(["demo", "--config", "demo", "--steps", "4", "--out", str(out), "--no-report", "--no-progress",
+                 "--no-retrieval"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "other model or data options" in err[0]
 
@@ -65,3 +67,34 @@ def test_demo_from_a_pretrained_model_continues_it_three_ways(tmp_path, capsys):
     assert DiffTransformerLM.from_pretrained(rundir.resolve_checkpoint(out / "baseline")).cfg.attention == "baseline"
     assert main(["demo", "--init-from", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_the_page_opens_with_what_ran_in_its_order():
+    """The demo's preface: the studies in the order the page shows them (nothing "above" that comes below), the
+    committed sweep marked as not measured, a user's own sweep named, the language models' steps."""
+    from argparse import Namespace
+    from pathlib import Path
+
+    from difftransformer.demo import LM_STEPS, QUICK_STEPS, preface
+
+    args = Namespace(quick=False, seeds=1, init_from=None)
+    text = preface(args, "demo", LM_STEPS, Path("r/retrieval"), Path("r/lm-sweep-v2"), {"commit": "x"})
+    assert "above" not in text
+    order = [text.index(s) for s in ("retrieval benchmark, measured in this run", "not measured in this run",
+                                     f"{LM_STEPS} steps each")]
+    assert order == sorted(order) and "`difftransformer demo`" in text
+    own = preface(Namespace(quick=True, seeds=2, init_from=None), "demo", None, None, Path("runs/mine"), None)
+    assert "the one in runs/mine, run beforehand" in own and f"{QUICK_STEPS} steps each" in own
+    assert "--quick" in own and "retrieval" not in own and own.count("The language models") == 0
+
+
+def test_smoke_verdicts_print_one_line(tmp_path, capsys):
+    from difftransformer.demo import print_verdicts
+    from difftransformer.eval.report import HELD, SMOKE
+
+    row = {"variant": "diff_v1", "claim": "a claim", "why": "because"}
+    (tmp_path / "results.json").write_text(json.dumps({
+        "retrieval_verdicts": [{**row, "verdict": HELD}], "verdicts": [{**row, "verdict": SMOKE}] * 28}))
+    print_verdicts(tmp_path / "results.json")
+    out = capsys.readouterr().out
+    assert "held" in out and out.count(SMOKE) == 1 and "verdicts, language models: none (a smoke run" in out

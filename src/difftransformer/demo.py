@@ -8,7 +8,11 @@ model from the `demo` preset (or --config; only model.attention differs) on the 
 Bible with a share of synthetic multi-needle retrieval documents, tokenised once into OUT/data), 50 steps each by
 default (descriptive: what the 30-minute budget leaves), with a table of parameters, training tokens/s and final
 validation loss. Then every analysis of `difftransformer eval` on the three
-language models, and one HTML report (OUT/report/report.html) that leads with the retrieval benchmark.
+language models, and one HTML report (OUT/report/report.html) that leads with the retrieval benchmark, then shows
+the language-model sweep (Fig. 3): the repository's committed results of its protocol version 2
+(docs/results/lm-sweep-v2, about 100 minutes on 2 cores to measure), rebuilt from their journal into
+OUT/lm-sweep-v2 in seconds and marked on the page as not measured in this run (--lm-sweep DIR shows your own
+sweep instead), and folds the short-trained language models' analyses into one collapsed section.
 
 Runs already complete in OUT are reused and interrupted ones are resumed, so running the demo again continues
 where it stopped (the retrieval benchmark is reused when complete, rerun otherwise); delete OUT to start over.
@@ -196,11 +200,15 @@ def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: 
 
 def print_verdicts(results_json: Path) -> None:
     """The report's verdicts, retrieval benchmark first, one line each (the page has the measures and reasons)."""
+    from .eval.report import SMOKE
     from .fileio import read_json
 
     res = read_json(results_json)
     for title, rows in (("retrieval benchmark", res.get("retrieval_verdicts", [])), ("language models",
                                                                                      res["verdicts"])):
+        if rows and all(r["verdict"] == SMOKE for r in rows):  # one line, not a row per claim that says the same
+            print(f"\nverdicts, {title}: none (a smoke run: too few training steps to judge anything)")
+            continue
         if rows:
             print(f"\nverdicts, {title}:")
         for r in rows:
@@ -240,6 +248,7 @@ def _extras_needed(cfg, args: argparse.Namespace) -> tuple[list[str], list[str],
 
 def run(args: argparse.Namespace) -> int:
     from .eval.report import write_report
+    from .lmsweep.committed import committed_sweep
     from .rundir import SWEEP_RESULTS_NAME
 
     if args.seeds < 1:
@@ -278,21 +287,37 @@ def run(args: argparse.Namespace) -> int:
     if args.no_report:
         return 0
     lm_steps = args.steps or (LM_STEPS if config == "demo" and not args.quick and not source else None)
-    preface = ("Trained by `difftransformer demo`" + (" --quick (a smoke run: too few steps for any verdict to mean "
-                                                       "anything)" if args.quick else "") +
-               f": the `{config}` preset, {args.seeds} seed(s) per variant, all runs on the same tokens" +
-               (f"; every run continues the pretrained {args.init_from} (DIFF V1 and V2 from its conversions that "
-                "keep its function)." if source else ".") +
-               (f" The language models train {lm_steps} steps each at the preset's one learning rate and one seed: "
-                "their losses and analyses are descriptive (no verdict on loss; the retrieval benchmark above and "
-                "`difftransformer lm-sweep` are the pre-registered comparisons)." if lm_steps else ""))
+    sweep_dir, provenance = (args.lm_sweep, None) if args.lm_sweep else committed_sweep(out / "lm-sweep-v2")
     path = write_report(runs, out / "report", quick=args.quick or not args.full_eval, seed=0,
-                        progress=not args.no_progress, preface=preface, retrieval_dir=bench_dir,
-                        lm_sweep_dir=args.lm_sweep)
+                        progress=not args.no_progress, preface=preface(args, config, lm_steps, bench_dir, sweep_dir,
+                                                                       provenance),
+                        retrieval_dir=bench_dir, lm_sweep_dir=sweep_dir, lm_sweep_provenance=provenance)
     print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
     print_verdicts(path.parent / "results.json")
     print(f"report: {path.resolve()}")
     return 0
+
+
+def preface(args: argparse.Namespace, config: str, lm_steps: Optional[int], bench_dir: Optional[Path],
+            sweep_dir, provenance: Optional[dict]) -> str:
+    """The page's opening paragraph: what this demo ran and in which order the page shows it."""
+    quick = " --quick" if args.quick else ""
+    parts = [f"Made by `difftransformer demo{quick}`, in the order of this page."]
+    if bench_dir is not None:
+        parts.append("First the token-level retrieval benchmark, measured in this run"
+                     + (" (quick: a smoke run, its numbers mean nothing)." if args.quick else "."))
+    if sweep_dir is not None:
+        parts.append("Then the language-model sweep: " + ("the repository's committed results, rebuilt from their "
+                                                           "journal, not measured in this run." if provenance else
+                                                           f"the one in {sweep_dir}, run beforehand."))
+    models = (f"the `{config}` preset, {args.seeds} seed(s) per variant, all runs on the same tokens"
+              + (f", each continuing the pretrained {args.init_from} (DIFF V1 and V2 from its conversions that keep "
+                 "its function)" if args.init_from else ""))
+    if lm_steps or args.quick:
+        models += (f", {lm_steps or QUICK_STEPS} steps each at the preset's one learning rate: too few for a "
+                   "verdict, so their losses and analyses are descriptive")
+    parts.append(f"{'Last, the' if len(parts) > 1 else 'The'} language models trained here: {models}.")
+    return " ".join(parts)
 
 
 def register(sub) -> None:
@@ -321,7 +346,9 @@ def register(sub) -> None:
                    help="test seeds per variant of the retrieval benchmark (default 12; quick 2)")
     p.add_argument("--lm-sweep", default=None, metavar="DIR",
                    help="the output of `difftransformer lm-sweep` (run beforehand: about 100 minutes) to show on the "
-                        "page after the retrieval benchmark; the demo does not run the sweep")
+                        "page after the retrieval benchmark (default: the repository's committed version-2 results, "
+                        "rebuilt from their journal and marked as not measured in this run); the demo does not run "
+                        "the sweep")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="where the retrieval benchmark's jobs and the language models train; by default the "
                         "benchmark on the CPU (the README's numbers) and the models on the preset's train.device "

@@ -15,6 +15,7 @@ import subprocess
 from html.parser import HTMLParser
 
 import pytest
+from report_page import check_page
 
 from difftransformer.eval.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
 from difftransformer.eval.report.verdicts import verdicts
@@ -80,11 +81,12 @@ def test_report_renders_in_chromium(report, tmp_path):
     browser = chromium()
     args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run(args + ["--dump-dom", report.resolve().as_uri()], capture_output=True, text=True,
+    dom = subprocess.run([*args, "--dump-dom", report.resolve().as_uri()], capture_output=True, text=True,
                          timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = PageParts()
     page.feed(dom.stdout)
+    check_page(dom.stdout)  # every table under its heading, no Markdown backticks in the text
     assert page.tables >= 7 and page.rows >= 40, (page.tables, page.rows)
     for heading in ("Verdicts", "Multi-needle retrieval", "Attention noise", "NLL by position"):
         assert any(heading in h for h in page.headings), (heading, page.headings)
@@ -97,7 +99,7 @@ def test_report_renders_in_chromium(report, tmp_path):
         img = Image.open(io.BytesIO(base64.b64decode(m.group(1))))
         assert img.size[0] > 100 and img.size[1] > 100
     shot = tmp_path / "page.png"
-    r = subprocess.run(args + [f"--screenshot={shot}", "--window-size=1200,2400", report.resolve().as_uri()],
+    r = subprocess.run([*args, f"--screenshot={shot}", "--window-size=1200,2400", report.resolve().as_uri()],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and shot.stat().st_size > 10_000, r.stderr[-2000:]
 

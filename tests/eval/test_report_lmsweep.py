@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from report_page import check_page
+
 from difftransformer.eval.report import SMOKE, write_report
 from difftransformer.lmsweep.config import LMSweepConfig
 from difftransformer.lmsweep.sweep import run_lm_sweep, verdict_rows
 
+PROVENANCE = {"what": "a tiny sweep for this test", "commit": "abc1234", "date": "2026-01-02",
+              "machine": "the test's machine", "command": "difftransformer lm-sweep --out runs/tiny-sweep",
+              "timings": {"wall_s": 5400.0, "jobs": 16, "workers": 2}, "cpu_kernels": ["AVX2"], "folder": "x/y"}
+
 
 def test_report_shows_the_sweep_after_the_retrieval_slot_and_before_the_models(runs, tmp_path):
+    """The sweep's section after the retrieval slot; the short-trained language models after it, folded into one
+    collapsed section with no verdict table (a smoke run judges nothing); committed results say so first."""
     cfg = LMSweepConfig(widths=(16, 32), steps=6, warmup_steps=1, batch=2, seq_len=32, seeds=2, seed_base=5,
                         lr_grid=(4e-3, 8e-3), lr_widen=0, eval_every=3, outlier_windows=1,
                         variants=("baseline", "diff_v2"))
@@ -18,11 +27,52 @@ def test_report_shows_the_sweep_after_the_retrieval_slot_and_before_the_models(r
     assert {r[4] for r in rows} == {SMOKE}  # 6 steps: no verdict
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["timings"]["jobs"] == 16
     page = write_report([runs[v] for v in ("baseline", "diff_v1", "diff_v2")], tmp_path / "report", quick=True,
-                        progress=False, lm_sweep_dir=tmp_path / "sweep").read_text()
+                        progress=False, lm_sweep_dir=tmp_path / "sweep", lm_sweep_provenance=PROVENANCE,
+                        preface="Made by `difftransformer demo`.").read_text()
     i = page.index("Language-model sweep: loss against parameters")
-    assert i < page.index("<h2>Language models on the embedded corpus</h2>") < page.index("<h2>Models</h2>")
+    assert i < page.index("<b>Not measured in this run.</b>") < page.index("Pre-registered in the sweep")
+    assert "commit abc1234 on 2026-01-02" in page and "90 min on 2 worker" in page and "AVX2" in page
+    assert "<code>difftransformer lm-sweep --out runs/tiny-sweep</code>" in page
+    assert "Wall time 90 min for 16 jobs" in page  # the committed run's time, not the rebuild's
     assert "Fig. 3a parameter ratio" in page and "Fig. 3b token ratio" in page and "unigram floor" in page
     assert page.count("data:image/png;base64") >= 3 + 1  # the sweep's three plots and the page's own
+    folded = page.index("<details class='smoke'>")
+    assert i < page.index("10 training steps each (a smoke run)") < folded < page.index("<h3>Models</h3>")
+    # no verdict table of the models' 28 "smoke run" rows (the tiny sweep's own rows are smoke runs too)
+    assert "<h2>Verdicts</h2>" not in page and "more accurate many-shot in-context learning" not in page
+    assert "<code>difftransformer demo</code>" in page
+    check_page(page)
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert results["lm_sweep_provenance"]["commit"] == "abc1234"
+
+
+def test_the_committed_sweep_is_rebuilt_not_trained(tmp_path):
+    """The demo's default sweep: the committed journal rebuilt by this code (no job trained), its section opened
+    by where the numbers come from; a journal whose keys this code does not compute is refused before anything
+    runs, never trained again."""
+    import shutil
+
+    from difftransformer.lmsweep import committed
+    from difftransformer.eval.report.lmsweep import section
+    from difftransformer.lmsweep.sweep import JOURNAL
+
+    prov = committed.rebuild(tmp_path / "sweep")
+    rebuilt = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert rebuilt["timings"]["jobs_run"] == 0 and prov["timings"]["jobs_run"] == rebuilt["timings"]["jobs"] == 160
+    assert prov["commit"] == "028510b" and prov["cpu_kernels"] == ["AVX512"]
+    assert all((tmp_path / "sweep" / f"lm-sweep-{k}.png").is_file() for k in ("params", "tokens", "lr"))
+    page = section(rebuilt, tmp_path / "sweep", lambda head, rows, **kw: repr(rows), lambda *a: "", lambda s: s,
+                   prov)
+    assert "Not measured in this run" in page and "commit 028510b on 2026-11-26" in page
+    assert "99 min on 2 worker" in page and "Wall time 99 min for 160 jobs" in page
+    bad = tmp_path / "bad"
+    shutil.copytree(committed.RESULTS, bad)
+    lines = (bad / JOURNAL).read_text().splitlines(keepends=True)
+    lines[5] = lines[5].replace('"key": "', '"key": "0', 1)
+    (bad / JOURNAL).write_text("".join(lines))
+    with pytest.raises(ValueError, match="keys this code does not compute"):
+        committed.rebuild(tmp_path / "again", bad)
+    assert not (tmp_path / "again" / "sweep.json").exists()
 
 
 def test_not_measurable_reaches_the_text_and_the_page(tmp_path):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+from report_page import check_page
+
 from difftransformer.eval.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
-from difftransformer.eval.report.retrieval import failures, section, sensitivity_table
+from difftransformer.eval.report.retrieval import TABLES, failures, section, sensitivity_table
 from difftransformer.retrieval.statistics import verdicts as retrieval_verdicts
 from difftransformer.retrieval.statistics import verdicts_by_policy
 
@@ -43,9 +45,10 @@ def _results(base: list[float], diff: list[float], quick: bool = False, base_ans
     grid = [{"lr": 2e-3, "val_accuracy": 0.8, "val_loss": 0.5, "min_training_distribution": 0.99, "seeds": [100]}]
     res = {"quick": quick, "chance": 1 / 16, "config": cfg, "matched_lr": 2e-3,
             "conditions": [{"name": PRIMARY, "pairs": 32, "context": 32}, {"name": EXTRA, "pairs": 16, "context": 128}],
-            "variants": {"baseline": {"params": 1000, "tuned_lr": 2e-3, "widened": [], "at_edge": False, "lr_grid": grid,
-                                      "runs": b, "matched_runs": b, "tuning_runs": []},
-                         "diff_v1": {"params": 1000, "tuned_lr": 4e-3, "widened": [], "at_edge": False, "lr_grid": grid,
+            "variants": {"baseline": {"params": 1000, "tuned_lr": 2e-3, "widened": [], "at_edge": False,
+                                      "lr_grid": grid, "runs": b, "matched_runs": b, "tuning_runs": []},
+                         "diff_v1": {"params": 1000, "tuned_lr": 4e-3, "widened": [], "at_edge": False,
+                                     "lr_grid": grid,
                                      "runs": d, "matched_runs": md, "tuning_runs": []}}}
     if base_lr is not None:  # a version-3 results.json: the lr-robustness endpoint's per-seed values
         for v, accs in (("baseline", base_lr), ("diff_v1", diff_lr)):
@@ -99,7 +102,7 @@ def test_noise_chance_and_smoke_are_not_coloured():
 def test_sensitivity_rows_can_disagree_and_say_so():
     r = _results(B8, D8, matched_diff=B8)  # DIFF ahead only at its own lr
     assert _verdicts(r)["acc"] == HELD and _verdicts(r, "matched_runs")["acc"] == INCONCLUSIVE
-    head, rows = sensitivity_table(r)
+    _head, rows = sensitivity_table(r)
     acc_row = next(x for x in rows if x[0] == CLAIM["acc"])
     assert acc_row[-1] == "NO" and acc_row[2].startswith(HELD)
     agree = sensitivity_table(_results(B8, D8))[1]
@@ -107,7 +110,7 @@ def test_sensitivity_rows_can_disagree_and_say_so():
 
 
 def test_failures_counted_and_dropped_in_the_sensitivity_row():
-    r = _results(B8, D8[:6] + [0.1, 0.1], diff_failed=(6, 7))
+    r = _results(B8, [*D8[:6], 0.1, 0.1], diff_failed=(6, 7))
     f = failures(r)
     assert f["diff_v1"]["tuned"] == [6, 7] and f["baseline"]["tuned"] == []
     kept = retrieval_verdicts(r, "no_failures")
@@ -130,18 +133,82 @@ def test_report_leads_with_a_real_benchmark(runs, tmp_path):
 
     cfg = RetrievalConfig(d_model=16, n_heads=2, n_layers=1, steps=3, batch=4, warmup=1, seeds=1, lr_grid=(1e-3,),
                           cpu_code_path="machine", eval_contexts=2, val_contexts=2, train_pairs=(2, 3),
-                          train_context=(4, 6), queries=2, conditions=(Condition("p3c6", 3, 6), Condition("p3c9", 3, 9)),
+                          train_context=(4, 6), queries=2,
+                          conditions=(Condition("p3c6", 3, 6), Condition("p3c9", 3, 9)),
                           primary="p3c6", extrapolation="p3c9", quant_bits=(4,))
     run_benchmark(cfg, tmp_path / "bench", workers=1, progress=False)
     page = write_report([runs[v] for v in ("baseline", "diff_v1", "diff_v2")], tmp_path / "report", quick=True,
                         progress=False, retrieval_dir=tmp_path / "bench").read_text()
-    assert page.index("Retrieval among distractors") < page.index("<h2>Models</h2>")
+    # the smoke-run language models come after it, folded: no verdict table of their own
+    assert page.index("Retrieval among distractors") < page.index("<details class='smoke'>")
+    assert page.index("<details class='smoke'>") < page.index("<h3>Models</h3>")
     from difftransformer.retrieval.benchmark import protocol_deviations
     assert ("Deviations from the protocol:</p><ul class='note'><li>2026-11-25" in page) == bool(protocol_deviations())
     rows = json.loads((tmp_path / "report" / "results.json").read_text())["retrieval_verdicts"]
     assert {(r["claim"], r["variant"]) for r in rows} >= {(CLAIM["acc"], "diff_v2")}
     assert {r["verdict"] for r in rows} == {SMOKE}  # 3 training steps
-    # the multiplicity note counts every verdict on the page, the benchmark's included (the sensitivity rows not)
-    lm_rows = json.loads((tmp_path / "report" / "results.json").read_text())["verdicts"]
-    assert f"makes {len(rows) + len(lm_rows)} verdicts" in page
-    assert f"({len(rows)} of them in the retrieval benchmark above, {len(lm_rows)} here.)" in page
+    assert "makes" not in page  # smoke rows judge nothing: no multiplicity note counts them
+    for title, _ in TABLES:  # every table of the section under its heading
+        assert f"<h3>{title}</h3><table>" in page
+    assert "p3c9 (extrapolation; longer than trained)" in page
+    check_page(page)
+
+
+def test_multiplicity_note_counts_verdicts_not_smoke_rows():
+    """The note counts the retrieval benchmark's verdicts and the language models', never a smoke run's rows; it
+    says how many are the benchmark's unless the models' part is folded (then it sits under the benchmark)."""
+    from difftransformer.eval.report.html import multiplicity_note
+    from difftransformer.eval.report.verdicts import verdicts
+    from difftransformer.eval.stats import smoke_run, verdict_row
+
+    rrows = retrieval_verdicts(_results(B8, D8))
+    smoke = [verdict_row("a claim", "Fig. 1", "diff_v1", "a measure", smoke_run(10))] * 3
+    assert "makes 4 verdicts" in multiplicity_note(rrows, smoke, True)
+    assert "of them in" not in multiplicity_note(rrows, smoke, True)
+    assert multiplicity_note([], smoke, False) == ""
+    lm = verdicts(_fake_lm_runs())
+    note = multiplicity_note(rrows, lm, False)
+    assert f"makes {4 + len(lm)} verdicts" in note
+    assert f"(4 of them in the retrieval benchmark above, {len(lm)} here.)" in note
+
+
+def _fake_lm_runs() -> list:
+    from types import SimpleNamespace
+
+    from difftransformer.eval.report.results import RunResults
+    return [RunResults(SimpleNamespace(attention=v, seed=s, label=f"{v} {s}"),
+                       {"step": [500], "final_val_loss": 3.5 - 0.1 * (v == "diff_v1") + 0.01 * s, "spikes": [],
+                        "grad_norm_max": 1.0}) for v in ("baseline", "diff_v1") for s in range(3)]
+
+
+def test_one_number_format_and_layers_named():
+    """Integers with separators, decimals to 3 places everywhere (an interval's ends too), no Markdown backticks
+    left in a cell, and the attention table names each layer."""
+    from difftransformer.eval.report.html import _fmt, table
+    from difftransformer.eval.report.retrieval import _interval, shares_table
+
+    assert _fmt(189888) == "189,888" and _fmt(5.06) == "5.060" and _fmt(5.024) == "5.024"
+    assert _fmt(1688.3) == "1,688" and _fmt(0.0) == "0.000" and _fmt(1.5e-5) == "1.50e-05" and _fmt(True) == "yes"
+    assert _interval([1.0, 1.0], 1024) == "1.000 [1.000, 1.000]"
+    assert "<code>x</code>" in table(["a"], [["run `x` now"]]) and "`" not in table(["a"], [["run `x` now"]])
+    head, rows = shares_table(_results(B8, D8))
+    assert head[-2:] == ["layer 0: best head's answer share", "layer 1: best head's answer share"]
+    assert all(len(r) == len(head) for r in rows)
+
+
+def test_accuracy_plots_show_whole_error_bars_and_name_chance(tmp_path, monkeypatch):
+    """Accuracy vs lr: an error bar above 1 is drawn whole (the axis grows), and the chance line is in the legend."""
+    from difftransformer.retrieval import plots
+
+    saved = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.setdefault("fig", fig))
+    r = _results(B8, D8)
+    for v, x in r["variants"].items():
+        x["grid_runs"] = [{**run, "lr": lr, "conditions": {PRIMARY: {"accuracy": acc}}}
+                          for lr in (2e-3, 4e-3) for run, acc in zip(x["runs"], [0.8, 1.0] * 4 if v == "diff_v1"
+                                                                     else [0.5] * 8)]
+    plots.plot_accuracy_vs_lr(r, tmp_path / "lr.png")
+    ax = saved["fig"].axes[0]
+    top = 0.9 + __import__("statistics").stdev([0.8, 1.0] * 4)  # diff_v1's bar: mean 0.9 + sd 0.107
+    assert ax.get_ylim()[1] > top > 1.0
+    assert "chance" in [t.get_text() for t in ax.get_legend().get_texts()]

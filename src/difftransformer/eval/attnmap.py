@@ -171,13 +171,23 @@ def _plain(text: str) -> str:
     return text.replace("$", r"\$").replace("\n", "\\n")
 
 
+def _shares(row: Sequence[float], t0: int, t1: int, ce: int) -> tuple[float, float]:
+    """The noise analysis's answer and noise shares (``noise.py``) of one row, so that "noise" on the report means
+    one thing: the answer span's signed mass and the rest of the context's |mass|, each over the context's |mass|."""
+    context = sum(abs(v) for v in row[:ce]) or 1.0
+    return sum(row[t0:t1]) / context, (context - sum(abs(v) for v in row[t0:t1])) / context
+
+
 def plot_attnmap(result: dict[str, Any], path) -> None:
     """One strip per model: the normalised attention score of every key, target span shaded, questions greyed."""
     plt = pyplot()
     maps, K = result["maps"], result["n_keys"]
     t0, t1 = result["target"]
     ce = result["context_end"]
-    fig, axes = plt.subplots(len(maps), 1, figsize=(min(24.0, max(8.0, 0.12 * K)), 2.0 * len(maps) + 1.2),
+    # 0.12 in per key where each key's token is written under it; a long context has no token labels and fits the
+    # report's column (10 in at 110 dpi), so its labels are not shrunk when the page shows it
+    width = min(24.0, max(8.0, 0.12 * K)) if K <= 200 else 10.0
+    fig, axes = plt.subplots(len(maps), 1, figsize=(width, 2.0 * len(maps) + 1.2),
                              sharex=True, squeeze=False, layout="constrained")
     lo = min(0.0, min(min(m["normalized_row"]) for m in maps))
     hi = max(max(m["normalized_row"]) for m in maps)
@@ -193,15 +203,16 @@ def plot_attnmap(result: dict[str, Any], path) -> None:
         ax.set_ylabel("score", fontsize=10)
         ax.tick_params(axis="y", labelsize=9)
         # short titles: the page shows the figure scaled down; the map and the averaging are in the text output
-        ax.set_title(_plain(f"{m['label']}: answer {m['answer_score']:.2f}, noise {m['noise_score']:.2f}"),
+        answer, noise = _shares(row, t0, t1, ce)
+        ax.set_title(_plain(f"{m['label']}: answer share {answer:.2f}, noise share {noise:.2f}"),
                      fontsize=12, loc="left")
     axes[0, 0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=9, frameon=False)
     bottom = axes[-1, 0]
     if K <= 200:
         bottom.set_xticks(range(K), [_plain(t) for t in result["tokens"]], rotation=90, fontsize=7)
     bottom.set_xlabel("key (token)", fontsize=10)
-    fig.suptitle(_plain(f"answering query's attention (answer {result['answer'].strip()!r}; uniform: "
-                        f"{result['uniform_answer_score']:.2f})"), fontsize=13)
+    fig.suptitle(_plain(f"answering query's attention (answer {result['answer'].strip()!r}; uniform attention's "
+                        f"answer share {(t1 - t0) / ce:.2f})"), fontsize=13)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -22,6 +22,11 @@ def _acc(results, v, cond):
     return _ms(r["conditions"][cond]["accuracy"] for r in results["variants"][v]["runs"])
 
 
+def _accuracy_axis(ax, bars: list[tuple[float, float]]) -> None:
+    """An accuracy axis from 0 to just above 1, or above the highest mean + sd, so that no error bar is cut."""
+    ax.set_ylim(0, max([1.02] + [m + s + 0.03 for m, s in bars]))
+
+
 def _save(fig, path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -64,14 +69,16 @@ def plot_accuracy_vs_difficulty(results: dict[str, Any], path) -> Path:
     """Accuracy per condition (ordered by sequence length), mean +- seed sd, chance dashed."""
     conds = sorted(results["conditions"], key=lambda c: (c["context"], c["pairs"], c["name"]))
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(conds)), 3.6))
+    bars = []
     for k, v in enumerate(results["variants"]):
         ms = [_acc(results, v, c["name"]) for c in conds]
+        bars += ms
         ax.errorbar([i + 0.08 * (k - 1) for i in range(len(conds))], [m for m, _ in ms], yerr=[s for _, s in ms],
                     marker="o", capsize=3, label=label(v), color=color(v))
     ax.axhline(results["chance"], ls="--", color="k", lw=0.8, label="chance")
     ax.set_xticks(range(len(conds)), [c["name"] for c in conds], rotation=45, fontsize=8)
     ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1.02)
+    _accuracy_axis(ax, bars)
     ax.set_title(f"key-value retrieval; primary endpoint: {results['primary_endpoint']['condition']}", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -107,15 +114,17 @@ def plot_quantization(results: dict[str, Any], path) -> Path:
     cond = results["primary_endpoint"]["condition"]
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     rows: list = []
+    bars = []
     for v in results["variants"]:
         runs = results["variants"][v]["runs"]
         rows = runs[0]["quantized"][cond]
         ms = [_ms(r["quantized"][cond][i]["accuracy"] for r in runs) for i in range(len(rows))]
+        bars += ms
         ax.errorbar(range(len(rows)), [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3,
                     label=label(v), color=color(v))
     ax.set_xticks(range(len(rows)), ["full" if r["bits"] is None else f"{r['bits']}b" for r in rows])
-    ax.axhline(results["chance"], ls="--", color="k", lw=0.8)
-    ax.set_ylim(0, 1.02)
+    ax.axhline(results["chance"], ls="--", color="k", lw=0.8, label="chance")
+    _accuracy_axis(ax, bars)
     ax.set_title(f"quantised attention logits, {cond}", fontsize=9)
     ax.set_ylabel("accuracy")
     ax.legend(fontsize=8)
@@ -156,19 +165,21 @@ def plot_accuracy_vs_lr(results: dict[str, Any], path) -> Path:
     circled; the training-distribution accuracy dashed."""
     prim = results["config"]["primary"]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    bars = []
     for v, x in results["variants"].items():
         lrs = sorted({r["lr"] for r in x["grid_runs"]})
         acc = [_ms(r["conditions"][prim]["accuracy"] for r in x["grid_runs"] if r["lr"] == lr) for lr in lrs]
+        bars += acc
         dist = [_ms(r["training_distribution"]["accuracy"] for r in x["grid_runs"] if r["lr"] == lr)[0] for lr in lrs]
         ax.errorbar(lrs, [m for m, _ in acc], yerr=[sd for _, sd in acc], marker="o", capsize=3, color=color(v),
                     label=f"{label(v)} at {prim}")
         ax.plot(lrs, dist, ls="--", lw=0.8, color=color(v))
         ax.scatter([x["tuned_lr"]], [acc[lrs.index(x["tuned_lr"])][0]], s=140, facecolors="none", edgecolors=color(v))
-    ax.axhline(results["chance"], color="k", ls=":", lw=0.8)
+    ax.axhline(results["chance"], color="k", ls=":", lw=0.8, label="chance")
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("test accuracy (seed mean +- sd)")
-    ax.set_ylim(0, 1.02)
+    _accuracy_axis(ax, bars)
     ax.set_title("accuracy vs lr (dashed: training distribution; circle: chosen lr)", fontsize=9)
     ax.legend(fontsize=7)
     return _save(fig, path)

@@ -15,9 +15,10 @@ from ...model import variants as registry
 from ...model.variants import label
 from ..analyses import ANALYSES
 from ..spec import by_name
+from ..stats import SMOKE_MIN_STEPS
 from .results import RunResults, Settings
 from .training import TITLE as TRAINING_TITLE
-from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULE, SMOKE, parameter_notes, summary_note
+from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULE, SMOKE, min_steps, parameter_notes, summary_note
 
 # The page's sections after the training one: the attention map of Fig. 1 sits right after the retrieval results
 # it illustrates, the rest in the order of the paper's claims (analyses.ANALYSES).
@@ -27,7 +28,11 @@ CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;
 table{border-collapse:collapse;margin:0.6em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td.l,th.l{text-align:left}img{max-width:100%;border:1px solid #eee}
 .held{background:#d9f2d9}.did-not-hold{background:#f8d7d7}.inconclusive-at-this-scale{background:#f4f1d0}
-pre{background:#f7f7f7;padding:0.6em;overflow:auto;font-size:12px}.note{color:#555;font-size:0.92em}"""
+pre{background:#f7f7f7;padding:0.6em;overflow:auto;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}
+.note{color:#555;font-size:0.92em}code{background:#f3f3f3;padding:0 3px;font-size:0.92em}
+.wide{overflow-x:auto;border:1px solid #eee}.wide img{max-width:none;border:0}
+.provenance{border:2px solid #c9a227;background:#fff8e1;padding:0.5em 0.9em}
+details.smoke{border:1px solid #ccc;padding:0.3em 0.9em;margin:0.8em 0}details.smoke>summary{cursor:pointer}"""
 
 # Tells a headless browser (and the render test) that every embedded image decoded.
 CHECK_IMAGES = """<script>window.addEventListener('load',function(){var im=document.images,ok=im.length>0;
@@ -40,12 +45,31 @@ def _esc(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _fmt(x: Any, digits: int = 4) -> str:
+def inline(text: Any) -> str:
+    """``text`` escaped for HTML, with Markdown's `code` spans (the CLI's help and the protocols write them) as
+    <code>: the page shows no literal backticks."""
+    parts = _esc(text).split("`")
+    if len(parts) % 2 == 0:  # an odd number of backticks: no pairs to trust
+        return _esc(text)
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def _fmt(x: Any) -> str:
+    """One number format for the whole page: integers with thousands separators; decimals to 3 places (1,000 and
+    above: to the unit with separators; below 0.001: 3 significant digits, as 1.23e-04)."""
     if x is None:
         return "–"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
     if isinstance(x, float):
-        return f"{x:.{digits}g}" if math.isfinite(x) else "nan"
-    return _esc(x)
+        if not math.isfinite(x):
+            return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+        if abs(x) >= 1000:
+            return f"{x:,.0f}"
+        return f"{x:.3f}" if x == 0 or abs(x) >= 1e-3 else f"{x:.2e}"
+    return inline(x)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], cls: Optional[Sequence[str]] = None,
@@ -66,13 +90,24 @@ def image(path: Path, alt: str) -> str:
     return f'<p><img alt="{_esc(alt)}" src="data:image/png;base64,{data}"></p>'
 
 
+# Figures drawn wider than the page (one bar per key of a long context: Fig. 1's attention map), shown at their own
+# size in a box that scrolls sideways, so that their labels stay legible.
+WIDE = ("attnmap",)
+
+
+def wide_image(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f"<p class='note'>Drawn at full size (scroll sideways).</p><div class='wide'><img alt=\"{_esc(alt)}\" "
+            f"src=\"data:image/png;base64,{data}\"></div>")
+
+
 def deviations_note(deviations: Optional[Sequence[str]]) -> str:
     """A study's departures from its protocol as its results file lists them (``deviations``), for its section of
     the page; nothing when there are none."""
     if not deviations:
         return ""
     return ("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
-            + "".join(f"<li>{_esc(d)}</li>" for d in deviations) + "</ul>")
+            + "".join(f"<li>{inline(d)}</li>" for d in deviations) + "</ul>")
 
 
 def _slug(verdict: str) -> str:
@@ -84,76 +119,144 @@ def _verdict_rule() -> str:
     return RULE
 
 
-def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figures: dict[str, Path],
-                settings: Settings, extra: dict[str, Any]) -> str:
+VERDICT_HEADER = ["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"]
+
+
+def verdict_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Verdict rows (``stats.verdict_row``'s dicts) as the page's coloured table."""
+    return table(VERDICT_HEADER, [[r["claim"], label(r["variant"]), r["verdict"], r["paper"], r["measure"], r["why"]]
+                                  for r in rows], cls=[_slug(r["verdict"]) for r in rows], left=6)
+
+
+def counts_line(rows: Sequence[dict[str, Any]]) -> str:
+    """"DIFF V1: 3 held, 2 did not hold; DIFF V2: ..." over ``rows``."""
+    counts = {v: {k: sum(1 for r in rows if r["variant"] == v and r["verdict"] == k)
+                  for k in (HELD, NOT_HELD, INCONCLUSIVE, SMOKE)} for v in (x.name for x in registry.compared())}
+    return "; ".join(f"{label(v)}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n)
+                     for v, c in counts.items() if sum(c.values()))
+
+
+def multiplicity_note(rrows: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], fold: bool) -> str:
+    """How many verdicts the page makes and how many would read "held" by chance: the retrieval benchmark's
+    (``rrows``) and the language models' (``rows``), a smoke run's rows not counted (they judge nothing), the
+    language-model sweep's neither (its own study); "" when there are none. ``fold``: the language models' section
+    is folded (no verdict table of its own), so the note sits under the benchmark's table."""
+    counted = [r for r in [*rrows, *rows] if r["verdict"] != SMOKE]
+    note = summary_note(counted)
+    n_lead = sum(r["verdict"] != SMOKE for r in rrows)
+    if note and n_lead and not fold:
+        note += f" ({n_lead} of them in the retrieval benchmark above, {len(counted) - n_lead} here.)"
+    return note
+
+
+def _head(settings: Settings, extra: dict[str, Any]) -> list[str]:
+    committed = (" The language-model sweep's section is the exception: it shows committed results, not measured "
+                 "in this run, and says where they come from." if extra.get("lm_sweep_committed") else "")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>difftransformer report</title>"
              f"<style>{CSS}</style></head><body>",
              "<h1>Differential attention vs the baseline: report</h1>",
              f"<p class='note'>Written {_esc(_dt.datetime.now().isoformat(timespec='seconds'))} by difftransformer "
              f"{_esc(extra.get('version', ''))}; evaluation {'quick' if settings.quick else 'full'} settings, "
-             f"evaluation seed {settings.seed}. Every number below was measured on the models listed, in this "
-             "run of the report; nothing is copied from the paper except the reference column.</p>"]
+             f"evaluation seed {settings.seed}. Every number below was measured in this run of the report, on the "
+             "models and results it names; nothing is copied from the paper except the column headed "
+             f"&ldquo;paper&rdquo;.{committed}</p>"]
     if extra.get("preface"):
-        parts.append(f"<p>{extra['preface']}</p>")
+        parts.append(f"<p>{inline(extra['preface'])}</p>")
+    return parts
+
+
+def _lead(extra: dict[str, Any], note: str) -> list[str]:
+    """The pre-registered studies first: the retrieval benchmark (with ``note``, the multiplicity note, when the
+    language models below judge nothing), then the language-model sweep."""
+    parts = []
     if "retrieval" in extra:  # the lead: the paper's central claim, on a task every variant learns
         rrows = extra["retrieval_rows"]
         parts += ["<h2>Retrieval among distractors: token-level key-value benchmark</h2>",
-                  table(["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"],
-                        [[r["claim"], label(r["variant"]), r["verdict"], r["paper"], r["measure"], r["why"]]
-                         for r in rrows], cls=[_slug(r["verdict"]) for r in rrows], left=6),
-                  extra["retrieval"]]
+                  "<h3>Verdicts (the primary analysis: each variant at its tuned learning rate)</h3>",
+                  verdict_table(rrows)]
+        if rrows:
+            parts.append(f"<p><b>Summary.</b> {_esc(counts_line(rrows))}.</p>")
+        if note:
+            parts.append(f"<p class='note'>{_esc(note)}</p>")
+        parts.append(extra["retrieval"])
     if "lm_sweep" in extra:  # the pre-registered language-model claims (Fig. 3), before the descriptive models
         parts.append(extra["lm_sweep"])
-    if "retrieval" in extra or "lm_sweep" in extra:
-        parts.append("<h2>Language models on the embedded corpus</h2>")
-    # models
+    return parts
+
+
+def _models(runs: Sequence[RunResults], h: str) -> list[str]:
     mrows = []
     for r in runs:
         d = r.ev.run_config.get("data", {})
         mrows.append([r.ev.label, label(r.attention), r.ev.model.num_parameters(), r.ev.seed,
                       r.training.get("final_val_loss"), len(r.training["step"]) and r.training["step"][-1],
                       d.get("retrieval_share"), str(r.ev.source)])
-    parts += ["<h2>Models</h2>",
-              table(["run", "attention", "parameters", "seed", "final val loss", "steps", "retrieval share",
-                     "directory"], mrows, left=2)]
-    # verdicts
+    return [f"<{h}>Models</{h}>",
+            table(["run", "attention", "parameters", "seed", "final val loss", "steps", "retrieval share",
+                   "directory"], mrows, left=2)]
+
+
+def _verdicts(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], note: str) -> list[str]:
     n_seeds = {v: sum(r.attention == v for r in runs) for v in registry.names()}
     one_seed = " With one seed per variant the seed-to-seed spread is unknown." if max(n_seeds.values()) <= 1 else ""
-    parts += ["<h2>Verdicts</h2>",
-              "<p class='note'>Runs per variant: " + ", ".join(f"{label(v)} {n}" for v, n in n_seeds.items() if n)
-              + "." + one_seed + " " + _esc(_verdict_rule()) + "</p>",
-              table(["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"],
-                    [[r["claim"], label(r["variant"]), r["verdict"], r["paper"], r["measure"], r["why"]]
-                     for r in rows], cls=[_slug(r["verdict"]) for r in rows], left=6)]
-    counts = {v: {k: sum(1 for r in rows if r["variant"] == v and r["verdict"] == k)
-                  for k in (HELD, NOT_HELD, INCONCLUSIVE, SMOKE)} for v in (x.name for x in registry.compared())}
-    summary = "; ".join(f"{label(v)}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n)
-                        for v, c in counts.items() if sum(c.values()))
-    rrows = extra.get("retrieval_rows", []) if "retrieval" in extra else []
-    # The multiplicity note counts every verdict on the page, the retrieval benchmark's included.
-    notes = [summary_note(list(rrows) + list(rows)), *parameter_notes(runs)]
-    if rrows:
-        notes[0] += f" ({len(rrows)} of them in the retrieval benchmark above, {len(rows)} here.)"
-    parts.append(f"<p><b>Summary.</b> {_esc(summary)}.</p>"
-                 + "".join(f"<p class='note'>{_esc(n)}</p>" for n in notes if n))
-    # sections
+    notes = [note, *parameter_notes(runs)]
+    return ["<h2>Verdicts</h2>",
+            "<p class='note'>Runs per variant: " + ", ".join(f"{label(v)} {n}" for v, n in n_seeds.items() if n)
+            + "." + one_seed + " " + _esc(_verdict_rule()) + "</p>", verdict_table(rows),
+            f"<p><b>Summary.</b> {_esc(counts_line(rows))}.</p>"
+            + "".join(f"<p class='note'>{_esc(n)}</p>" for n in notes if n)]
+
+
+def _sections(runs: Sequence[RunResults], figures: dict[str, Path], extra: dict[str, Any], h: str) -> list[str]:
+    parts = []
     sec = extra.get("sections", {})
     headings = {s.name: s.heading for s in ANALYSES}
     for key, title in [("training", TRAINING_TITLE)] + [(k, headings[k]) for k in PAGE_ORDER]:
-        parts.append(f"<h2>{_esc(title)}</h2>")
+        parts.append(f"<{h}>{_esc(title)}</{h}>")
         if key in sec:
             parts.append(sec[key])
         if key in figures:
-            parts.append(image(figures[key], title))
+            parts.append(wide_image(figures[key], title) if key in WIDE else image(figures[key], title))
         errs = [(r.ev.label, r.errors[key]) for r in runs if key in r.errors]
         if errs:
-            parts.append(table(["run", "not measured because"], errs, left=2))
-    # configs
-    parts.append("<h2>Configurations and seeds</h2>")
+            sub = f"h{int(h[1]) + 1}"
+            parts.append(f"<{sub}>{_esc(title)}: not measured on every run</{sub}>"
+                         + table(["run", "not measured because"], errs, left=2))
+    parts.append(f"<{h}>Configurations and seeds</{h}>")
     for r in runs:
         cfg = r.ev.run_config or {"model": r.ev.model.cfg.to_dict()}
         parts.append(f"<details><summary>{_esc(r.ev.label)}: {_esc(r.ev.source)}</summary>"
                      f"<pre>{_esc(json.dumps(cfg, indent=1))}</pre></details>")
+    return parts
+
+
+def _folded(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], body: list[str]) -> list[str]:
+    """The language models of a smoke run after a lead study: one short paragraph, the rest collapsed."""
+    steps = min_steps(runs)
+    claims = len({r["claim"] for r in rows})
+    return [f"<h2>The demo's language models: {steps} training steps each (a smoke run)</h2>",
+            f"<p>{len(runs)} language models ({', '.join(_esc(r.ev.label) for r in runs)}) trained on the embedded "
+            f"corpus to show the pipeline and every analysis. At {steps} steps (fewer than "
+            f"{SMOKE_MIN_STEPS}: the report's smoke rule) their losses and analyses are descriptive and none of the "
+            f"{claims} claims is judged on them; the studies above are the comparisons.</p>",
+            "<details class='smoke'><summary>Their parameters, training curves and analyses (descriptive, no "
+            "verdicts)</summary>", *body, "</details>"]
+
+
+def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figures: dict[str, Path],
+                settings: Settings, extra: dict[str, Any]) -> str:
+    rrows = extra.get("retrieval_rows", []) if "retrieval" in extra else []
+    smoke = bool(rows) and all(r["verdict"] == SMOKE for r in rows)
+    fold = smoke and ("retrieval" in extra or "lm_sweep" in extra)
+    note = multiplicity_note(rrows, rows, fold)
+    parts = _head(settings, extra) + _lead(extra, note if fold else "")
+    if fold:
+        body = _models(runs, "h3") + [f"<p class='note'>{_esc(n)}</p>" for n in parameter_notes(runs)]
+        parts += _folded(runs, rows, body + _sections(runs, figures, extra, "h3"))
+    else:
+        if "retrieval" in extra or "lm_sweep" in extra:
+            parts.append("<h2>Language models on the embedded corpus</h2>")
+        parts += _models(runs, "h2") + _verdicts(runs, rows, note) + _sections(runs, figures, extra, "h2")
     parts.append(CHECK_IMAGES + "</body></html>")
     return "\n".join(parts)
 

@@ -7,14 +7,32 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ...model.variants import label
 from .html import deviations_note
 
 
-def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
-    """The HTML of the sweep's section; ``table``/``image``/``slug`` are the page's own helpers."""
+def provenance_note(prov: dict[str, Any]) -> str:
+    """The box that opens the section when its results are committed ones (``lmsweep.committed.provenance``): not
+    measured in this run, where and when they were, and the commands that measure them again."""
+    t = prov["timings"]
+    return ("<div class='provenance'><p><b>Not measured in this run.</b> These are the repository's committed "
+            f"results ({html.escape(prov['what'])}; <code>{html.escape(prov['folder'])}</code>): {t['jobs']} jobs "
+            f"run at commit {html.escape(prov['commit'])} on {html.escape(prov['date'])}, in "
+            f"{t['wall_s'] / 60:.0f} min on {t['workers']} worker processes on {html.escape(prov['machine'])} (CPU "
+            f"kernels {html.escape(', '.join(prov['cpu_kernels']))}). This run rebuilt the tables, verdicts and "
+            "plots below from that journal with this code, training nothing.</p><p>To measure them again (about "
+            f"{t['wall_s'] / 60:.0f} min on 2 cores): <code>{html.escape(prov['command'])}</code>, then "
+            f"<code>difftransformer demo --lm-sweep {html.escape(prov['command'].split('--out ')[-1])}</code> shows "
+            "that sweep here instead.</p></div>")
+
+
+def section(res: dict[str, Any], fig_dir: Path, table, image, slug,
+            provenance: Optional[dict[str, Any]] = None) -> str:
+    """The HTML of the sweep's section; ``table``/``image``/``slug`` are the page's own helpers; ``provenance``:
+    the committed results' (``lmsweep.committed.provenance``), which the section then shows first and whose timings it
+    gives (the rebuilt sweep.json holds the rebuild's)."""
     cfg = res["config"]
     grid = ", ".join(f"{x:g}" for x in cfg["lr_grid"])
     intro = (f"Pre-registered in the sweep's PROTOCOL.md (version {res['protocol_version']}). Widths d_model "
@@ -30,7 +48,7 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
     if "scale" in cfg:
         intro += f" Scale: {cfg['scale']}."
     parts = ["<h2>Language-model sweep: loss against parameters, tokens and learning rate</h2>",
-             f"<p>{html.escape(intro)}</p>"]
+             provenance_note(provenance) if provenance else "", f"<p>{html.escape(intro)}</p>"]
     for key, name in (("param_ratio", "Fig. 3a"), ("token_ratio", "Fig. 3b")):
         a = res.get("applicability", {}).get(key)
         if a is not None:  # version 2's premise of each Fig. 3 ratio (absent from a version 1 sweep.json)
@@ -43,18 +61,19 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
                      "rerun <code>difftransformer lm-sweep --out DIR</code> with the same options to add them (it "
                      "resumes from its journal and runs no job).</p>")
     rows = res.get("verdict_rows", [])
+    parts.append("<h3>Verdicts</h3>")
     parts.append(table(["endpoint", "variant", "estimate [95% interval]", "n", "verdict", "paper"],
                        [[endpoint, label(variant), est, n, verdict, paper]
                         for endpoint, variant, est, n, verdict, paper in rows],
-                       cls=[slug(verdict) for _, _, _, _, verdict, _ in rows],
-                       left=6))
+                       cls=[slug(verdict) for _, _, _, _, verdict, _ in rows], left=6))
     per_width = []
     for v, ws in res["table"].items():
         for w in ws:
             mean = sum(w["test_loss"]) / len(w["test_loss"])
             per_width.append([label(v), w["width"], w["params_non_embedding"], w["params"], f"{w['lr']:g}"
                               + (" (grid widened)" if w["widened"] else "")
-                              + (f" ({w['edge']})" if w.get("edge") else ""), f"{mean:.4f}", f"{w['floor']:.3f}"])
+                              + (f" ({w['edge']})" if w.get("edge") else ""), f"{mean:.3f}", f"{w['floor']:.3f}"])
+    parts.append("<h3>Each variant and width at its chosen learning rate</h3>")
     parts.append(table(["variant", "d_model", "non-embedding parameters", "parameters", "chosen lr",
                         "test-half loss (seed mean)", "unigram floor"], per_width, left=1))
     srows = res.get("sensitivity_rows", [])
@@ -63,12 +82,12 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug) -> str:
                          [[endpoint, label(variant), est, verdict] for endpoint, variant, est, verdict in srows],
                          left=4))
     div = ", ".join(f"{label(v)} {n} of {res['runs_total'][v]}" for v, n in res["diverged_runs"].items())
+    t = (provenance or res)["timings"]  # a rebuild's own timings say how long reading the journal took
     parts.append(f"<p class='note'>Diverged runs over the whole sweep: {html.escape(div)}. Wall time "
-                 f"{res['timings']['wall_s'] / 60:.0f} min for {res['timings']['jobs']} jobs on "
-                 f"{res['timings']['workers']} workers.</p>")
-    for name, alt in (("lm-sweep-params.png", "loss against parameters"), ("lm-sweep-tokens.png",
-                                                                           "loss against training tokens"),
-                      ("lm-sweep-lr.png", "loss against learning rate")):
+                 f"{t['wall_s'] / 60:.0f} min for {t['jobs']} jobs on {t['workers']} workers.</p>")
+    for name, alt in (("lm-sweep-params.png", "Loss against non-embedding parameters (Fig. 3a)"),
+                      ("lm-sweep-tokens.png", "Loss against training tokens (Fig. 3b)"),
+                      ("lm-sweep-lr.png", "Loss against learning rate")):
         if (fig_dir / name).is_file():
-            parts.append(image(fig_dir / name, alt))
+            parts.append(f"<h3>{html.escape(alt)}</h3>" + image(fig_dir / name, alt))
     return "".join(parts)

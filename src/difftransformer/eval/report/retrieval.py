@@ -18,7 +18,7 @@ from typing import Any
 
 from ...model.variants import label as vlabel
 from .. import stats
-from .html import deviations_note
+from .html import deviations_note, inline
 
 # results.json's verdict policies (the benchmark's ``statistics.POLICIES``) and how the page names them
 POLICY_LABELS = {"runs": "tuned lr", "matched_runs": "matched lr", "no_failures": "tuned lr, failed seeds dropped"}
@@ -79,12 +79,12 @@ def failures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _interval(xs: Sequence[float], n: int) -> str:
     m, lo, hi = stats.accuracy_interval(xs, n)
-    return f"{m:.3f} [{lo:.2f}, {hi:.2f}]"
+    return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def models_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     fl = failures(results)
-    rows = [[vlabel(v), x["params"], x["tuned_lr"], results["matched_lr"], len(x["runs"]),
+    rows = [[vlabel(v), x["params"], f"{x['tuned_lr']:g}", f"{results['matched_lr']:g}", len(x["runs"]),
              f"{len(fl[v]['tuned'])} of {fl[v]['n']}" + (f" (seeds {fl[v]['tuned']})" if fl[v]["tuned"] else ""),
              f"{len(fl[v]['matched'])} of {fl[v]['n']}" + (f" (seeds {fl[v]['matched']})" if fl[v]["matched"] else "")]
             for v, x in results["variants"].items()]
@@ -106,38 +106,49 @@ def accuracy_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]
     for c in results["conditions"]:
         name = c["name"]
         fc = first["conditions"][name]
-        label = name + (" (primary)" if name == cfg["primary"] else "") + \
-            (" (extrapolation)" if name == cfg["extrapolation"] else "") + \
-            ("" if c["context"] <= cfg["train_context"][1] else " (longer than trained)")
-        rows.append([label, c["pairs"], c["context"], fc.get("seq_len")]
+        tags = [t for t, on in (("primary", name == cfg["primary"]), ("extrapolation", name == cfg["extrapolation"]),
+                                ("longer than trained", c["context"] > cfg["train_context"][1])) if on]
+        rows.append([name + (f" ({'; '.join(tags)})" if tags else ""), c["pairs"], c["context"], fc.get("seq_len")]
                     + [_interval([r["conditions"][name]["accuracy"] for r in _runs(results, v)], fc["n_queries"])
                        for v in variants])
     return ["condition", "facts", "context", "input length"] + [vlabel(v) for v in variants], rows
 
 
 def shares_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """The attention endpoint at the primary condition per variant and lr policy, and the best head's answer share
+    in each layer (one column per layer, numbered from 0 at the input, as in the figures)."""
     cond = results["config"]["primary"]
     rows = []
+    n_layers = 0
     for v in results["variants"]:
         for policy in ("runs", "matched_runs"):
             policy_label = POLICY_LABELS[policy]
             xs = [r["conditions"][cond]["attention_endpoint"] for r in _runs(results, v, policy)]
             per_layer = [r["conditions"][cond]["best_head_share_per_layer"] for r in _runs(results, v, policy)]
-            layers = "; ".join(f"{statistics.fmean(p[i] for p in per_layer):.3f}" for i in range(len(per_layer[0])))
+            n_layers = max(n_layers, len(per_layer[0]))
             rows.append([vlabel(v), policy_label, f"{statistics.fmean(xs):.3f}",
-                         f"{statistics.stdev(xs) if len(xs) > 1 else 0:.3f}", layers])
-    return ["variant", "lr", "attention endpoint (seed mean)", "seed sd", "per layer"], rows
+                         f"{statistics.stdev(xs) if len(xs) > 1 else 0:.3f}",
+                         *(f"{statistics.fmean(p[i] for p in per_layer):.3f}" for i in range(len(per_layer[0])))])
+    return (["variant", "lr", "attention endpoint (seed mean)", "seed sd"]
+            + [f"layer {i}: best head's answer share" for i in range(n_layers)], rows)
 
 
 def lr_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    rows = [[vlabel(v), g["lr"], f"{g['val_accuracy']:.3f}", f"{g['val_loss']:.4f}",
+    rows = [[vlabel(v), f"{g['lr']:g}", f"{g['val_accuracy']:.3f}", f"{g['val_loss']:.3f}",
              f"{g['min_training_distribution']:.3f}",
              f"{g['passed_floor']} of {len(g['seeds'])}" if "passed_floor" in g else "",
              ("chosen" if g["lr"] == x["tuned_lr"] else "") + (" (widened)" if g["lr"] in x["widened"] else "")
              + (" STILL AT AN EDGE" if g["lr"] == x["tuned_lr"] and x["at_edge"] else "")]
             for v, x in results["variants"].items() for g in x["lr_grid"]]
     return ["variant", "lr", "validation accuracy at the primary condition (seed mean)", "answer loss",
-            "lowest training-distribution accuracy", "runs passing the floor (test split)", ""], rows
+            "lowest training-distribution accuracy", "runs passing the floor (test split)", "choice"], rows
+
+
+# The section's tables after the verdicts, each under its heading.
+TABLES = (("The models: parameters, learning rates, training failures", models_table),
+          ("Accuracy per test condition (tuned lr): seed mean [95% interval]", accuracy_table),
+          ("Attention on the answer at the primary condition", shares_table),
+          ("The learning-rate grid (validation split; the lr choice)", lr_table))
 
 
 def rounding_tables(check: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
@@ -162,7 +173,7 @@ def _intro(results: dict[str, Any]) -> str:
         how = (f"Every variant ran the lr grid ({grid}) on every test seed; each variant's learning rate was chosen "
                f"by the seed mean of its validation accuracy at the primary condition (the validation split; the "
                f"verdicts read the test split)")
-    return (f"Pre-registered in the benchmark's PROTOCOL.md ({results.get('protocol', 'version 2')}). Each training "
+    return (f"Pre-registered in the benchmark's {results.get('protocol', 'PROTOCOL.md, version 2')}. Each training "
             f"context holds {cfg['train_pairs'][0]}-{cfg['train_pairs'][1]} key-value facts (one token each, drawn "
             f"per example) in {cfg['train_context'][0]}-{cfg['train_context'][1]} tokens (drawn per batch), the rest "
             f"filler; {cfg['queries']} keys are asked per context; chance is {results['chance']:.3g}. Trained "
@@ -219,16 +230,16 @@ def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
     if results.get("quick"):
         parts.append("<p class='note'>A quick benchmark: a smoke run, its numbers mean nothing.</p>")
     if "verdicts" not in results:
-        parts.append(f"<p class='note'>{html.escape(NO_VERDICTS)}</p>")
+        parts.append(f"<p class='note'>{inline(NO_VERDICTS)}</p>")
     head, rows = sensitivity_table(results)
     parts.append("<h3>Every verdict under the sensitivity policies (not counted as verdicts)</h3>"
                  + table(head, rows, left=len(head)))
     if any(r[-1] == "NO" for r in rows):
         parts.append("<p class='note'>Where a row says NO, the verdict depends on the learning-rate policy or on "
                      "the failed runs: read it with that caution.</p>")
-    for make in (models_table, accuracy_table, shares_table, lr_table):
+    for title, make in TABLES:
         head, rows = make(results)
-        parts.append(table(head, rows, left=1))
+        parts.append(f"<h3>{html.escape(title)}</h3>" + table(head, rows, left=1))
     parts.append(_rounding_part(fig_dir, table))
     for name, title in FIGURES:
         if (fig_dir / name).is_file():

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from tqdm import tqdm
-
 from ...fileio import atomic_write, read_json
+from ...log import progress_bar
 from ...rundir import SWEEP_RESULTS_NAME
 from ..analyses import MULTI_RUN, PER_RUN
 from ..loading import EvalModel, load_for_eval
@@ -35,7 +33,7 @@ def run_analysis(spec: AnalysisSpec, ev: EvalModel | Sequence[EvalModel], settin
 def evaluate_runs(evs: Sequence[EvalModel], settings: Settings) -> list[RunResults]:
     """Every per-run analysis on every model. An analysis that fails on one model is recorded, not fatal."""
     out = []
-    bar = tqdm(total=len(evs) * len(PER_RUN), desc="report", disable=not settings.progress, unit="analysis")
+    bar = progress_bar(total=len(evs) * len(PER_RUN), desc="report", disable=not settings.progress, unit="analysis")
     for ev in evs:
         rr = RunResults(ev, training_summary(ev))
         for spec in PER_RUN:
@@ -73,12 +71,15 @@ def _multi_run(runs: Sequence[RunResults], settings: Settings, out: Path,
 
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: bool = True, seed: int = 0,
                  progress: bool = True, preface: str = "", retrieval_dir: Optional[str | Path] = None,
-                 lm_sweep_dir: Optional[str | Path] = None) -> Path:
+                 lm_sweep_dir: Optional[str | Path] = None,
+                 lm_sweep_provenance: Optional[dict[str, Any]] = None) -> Path:
     """Evaluate ``run_dirs`` and write ``out_dir/report.html`` (returned) and ``out_dir/results.json``.
 
     ``retrieval_dir``: the output directory of ``difftransformer retrieval`` (its ``results.json`` and plots), shown
     first on the page with its own verdicts. ``lm_sweep_dir``: the output directory of ``difftransformer lm-sweep``
-    (its ``sweep.json`` and plots), shown after it with its own verdicts."""
+    (its ``sweep.json`` and plots), shown after it with its own verdicts; ``lm_sweep_provenance``: where that sweep's
+    results come from when they are committed ones, not measured by this run (``lmsweep.committed.provenance``): the
+    section then says so first. ``preface``: a paragraph of text (`code` spans allowed) under the title."""
     from ... import __version__
 
     if not run_dirs:
@@ -112,19 +113,22 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     rows = verdicts(runs)
     sections = {spec.name: analysis_section(runs, spec.name) for spec in PER_RUN}
     sections["training"] = table(TRAINING_HEADER, training_table(runs))
-    extra: dict[str, Any] = {"version": __version__, "sections": sections, "preface": html.escape(preface)}
+    extra: dict[str, Any] = {"version": __version__, "sections": sections, "preface": preface}
     if bench is not None and retrieval_dir is not None:  # one is None only when the other is
         extra["retrieval_rows"] = retrieval_verdicts(bench)
         extra["retrieval"] = retrieval_section(bench, Path(retrieval_dir), table, image)
     if sweep is not None and lm_sweep_dir is not None:
         from .html import _slug
         from .lmsweep import section as lm_sweep_section
-        extra["lm_sweep"] = lm_sweep_section(sweep, Path(lm_sweep_dir), table, image, _slug)
+        extra["lm_sweep"] = lm_sweep_section(sweep, Path(lm_sweep_dir), table, image, _slug, lm_sweep_provenance)
+        extra["lm_sweep_committed"] = lm_sweep_provenance is not None
     page = render_html(runs, rows, figures, settings, extra)
     results = {"settings": vars(settings), "verdicts": rows, "retrieval_verdicts": extra.get("retrieval_rows", []),
                "runs": [{"model": r.ev.describe(), "training": r.training, "results": r.results,
                          "errors": r.errors} for r in runs],
                **multi}
+    if lm_sweep_provenance is not None:
+        results["lm_sweep_provenance"] = lm_sweep_provenance
     atomic_write(out / "results.json", json.dumps(results, indent=1, default=float) + "\n")
     atomic_write(out / "report.html", page)
     return out / "report.html"
