@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from .extras import require_all
+from .rundir import RESULTS_NAME
 
 QUICK_STEPS = 30
 # The language-model stage of the full demo from scratch: what is left of the 30 minutes after the retrieval benchmark
@@ -171,13 +172,13 @@ def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: 
     from .fileio import read_json
     from .retrieval import RetrievalConfig, quick_config, run_benchmark
     from .retrieval.cli import format_table
-    from .retrieval.scheduler import JOURNAL
+    from .rundir import RETRIEVAL_JOURNAL as JOURNAL
 
     cfg = quick_config() if quick else RetrievalConfig()
     if seeds is not None:
         cfg = dataclasses.replace(cfg, seeds=seeds)
     bench_dir = out / "retrieval"
-    done = bench_dir / "results.json"
+    done = bench_dir / RESULTS_NAME
     if done.is_file():
         old = read_json(done)
         if (old.get("config") == cfg.to_dict() and bool(old.get("quick")) == quick
@@ -293,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
                                                                        provenance),
                         retrieval_dir=bench_dir, lm_sweep_dir=sweep_dir, lm_sweep_provenance=provenance)
     print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
-    print_verdicts(path.parent / "results.json")
+    print_verdicts(path.parent / RESULTS_NAME)
     print(f"report: {path.resolve()}")
     return 0
 

@@ -142,8 +142,10 @@ def test_report_leads_with_a_real_benchmark(runs, tmp_path):
     # the smoke-run language models come after it, folded: no verdict table of their own
     assert page.index("Retrieval among distractors") < page.index("<details class='smoke'>")
     assert page.index("<details class='smoke'>") < page.index("<h3>Models</h3>")
-    from difftransformer.retrieval.benchmark import protocol_deviations
-    assert ("Deviations from the protocol:</p><ul class='note'><li>2026-11-25" in page) == bool(protocol_deviations())
+    from difftransformer.retrieval.benchmark import PROTOCOL
+    from difftransformer.studies.report import protocol_deviations
+    assert ("Deviations from the protocol:</p><ul class='note'><li>2026-11-25" in page) == bool(
+        protocol_deviations(PROTOCOL))
     rows = json.loads((tmp_path / "report" / "results.json").read_text())["retrieval_verdicts"]
     assert {(r["claim"], r["variant"]) for r in rows} >= {(CLAIM["acc"], "diff_v2")}
     assert {r["verdict"] for r in rows} == {SMOKE}  # 3 training steps

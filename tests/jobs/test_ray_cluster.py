@@ -29,7 +29,7 @@ from difftransformer.jobs import EXIT_FAILED, RunOptions  # noqa: E402
 from difftransformer.jobs.outcome import FAIL_ENV  # noqa: E402
 from difftransformer.retrieval.benchmark import run_benchmark  # noqa: E402
 from difftransformer.retrieval.config import Condition, RetrievalConfig  # noqa: E402
-from difftransformer.retrieval.scheduler import JOURNAL  # noqa: E402
+from difftransformer.retrieval.benchmark import JOURNAL  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

@@ -4,10 +4,12 @@ from pathlib import Path
 import pytest
 
 from difftransformer.cli import main
-from difftransformer.retrieval.benchmark import protocol_deviations, run_benchmark, seed_values
+from difftransformer.retrieval.benchmark import PROTOCOL, run_benchmark, seed_values
+from difftransformer.studies.report import protocol_deviations
 from difftransformer.retrieval.cli import format_table
 from difftransformer.retrieval.config import Condition, RetrievalConfig
-from difftransformer.retrieval.protocol import Job, choose_lr, lr_choice, lr_scores, needed_jobs, next_lr
+from difftransformer.retrieval.protocol import Job, choose_lr, lr_choice, lr_scores, needed_jobs
+from difftransformer.studies.lr import next_lr
 
 
 def tiny(**kw):
@@ -25,7 +27,7 @@ def test_tiny_benchmark_structure(tmp_path):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved == json.loads(json.dumps(r))
     assert saved["primary_endpoint"]["condition"] == "p3c8"
-    assert saved["deviations"] == protocol_deviations() and all(d.startswith("20") for d in saved["deviations"])
+    assert saved["deviations"] == protocol_deviations(PROTOCOL) and all(d.startswith("20") for d in saved["deviations"])
     for name in ("accuracy_heatmap", "accuracy_vs_difficulty", "attention_shares", "quantization", "attention_row",
                  "accuracy_vs_lr"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
@@ -144,7 +146,7 @@ def test_cli_a_failed_job_and_the_time_limit_are_one_line_each_and_a_rerun_finis
 
     from difftransformer.jobs import EXIT_FAILED, EXIT_TIME_LIMIT
     from difftransformer.jobs.outcome import FAIL_ENV
-    from difftransformer.retrieval.scheduler import JOURNAL
+    from difftransformer.retrieval.benchmark import JOURNAL
     out = tmp_path / "o"
     argv = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "3", "--batch", "4", "--seeds", "2",
             "--lr-grid", "2e-3", "--lr-widen", "0", "--eval-contexts", "4", "--train-pairs", "8,10",

@@ -15,7 +15,7 @@ from suite_helpers import comparable_results
 
 from difftransformer.retrieval.benchmark import run_benchmark
 from difftransformer.retrieval.config import Condition, RetrievalConfig
-from difftransformer.retrieval.scheduler import JOURNAL
+from difftransformer.retrieval.benchmark import JOURNAL
 
 
 def tiny(**kw) -> RetrievalConfig:

@@ -1,6 +1,6 @@
 """What PROTOCOL.md decides, one function per section: the jobs, the lr choice, the endpoints and their verdicts.
 
-Nothing here runs a job (``sweep.py`` does, through the retrieval benchmark's scheduler). A job is
+Nothing here runs a job (``sweep.py`` does, on the job runner ``jobs/``). A job is
 ``Job(width, variant, seed, lr)``; its result is ``job.run_job``'s dict. The two ratio fits and their verdict
 rule are in ``fits``.
 """
@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from ..model import variants as registry
-from ..retrieval.protocol import LrChoice, next_lr, replay_lr_choice
+from ..studies.lr import LrChoice, next_lr, replay_lr_choice
 from .config import LMSweepConfig
 from .fits import param_ratio, ratio_verdict, token_ratio
 
@@ -60,7 +60,7 @@ def choose_lr(scores: list[dict[str, Any]]) -> float:
 
 def lr_choice(cfg: LMSweepConfig, width: int, variant: str, done: dict[Job, dict[str, Any]], cap: float) -> LrChoice:
     """A variant's choice at one width: the lowest seed-mean tuning-half loss (``choose_lr``) over its grid, widened
-    (the replay is the retrieval benchmark's, ``retrieval.protocol.replay_lr_choice``)."""
+    (the replay both studies share, ``studies.lr.replay_lr_choice``)."""
     return replay_lr_choice(cfg.lr_grid, cfg.lr_widen, cfg.test_seeds,
                             lambda lr, s: done.get(Job(width, variant, s, lr)),
                             lambda runs: choose_lr(lr_scores(runs, cap)))

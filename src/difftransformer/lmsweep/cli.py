@@ -14,7 +14,7 @@ from ..jobs import cli as jobs_cli
 from ..jobs.codepath import CODE_PATHS
 from ..jobs.outcome import EXIT_CODES_HELP
 from ..model import variants as registry
-from ..retrieval.cli import _floats, _ints
+from ..studies.cli import floats, ints, write_rounding
 from .config import SCALES, LMSweepConfig, quick_config
 
 HELP = ("language-model sweep, pre-registered (PROTOCOL.md, version 2): baseline vs DIFF V1/V2 at 3 (cpu) or 4 (gpu) "
@@ -84,9 +84,9 @@ def config_from_args(args) -> LMSweepConfig:
         if getattr(args, flag) is not None:
             ch[flag] = getattr(args, flag)
     if args.widths is not None:
-        ch["widths"] = _ints(args.widths, "--widths")
+        ch["widths"] = ints(args.widths, "--widths")
     if args.lr_grid is not None:
-        ch["lr_grid"] = _floats(args.lr_grid, "--lr-grid")
+        ch["lr_grid"] = floats(args.lr_grid, "--lr-grid")
     if args.variants is not None:
         named = tuple(v.strip() for v in args.variants.split(",") if v.strip())
         ref = registry.reference().name
@@ -136,10 +136,6 @@ def _run_cli(args) -> int:
     print(format_sweep(res))
     print(f"wrote {args.out}/sweep.json and lm-sweep-params.png, lm-sweep-tokens.png, lm-sweep-lr.png")
     if other is not None:
-        import json
-        from pathlib import Path
-
-        from ..fileio import atomic_write
         from .rounding import compare, format_partial_rounding, format_rounding, partial_rounding
         if choices is None:
             check = compare(other, res)
@@ -147,9 +143,7 @@ def _run_cli(args) -> int:
         else:
             check = partial_rounding(args.rounding_of, args.out, "chosen")
             text = format_partial_rounding(check)
-        atomic_write(Path(args.out) / "rounding.json", json.dumps(check, indent=1) + "\n")
-        print(text)
-        print(f"wrote {args.out}/rounding.json")
+        write_rounding(args.out, check, text)
     return 0
 
 

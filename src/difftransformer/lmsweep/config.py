@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..model import variants as registry
-from ..retrieval.config import check_int, check_lr_grid
+from ..studies.config import as_tuples, check_int, check_lr_grid, from_dict, to_dict
 
 if TYPE_CHECKING:
     from ..jobs.codepath import CodePath
@@ -50,9 +50,8 @@ class LMSweepConfig:
     cpu_code_path: CodePath = "machine"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "widths", tuple(self.widths))
+        as_tuples(self, "widths", "variants")
         object.__setattr__(self, "lr_grid", tuple(float(x) for x in self.lr_grid))
-        object.__setattr__(self, "variants", tuple(self.variants))
         self.validate()
 
     def validate(self) -> None:
@@ -96,18 +95,11 @@ class LMSweepConfig:
         return max(self.widths)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k in ("widths", "lr_grid", "variants"):
-            d[k] = list(d[k])
-        return d
+        return to_dict(self, "widths", "lr_grid", "variants")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LMSweepConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown LMSweepConfig key(s): {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-        return cls(**d)
+        return from_dict(cls, d)
 
     def replace(self, **changes: Any) -> LMSweepConfig:
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})

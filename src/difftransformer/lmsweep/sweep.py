@@ -19,12 +19,12 @@ import numpy as np
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
 from ..model import variants as registry
-from ..rundir.files import SWEEP_RESULTS_NAME
+from ..rundir.files import LM_SWEEP_JOURNAL, SWEEP_RESULTS_NAME
 from .analysis import Choices, Job, assemble, needed_jobs, rounding_jobs
 from .config import LMSweepConfig
 
 PROTOCOL_VERSION = 2  # in every job key and the journal header: a journal of another version is refused
-JOURNAL = "lm-jobs.jsonl"
+JOURNAL = LM_SWEEP_JOURNAL
 
 
 def job_description(cfg: LMSweepConfig, data_fingerprint: str, job: Job, device: str = "cpu") -> dict[str, Any]:
@@ -102,7 +102,7 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: O
     res["timings"] = {"wall_s": time.perf_counter() - t0, "workers": options.workers, **options.describe(),
                       "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
-    from ..retrieval.benchmark import protocol_deviations
+    from ..studies.report import protocol_deviations
     res["deviations"] = protocol_deviations(Path(__file__).with_name("PROTOCOL.md"))
     res["verdict_rows"], res["sensitivity_rows"] = verdict_rows(res), sensitivity_rows(res)  # what the report draws
     atomic_write(out / SWEEP_RESULTS_NAME, json.dumps(res, indent=1) + "\n")
@@ -118,7 +118,8 @@ def plot_all(res: dict[str, Any], out: Path) -> list[Path]:
 
 def plot_params(res: dict[str, Any], path: Path) -> Path:
     """Fig. 3a: test-half loss against non-embedding parameters (seed mean +- sd at each variant's lr), the fits."""
-    from ..retrieval.plots import _save, color, label, plt
+    from ..eval.plotting import color, label
+    from ..studies.report import plt, save
     from .fits import fit_loglinear
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for v, rows in res["table"].items():
@@ -134,12 +135,13 @@ def plot_params(res: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("validation loss (test half)")
     ax.set_title("Fig. 3a at CPU scale: each variant at its lr per width, seed mean +- sd", fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_tokens(res: dict[str, Any], path: Path) -> Path:
     """Fig. 3b: the largest width's test-half loss curves against training tokens (seed mean, band: min-max)."""
-    from ..retrieval.plots import _save, color, label, plt
+    from ..eval.plotting import color, label
+    from ..studies.report import plt, save
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     base = registry.reference().name
     for v, c in res["curves"].items():
@@ -152,12 +154,13 @@ def plot_tokens(res: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("validation loss (test half)")
     ax.set_title(f"Fig. 3b at CPU scale: d_model {max(res['widths'])}, dotted: the baseline's final loss", fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_lr(res: dict[str, Any], path: Path) -> Path:
     """Loss against learning rate at every width (seed mean of the test half; diverged runs at the cap)."""
-    from ..retrieval.plots import _save, color, label, plt
+    from ..eval.plotting import color, label
+    from ..studies.report import plt, save
     ws = res["widths"]
     fig, axes = plt.subplots(1, len(ws), figsize=(2.6 * len(ws), 3.0), sharey=False)
     for ax, (i, w) in zip(np.atleast_1d(axes), enumerate(ws)):
@@ -175,7 +178,7 @@ def plot_lr(res: dict[str, Any], path: Path) -> Path:
     np.atleast_1d(axes)[0].set_ylabel("validation loss (test half)")
     np.atleast_1d(axes)[0].legend(fontsize=7)
     fig.suptitle("loss against learning rate (star: the lr chosen on the tuning half)", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -264,7 +267,7 @@ def sensitivity_rows(res: dict[str, Any]) -> list[SensitivityRow]:
 
 
 def format_sweep(res: dict[str, Any]) -> str:
-    from ..retrieval.plots import label
+    from ..eval.plotting import label
     lines = [f"language-model sweep (protocol v{res['protocol_version']}): {len(res['seeds'])} seeds, "
              f"{res['tokens_per_run']:,} training tokens per run; test-half loss at each variant's lr (seed mean)"]
     ws = res["widths"]

@@ -21,12 +21,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, run_jobs
+from ..rundir.files import RESULTS_NAME, RETRIEVAL_JOURNAL
+from ..studies.report import protocol_deviations
 from .config import RetrievalConfig
 from .protocol import Job, assemble, needed_jobs
-from .scheduler import JOURNAL
 from .statistics import verdicts_by_policy
 
 PROTOCOL_VERSION = 3
+PROTOCOL = Path(__file__).with_name("PROTOCOL.md")
+JOURNAL = RETRIEVAL_JOURNAL
 
 
 def _job(cfg_d: dict, variant: str, seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
@@ -62,17 +65,6 @@ def _load() -> Optional[list[float]]:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
-
-
-def protocol_deviations(path: Optional[Path] = None) -> list[str]:
-    """The "Deviations" section of a PROTOCOL.md (default: the one beside this module), one string per bullet
-    (dated, with the reason): results carry them so that the report page says what changed after results were seen."""
-    path = Path(__file__).with_name("PROTOCOL.md") if path is None else path
-    if not path.is_file():
-        return ["PROTOCOL.md is missing beside the benchmark: its deviations cannot be listed"]
-    text = path.read_text().split("## Deviations", 1)[-1]
-    bullets = [b.strip() for b in ("\n" + text).split("\n- ")[1:]]
-    return [" ".join(b.replace("**", "").split()) for b in bullets]
 
 
 def journal_header(cfg: RetrievalConfig, kind: str = "benchmark") -> dict[str, Any]:
@@ -124,7 +116,7 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
                              "note": "fixed in PROTOCOL.md before any run; per-seed values under variants.*.runs"},
         "chance": 1.0 / cfg.n_values,
         "matched_lr": variants[cfg.matched_lr]["tuned_lr"],
-        "deviations": protocol_deviations(),
+        "deviations": protocol_deviations(PROTOCOL),
         "conditions": [{**c.to_dict(), "inside_trained_lengths": c.context <= cfg.train_context[1]}
                        for c in cfg.conditions],
         "variants": variants,
@@ -148,8 +140,8 @@ def write_outputs(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
     from .plots import plot_all
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "results.json", json.dumps(results, indent=1) + "\n")
-    return [out / "results.json", *plot_all(results, out)]
+    atomic_write(out / RESULTS_NAME, json.dumps(results, indent=1) + "\n")
+    return [out / RESULTS_NAME, *plot_all(results, out)]
 
 
 def seed_values(results: dict[str, Any], variant: str, condition: str, key: str = "accuracy",

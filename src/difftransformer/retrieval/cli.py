@@ -9,39 +9,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..jobs import Incomplete
 from ..jobs import cli as jobs_cli
 from ..jobs.codepath import CODE_PATHS
 from ..jobs.outcome import EXIT_CODES_HELP
 from ..model import variants as registry
+from ..studies.cli import floats, ints, write_rounding
 from .config import RetrievalConfig, quick_config
 
 HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md, version 3): baseline vs DIFF V1/V2, "
         "the lr grid on 12 paired test seeds, tuned and matched learning rates, lr robustness, attention share, "
         "quantisation, plots; resumable (OUT/jobs.jsonl); --rounding-check: the verdicts under another CPU code "
         "path; --sweep-width: accuracy vs parameters")
-
-
-def _floats(text: str, flag: str) -> tuple[float, ...]:
-    try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{flag} must be comma-separated numbers, got {text!r}") from None
-    if not vals:
-        raise ValueError(f"{flag} must list at least one number")
-    return vals
-
-
-def _ints(text: str, flag: str, n: Optional[int] = None) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    if not vals or (n is not None and len(vals) != n):
-        raise ValueError(f"{flag} must list {n or 'at least one'} integer(s), got {text!r}")
-    return vals
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -105,15 +86,15 @@ def config_from_args(args) -> RetrievalConfig:
     if args.eval_contexts is not None:
         ch["val_contexts"] = args.eval_contexts
     if args.lr_grid is not None:
-        ch["lr_grid"] = _floats(args.lr_grid, "--lr-grid")
+        ch["lr_grid"] = floats(args.lr_grid, "--lr-grid")
     if args.seed_base is not None:
         ch["seed_base"] = args.seed_base
     if args.cpu_code_path is not None:
         ch["cpu_code_path"] = args.cpu_code_path
     if args.train_pairs is not None:
-        ch["train_pairs"] = _ints(args.train_pairs, "--train-pairs", 2)
+        ch["train_pairs"] = ints(args.train_pairs, "--train-pairs", 2)
     if args.train_context is not None:
-        ch["train_context"] = _ints(args.train_context, "--train-context", 2)
+        ch["train_context"] = ints(args.train_context, "--train-context", 2)
     if args.variants is not None:
         ch["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     return cfg.replace(**ch) if ch else cfg
@@ -193,7 +174,7 @@ def _run_cli(args) -> int:
         raise ValueError(f"--reuse-jobs {args.reuse_jobs}: needs --sweep-width and an existing journal file")
     if args.sweep_width is not None:
         from .sweep import format_sweep, run_sweep
-        widths = _ints(args.sweep_width, "--sweep-width")
+        widths = ints(args.sweep_width, "--sweep-width")
         res = run_sweep(cfg, widths, args.out, reuse=args.reuse_jobs, options=options)
         print(format_sweep(res))
         print(f"wrote {args.out}/sweep.json and sweep.png")
@@ -206,8 +187,7 @@ def _run_cli(args) -> int:
         from .rounding import format_rounding, rounding_check
         check = rounding_check(results, cfg.replace(cpu_code_path=args.rounding_check), args.out, quick=args.quick,
                                options=options)
-        print(format_rounding(check))
-        print(f"wrote {args.out}/rounding.json")
+        write_rounding(args.out, check, format_rounding(check))
     return 0
 
 

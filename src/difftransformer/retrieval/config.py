@@ -30,12 +30,11 @@ sub-token); an earlier version measured it no harder than random keys, so no def
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..model import variants as registry
+from ..studies.config import as_tuples, check_int, check_lr_grid, from_dict, to_dict
 
 if TYPE_CHECKING:
     from ..jobs.codepath import CodePath
@@ -95,19 +94,6 @@ class Layout:
         return 1 + self.n_keys + self.n_values + self.n_filler + self.n_keys * self.n_values
 
 
-def check_int(name: str, v: Any, low: int = 1) -> None:
-    """A study config's integer field: an ``int`` (not a bool) of at least ``low``; the error names the field."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
-
-
-def check_lr_grid(grid: Sequence[float], high: float, message: str) -> None:
-    """A study config's learning-rate grid: non-empty, distinct, every value finite in (0, ``high``) (``math.inf``:
-    no upper bound). ``message``: the ValueError's text, the study's own (it names the field and what it allows)."""
-    if not grid or len(set(grid)) != len(grid) or any(not (math.isfinite(x) and 0 < x < high) for x in grid):
-        raise ValueError(message)
-
-
 @dataclass(frozen=True)
 class RetrievalConfig:
     # --- task ---
@@ -148,17 +134,14 @@ class RetrievalConfig:
     # Fig. 8's widths, plus 3: at this scale the top |logit| is ~8-12 (measured), so 4 bits barely hurt
     quant_bits: tuple[int, ...] = (8, 6, 4, 3)
     data_seed: int = 1234  # training stream; validation uses data_seed + 1, test data_seed + 2
-    # the CPU kernels every job runs (retrieval/scheduler.py): pinned so that numbers agree across CPUs
+    # the CPU kernels every job runs (jobs/codepath.py): pinned so that numbers agree across CPUs
     cpu_code_path: CodePath = "machine"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "train_pairs", tuple(self.train_pairs))
-        object.__setattr__(self, "train_context", tuple(self.train_context))
+        as_tuples(self, "train_pairs", "train_context", "variants", "quant_bits")
         object.__setattr__(self, "lr_grid", tuple(float(x) for x in self.lr_grid))
-        object.__setattr__(self, "variants", tuple(self.variants))
         object.__setattr__(self, "conditions",
                            tuple(c if isinstance(c, Condition) else Condition(**c) for c in self.conditions))
-        object.__setattr__(self, "quant_bits", tuple(self.quant_bits))
         self.validate()
 
     def validate(self) -> None:
@@ -195,7 +178,7 @@ class RetrievalConfig:
     def _validate_training(self) -> None:
         for n in ("warmup", "lr_widen", "seed_base"):
             check_int(f"RetrievalConfig.{n}", getattr(self, n), 0)
-        from .scheduler import CODE_PATHS
+        from ..jobs.codepath import CODE_PATHS
         if self.cpu_code_path not in CODE_PATHS:
             raise ValueError(f"RetrievalConfig.cpu_code_path={self.cpu_code_path!r} is not allowed; choose one of "
                              f"{', '.join(CODE_PATHS)}")
@@ -281,20 +264,13 @@ class RetrievalConfig:
         return max([self.train_context[1]] + [c.context for c in self.conditions]) + 2 * self.queries
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = to_dict(self, "train_pairs", "train_context", "lr_grid", "variants", "quant_bits")
         d["conditions"] = [c.to_dict() for c in self.conditions]
-        for k in ("train_pairs", "train_context", "lr_grid", "variants", "quant_bits"):
-            d[k] = list(d[k])
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RetrievalConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown RetrievalConfig key(s): {', '.join(unknown)}; "
-                             f"allowed: {', '.join(sorted(known))}")
-        return cls(**d)
+        return from_dict(cls, d)
 
     def replace(self, **changes: Any) -> RetrievalConfig:
         d = dataclasses.asdict(self)

@@ -8,9 +8,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..eval.plotting import color, label, pyplot
-
-plt = pyplot()  # the package's one matplotlib set-up (Agg) and colour table, as in the report's other figures
+from ..eval.plotting import color, label
+from ..studies.report import plt
+from ..studies.report import save as _save
 
 
 def _ms(xs):
@@ -25,13 +25,6 @@ def _acc(results, v, cond):
 def _accuracy_axis(ax, bars: list[tuple[float, float]]) -> None:
     """An accuracy axis from 0 to just above 1, or above the highest mean + sd, so that no error bar is cut."""
     ax.set_ylim(0, max([1.02] + [m + s + 0.03 for m, s in bars]))
-
-
-def _save(fig, path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
 
 
 def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:

@@ -1,6 +1,7 @@
 """What PROTOCOL.md (version 3) decides, one function per section: which jobs exist, which learning rate wins, and
-the learning-rate robustness endpoint. Nothing here runs a job: ``scheduler.py`` runs what ``needed_jobs`` declares,
-in whatever order and on whatever worker, and hands the finished jobs back.
+the learning-rate robustness endpoint (the lr choice's replay is ``studies/lr.py``'s). Nothing here runs a job:
+``benchmark.py`` runs what ``needed_jobs`` declares on ``jobs/``, in whatever order and on whatever worker, and
+hands the finished jobs back.
 
 A job is one model: ``Job(variant, seed, lr)``, trained on the seed's stream at that lr, then measured on the
 validation split (the lr choice) and the test split (the verdicts).
@@ -9,9 +10,10 @@ validation split (the lr choice) and the test split (the verdicts).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple, Optional
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
+from ..studies.lr import LrChoice, next_lr, replay_lr_choice
 from .config import RetrievalConfig
 
 
@@ -41,48 +43,6 @@ def choose_lr(scores: list[dict[str, Any]]) -> float:
     """The pre-registered rule: the highest mean validation accuracy at the primary condition; ties (equal to the
     12th digit) go to the lower mean answer loss, then to the smaller lr."""
     return min(scores, key=lambda s: (-round(s["val_accuracy"], 12), s["val_loss"], s["lr"]))["lr"]
-
-
-def next_lr(grid: list[float], chosen: float) -> Optional[float]:
-    """The value one step past the edge where ``chosen`` sits (the grid's own ratio at that edge, 2 for a one-value
-    grid); None when ``chosen`` is inside the grid."""
-    g = sorted(grid)
-    if len(g) == 1:
-        return None
-    if chosen == g[-1]:
-        return g[-1] * (g[-1] / g[-2])
-    if chosen == g[0]:
-        return g[0] / (g[1] / g[0])
-    return None
-
-
-class LrChoice(NamedTuple):
-    """A variant's lr choice from the runs so far: ``lr`` when settled (None while runs are missing), the values
-    run so far, and the widened ones."""
-
-    lr: Optional[float]
-    grid: list[float]
-    widened: list[float]
-
-
-def replay_lr_choice(grid: Sequence[float], widen: int, seeds: Sequence[int],
-                     run_at: Callable[[float, int], Optional[dict[str, Any]]],
-                     choose: Callable[[list[dict[str, Any]]], float]) -> LrChoice:
-    """Replay an lr choice from the finished runs, the idea both studies share (here "Learning rates"; the
-    language-model sweep's "Seeds, learning rates and the choice"): the grid on every seed; at a chosen edge the
-    next value (``next_lr``), up to ``widen`` times. ``run_at(lr, seed)``: the finished run or None; ``choose``:
-    the study's own pre-registered rule over the runs of the grid so far."""
-    grid, widened = list(grid), list[float]()
-    while True:
-        runs = [run_at(lr, s) for lr in grid for s in seeds]
-        if any(r is None for r in runs):
-            return LrChoice(None, grid, widened)
-        chosen = choose([r for r in runs if r is not None])
-        nxt = next_lr(grid, chosen)
-        if nxt is None or len(widened) >= widen:
-            return LrChoice(chosen, grid, widened)
-        grid.append(nxt)
-        widened.append(nxt)
 
 
 def lr_choice(cfg: RetrievalConfig, variant: str, done: dict[Job, dict[str, Any]]) -> LrChoice:

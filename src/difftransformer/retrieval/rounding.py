@@ -9,15 +9,12 @@ variants, and the page says so. ``OUT/rounding.json`` holds both tables; ``OUT/r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from ..jobs import RunOptions
 from .config import RetrievalConfig
 from .statistics import verdicts
-
-ROUNDING_JSON = "rounding.json"
 
 
 def verdict_table(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -44,17 +41,15 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 def rounding_check(first: dict[str, Any], cfg: RetrievalConfig, out_dir: str | Path, workers: int = 2,
                    progress: bool = True, quick: bool = False, options: Optional[RunOptions] = None) -> dict[str, Any]:
     """Run the benchmark of ``cfg`` (the first run's configuration under another code path) into
-    ``out_dir/rounding-PATH`` and write ``out_dir/rounding.json``."""
-    from ..fileio import atomic_write
+    ``out_dir/rounding-PATH``; the command writes the check to ``out_dir/rounding.json``
+    (``studies.cli.write_rounding``)."""
     from .benchmark import run_benchmark
     if cfg.cpu_code_path == first["config"]["cpu_code_path"]:
         raise ValueError(f"--rounding-check {cfg.cpu_code_path}: the benchmark already ran that CPU code path; "
                          "name another one")
     second = run_benchmark(cfg, Path(out_dir) / f"rounding-{cfg.cpu_code_path}", workers=workers, progress=progress,
                            quick=quick, options=options)
-    check = compare(first, second)
-    atomic_write(Path(out_dir) / ROUNDING_JSON, json.dumps(check, indent=1) + "\n")
-    return check
+    return compare(first, second)
 
 
 def format_rounding(check: dict[str, Any]) -> str:

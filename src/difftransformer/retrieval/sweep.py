@@ -26,11 +26,11 @@ import numpy as np
 
 from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..model import variants as registry
-from ..rundir.files import SWEEP_RESULTS_NAME
+from ..rundir.files import SWEEP_RESULTS_NAME, WIDTH_SWEEP_JOURNAL
 from .config import RetrievalConfig
 
 MIN_SLOPE = 1e-6  # a fitted slope at or below this is flat (saturated or untrained curves): no ratio
-SWEEP_JOURNAL = "sweep-jobs.jsonl"
+SWEEP_JOURNAL = WIDTH_SWEEP_JOURNAL
 
 
 def fit_logit(params: Sequence[float], accs: Sequence[float], n: int) -> tuple[float, float]:
@@ -164,7 +164,8 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
 
 
 def plot_sweep(res: dict[str, Any], path) -> Path:
-    from .plots import _save, color, label, plt
+    from ..eval.plotting import color, label
+    from ..studies.report import plt, save
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     n = res["n_queries"]
     for v, ps in res["params"].items():
@@ -182,7 +183,7 @@ def plot_sweep(res: dict[str, Any], path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.set_title("width sweep, each variant at its lr per width, seed mean +- sd, logit fits", fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def format_sweep(res: dict[str, Any]) -> str:

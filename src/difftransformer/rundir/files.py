@@ -35,10 +35,18 @@ ADAPTER_BASE_DIR = "adapter_base"
 MODEL_CARD_NAME = "README.md"
 # A sweep's output directory (``retrieval.sweep``, ``lmsweep.sweep``): its results (read by the report and the demo).
 SWEEP_RESULTS_NAME = "sweep.json"
+# A study's output directory: the retrieval benchmark's results (and the report's), the rounding check of either
+# study (``studies.cli.write_rounding``), and each study's job journal (``jobs.Journal``).
+RESULTS_NAME = "results.json"
+ROUNDING_NAME = "rounding.json"
+RETRIEVAL_JOURNAL = "jobs.jsonl"
+WIDTH_SWEEP_JOURNAL = "sweep-jobs.jsonl"
+LM_SWEEP_JOURNAL = "lm-jobs.jsonl"
 
 __all__ = ["PathLike", "RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR",
            "STEP_PREFIX", "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME",
-           "ADAPTER_WEIGHTS_NAME", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "SWEEP_RESULTS_NAME", "CONFIG_NAME",
+           "ADAPTER_WEIGHTS_NAME", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "SWEEP_RESULTS_NAME", "RESULTS_NAME",
+           "ROUNDING_NAME", "RETRIEVAL_JOURNAL", "WIDTH_SWEEP_JOURNAL", "LM_SWEEP_JOURNAL", "CONFIG_NAME",
            "WEIGHTS_NAME", "MANIFEST_NAME", "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir",
            "metrics_path", "tensorboard_dir", "checkpoints_dir", "step_dir", "adapter_dir", "adapter_base_dir"]
 

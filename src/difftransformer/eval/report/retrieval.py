@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...model.variants import label as vlabel
+from ...rundir import ROUNDING_NAME
 from .. import stats
 from .html import deviations_note, inline
 
@@ -206,7 +207,7 @@ def _failures_notes(results: dict[str, Any]) -> list[str]:
 
 def _rounding_part(fig_dir: Path, table) -> str:
     """The rounding check's tables, where ``fig_dir`` holds its rounding.json; else nothing."""
-    rounding = fig_dir / "rounding.json"
+    rounding = fig_dir / ROUNDING_NAME
     if not rounding.is_file():
         return ""
     import json

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from ...fileio import atomic_write, read_json
 from ...log import progress_bar
-from ...rundir import SWEEP_RESULTS_NAME
+from ...rundir import RESULTS_NAME, SWEEP_RESULTS_NAME
 from ..analyses import MULTI_RUN, PER_RUN
 from ..loading import EvalModel, load_for_eval
 from ..spec import AnalysisSpec
@@ -93,7 +93,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     for ev in evs:  # two runs of one variant and seed: name them by directory
         if labels.count(ev.label) > 1:
             ev.label = f"{ev.label} ({Path(ev.source).name})"
-    bench = read_json(Path(retrieval_dir) / "results.json") if retrieval_dir is not None else None
+    bench = read_json(Path(retrieval_dir) / RESULTS_NAME) if retrieval_dir is not None else None
     sweep = read_json(Path(lm_sweep_dir) / SWEEP_RESULTS_NAME) if lm_sweep_dir is not None else None
     settings = Settings(quick, seed, progress)
     out = Path(out_dir)
@@ -129,6 +129,6 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
                **multi}
     if lm_sweep_provenance is not None:
         results["lm_sweep_provenance"] = lm_sweep_provenance
-    atomic_write(out / "results.json", json.dumps(results, indent=1, default=float) + "\n")
+    atomic_write(out / RESULTS_NAME, json.dumps(results, indent=1, default=float) + "\n")
     atomic_write(out / "report.html", page)
     return out / "report.html"
