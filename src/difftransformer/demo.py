@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from .extras import require_all
+from .jobs.codepath import DEVICES, Device
 from .rundir import RESULTS_NAME
 
 QUICK_STEPS = 30
@@ -163,7 +164,8 @@ def print_table(rows: list[tuple[str, int, float, float]]) -> None:
           "here)\n")
 
 
-def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: bool, device: str = "cpu") -> Path:
+def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: bool,
+                        device: Device = "cpu") -> Path:
     """Run (or reuse, or resume) the token-level retrieval benchmark into ``out/retrieval``; returns that directory.
     A complete run on the same device is reused; an interrupted one resumes from its job journal
     (``difftransformer.jobs``)."""
@@ -350,7 +352,7 @@ def register(sub) -> None:
                         "page after the retrieval benchmark (default: the repository's committed version-2 results, "
                         "rebuilt from their journal and marked as not measured in this run); the demo does not run "
                         "the sweep")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+    p.add_argument("--device", choices=DEVICES, default=None,
                    help="where the retrieval benchmark's jobs and the language models train; by default the "
                         "benchmark on the CPU (the README's numbers) and the models on the preset's train.device "
                         "(auto); GPU results differ from CPU ones and are journaled apart")

@@ -23,7 +23,8 @@ from typing import Any, Literal, Optional, get_args
 
 CodePath = Literal["machine", "avx2", "avx512"]  # a study config's ``cpu_code_path``
 CODE_PATHS: tuple[CodePath, ...] = get_args(CodePath)
-DEVICES = ("cpu", "cuda")
+Device = Literal["cpu", "cuda"]  # where a study's jobs train
+DEVICES: tuple[Device, ...] = get_args(Device)
 _ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
         "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}}
 _TORCH_NAME = {"avx2": "AVX2", "avx512": "AVX512"}  # torch.backends.cpu.get_cpu_capability() under each

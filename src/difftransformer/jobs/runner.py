@@ -21,14 +21,15 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Generic, Optional, TypeVar
+from typing import Any, Generic, Literal, Optional, TypeVar, get_args
 
-from .codepath import CODE_PATHS, DEVICES, check_device, in_code_path, process_env
+from .codepath import CODE_PATHS, DEVICES, Device, check_device, in_code_path, process_env
 from .journal import Journal
 from .outcome import Failure, Incomplete, clear_failure, fails_by_injection, injected_failure, label, record_failure
 
 J = TypeVar("J", bound=Hashable)
-EXECUTORS = ("local", "ray")
+Executor = Literal["local", "ray"]
+EXECUTORS: tuple[Executor, ...] = get_args(Executor)
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,11 @@ class RunOptions:
     each job trains ("cpu" or "cuda"); ``progress`` a progress bar; ``time_limit`` seconds after ``start`` (when
     these options were made: the command's start) no job starts (None: no limit)."""
     workers: int = 2
-    executor: str = "local"
+    executor: Executor = "local"
     ray_address: Optional[str] = None
     cpus_per_job: float = 1
     gpus_per_job: float = 0
-    device: str = "cpu"
+    device: Device = "cpu"
     progress: bool = True
     time_limit: Optional[float] = None
     start: float = field(default_factory=time.monotonic, compare=False, repr=False)

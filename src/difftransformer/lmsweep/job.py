@@ -95,24 +95,22 @@ def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int,
     the outlier windows, added to the result) serve the V1 diagnostic (``diagnostic.py``)."""
     import torch
 
-    from ..data.shards import WindowSampler, read_prepared
+    from ..data.shards import read_prepared
     from ..eval.outliers import collect
     from ..jobs import check_code_path
-    from ..model.transformer import DiffTransformerLM
-    from ..train.distributed import DistInfo
+    from ..train.distributed import DistInfo, pick_device
     from ..train.optim import build_optimizer
-    from ..train.steps import autocast_for, optimizer_steps
+    from ..train.steps import autocast_for, new_model, new_sampler, optimizer_steps
 
     cap = check_code_path(cfg.cpu_code_path)
     tc = train_config(cfg, width, variant, seed, lr, data_dir, device, model_overrides)
     data = read_prepared(Path(data_dir), tc.data)
     if data is None:
         raise FileNotFoundError(f"{data_dir} holds no prepared data of the preset {cfg.preset!r}")
-    info = DistInfo(device=torch.device(device))
-    torch.manual_seed(seed)
-    model = DiffTransformerLM(tc.model).to(info.device)
+    info = DistInfo(device=pick_device(device, 0))  # the one place a device name becomes a device
+    model = new_model(tc, info.device)  # the trainer's setup: the same seed, model, optimizer and windows
     opt = build_optimizer(model, tc.train)
-    sampler = WindowSampler(data.num_tokens["train"], cfg.seq_len, seed)
+    sampler = new_sampler(tc, data)
     autocast = autocast_for(info.device, "float32")
     val = data.tokens("val")
     tune, test = validation_halves(data.num_tokens["val"], cfg.seq_len)

@@ -41,18 +41,20 @@ def _job(cfg_d: dict, variant: str, seed: int, lr: float, device: str = "cpu") -
     import torch
 
     from ..jobs import check_code_path
+    from ..train.distributed import pick_device
     from .evaluate import evaluate_model, validation
     from .train import train_model
     cfg = RetrievalConfig.from_dict(cfg_d)
     cap = check_code_path(cfg.cpu_code_path)
-    with torch.device(device) if device != "cpu" else contextlib.nullcontext():
+    dev = pick_device(device, 0)  # the one place a device name becomes a device (the trainer's)
+    with torch.device(dev) if dev.type != "cpu" else contextlib.nullcontext():
         r = train_model(cfg, variant, seed, lr)
         model = r.pop("model")
         out = {"variant": variant, "seed": seed, "lr": lr, "params": r["params"], "losses": r["losses"],
                "train_s": r["train_s"], "train_cpu_s": r["train_cpu_s"], "paired_tensors": len(r["copied"]),
                "cpu_capability": cap}
-        if device != "cpu":
-            out["device"] = torch.cuda.get_device_name()
+        if dev.type != "cpu":
+            out["device"] = torch.cuda.get_device_name(dev)
         t0 = time.perf_counter()
         out.update(validation(model, cfg))
         out.update(evaluate_model(model, cfg))

@@ -21,6 +21,20 @@ from .optim import lr_at, negative_weight_at
 MAX_NONFINITE_STREAK = 5
 
 
+def new_model(cfg: TrainConfig, device: torch.device):
+    """A fresh model of ``cfg.model`` drawn from ``train.seed`` on the CPU, then moved to ``device`` (so every rank and
+    every device starts from the same weights): the first step of every training's setup."""
+    from ..model.transformer import DiffTransformerLM
+    torch.manual_seed(cfg.train.seed)
+    return DiffTransformerLM(cfg.model).to(device)
+
+
+def new_sampler(cfg: TrainConfig, data: PreparedData) -> WindowSampler:
+    """The training windows' sampler, seeded by ``train.seed`` alone (every variant and width sees the same
+    windows in the same order at a seed)."""
+    return WindowSampler(data.num_tokens["train"], cfg.data.seq_len, cfg.train.seed)
+
+
 def autocast_for(device: torch.device, precision: str):
     """bf16 autocast where the device supports it (CUDA with bf16); float32 elsewhere unless asked."""
     use_bf16 = precision == "bfloat16" or (

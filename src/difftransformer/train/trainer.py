@@ -21,7 +21,6 @@ import torch
 from .. import rundir
 from ..data.shards import (
     PreparedData,
-    WindowSampler,
     check_fits,
     eval_starts,
     fingerprint,
@@ -48,7 +47,7 @@ from .distributed import (
 )
 from .metrics import LambdaProbe, MetricsLogger, require_tensorboard
 from .optim import build_optimizer
-from .steps import MAX_NONFINITE_STREAK, autocast_for, optimizer_steps
+from .steps import MAX_NONFINITE_STREAK, autocast_for, new_model, new_sampler, optimizer_steps
 
 
 @dataclass
@@ -266,8 +265,7 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
         rundir.write_run_config(run_dir, cfg.to_json())
         atomic_copy(data.tokenizer_file, rundir.tokenizer_path(run_dir))
 
-    torch.manual_seed(cfg.train.seed)
-    raw = DiffTransformerLM(cfg.model).to(info.device)  # built on CPU by the seed, so every rank starts equal
+    raw = new_model(cfg, info.device)  # built on CPU by the seed, so every rank starts equal
     if ckpt is None and cfg.train.init_from:  # continued training: the source's weights (every rank, before wrap)
         from .init_from import load_source_weights
         raw.load_state_dict(load_source_weights(cfg))
@@ -283,7 +281,7 @@ def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, 
                      "stays as loaded, its DIFF V1 negative-branch weight included")
     model = wrap(raw, cfg.train.parallel, info)
     optimizer = build_optimizer(raw, cfg.train)
-    sampler = WindowSampler(data.num_tokens["train"], cfg.data.seq_len, cfg.train.seed)
+    sampler = new_sampler(cfg, data)
     start, tokens_seen = 0, 0
     if ckpt is not None:
         state = ckpt_io.load_checkpoint(ckpt, raw, optimizer, cfg.model)
