@@ -111,13 +111,6 @@ def layer_measures(model, items: Sequence[EncodedHaystack], pad_id: int,
     return {k: torch.stack(v) for k, v in out_all.items()}
 
 
-def layer_masses(model, items: Sequence[EncodedHaystack], pad_id: int,
-                 batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per haystack and layer, the head-averaged signed masses: two (n_items, n_layers) tensors."""
-    m = layer_measures(model, items, pad_id, batch_size)
-    return m["answer_signed"], m["noise_signed"]
-
-
 def _sem(x: torch.Tensor) -> float:
     return float(x.std() / len(x) ** 0.5) if len(x) > 1 else 0.0
 
