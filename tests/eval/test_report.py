@@ -149,3 +149,16 @@ def test_learned_lambda_reaches_the_report(evs):
         lam = training_summary(evs[variant])["lambda"]
         assert lam["name"] == key and len(lam["values"]) == len(evs[variant].model.layers)
     assert training_summary(evs["baseline"])["lambda"] == {}
+
+
+def test_a_figure_wider_than_the_column_scrolls_instead_of_shrinking(tmp_path):
+    """Fig. 1 with a token under each key is wider than the page: shown at its own size in a sideways-scrolling box;
+    one that fits the column is an ordinary (scaled) image."""
+    from PIL import Image
+
+    from difftransformer.eval.report.html import COLUMN_PX, wide_image
+
+    for width, wide in ((COLUMN_PX, False), (2 * COLUMN_PX, True)):
+        Image.new("RGB", (width, 50), "white").save(tmp_path / "f.png")
+        html = wide_image(tmp_path / "f.png", "Fig. 1")
+        assert ("<div class='wide'>" in html) == wide and ("scroll sideways" in html) == wide

@@ -90,13 +90,17 @@ def image(path: Path, alt: str) -> str:
     return f'<p><img alt="{_esc(alt)}" src="data:image/png;base64,{data}"></p>'
 
 
-# Figures drawn wider than the page (one bar per key of a long context: Fig. 1's attention map), shown at their own
-# size in a box that scrolls sideways, so that their labels stay legible.
+# Figures drawn wider than the page (one bar per key, each key's token written under it: Fig. 1's attention map of
+# a short context) are shown at their own size in a box that scrolls sideways, so that their labels stay legible.
 WIDE = ("attnmap",)
+COLUMN_PX = 1100  # the page's column (CSS max-width)
 
 
 def wide_image(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
+    raw = path.read_bytes()
+    if int.from_bytes(raw[16:20], "big") <= COLUMN_PX:  # the PNG header's width: it fits the column
+        return image(path, alt)
+    data = base64.b64encode(raw).decode()
     return (f"<p class='note'>Drawn at full size (scroll sideways).</p><div class='wide'><img alt=\"{_esc(alt)}\" "
             f"src=\"data:image/png;base64,{data}\"></div>")
 
