@@ -52,8 +52,8 @@ def test_the_committed_sweep_is_rebuilt_not_trained(tmp_path):
     runs, never trained again."""
     import shutil
 
-    from difftransformer.lmsweep import committed
     from difftransformer.eval.report.lmsweep import section
+    from difftransformer.lmsweep import committed
     from difftransformer.lmsweep.sweep import JOURNAL
 
     prov = committed.rebuild(tmp_path / "sweep")
