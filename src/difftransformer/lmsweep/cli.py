@@ -71,6 +71,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and seed) and the largest width's lr grid (about half the jobs), decided at the reference's "
                         "lr choices (not replayed: a choice that rounding would move is not checked); the same "
                         "journal, so a later run with 'all' completes the whole check")
+    p.add_argument("--diagnostic", choices=("v1",),
+                   help="instead of the sweep, the DIFF V1 loss diagnostic (DIAGNOSTIC.md beside PROTOCOL.md): four "
+                        "one-change arms of DIFF V1 at the reference's largest width, each with its lr grid on every "
+                        "seed, and the baseline and DIFF V1 rerun at the reference's chosen lrs; needs --reference; "
+                        "writes OUT/diagnostic.json, OUT/diagnostic-curves.png, OUT/diag-jobs.jsonl (resumable); "
+                        "about 70 jobs of 1-2 CPU-minutes at the cpu scale")
+    p.add_argument("--reference", metavar="DIR",
+                   help="with --diagnostic: a finished protocol-version-2 sweep (its lm-jobs.jsonl) whose "
+                        "configuration, data and lr choices the diagnostic uses, e.g. docs/results/lm-sweep-v2")
     jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device,
     # --time-limit
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -105,6 +114,12 @@ def _run_cli(args) -> int:
     options = jobs_cli.options_from_args(args)
     from ..rundir.files import SWEEP_RESULTS_NAME
     from .sweep import format_sweep, run_lm_sweep
+    if args.diagnostic is not None or args.reference is not None:
+        if args.diagnostic is None or args.reference is None:
+            raise ValueError("--diagnostic v1 and --reference DIR go together")
+        from .diagnostic import format_diagnostic, run_diagnostic
+        print(format_diagnostic(run_diagnostic(args.reference, args.out, options)))
+        return 0
     if args.rounding_partial is not None:
         from .rounding import format_partial_rounding, partial_rounding
         print(format_partial_rounding(partial_rounding(args.rounding_partial, args.out, args.rounding_scope)))
