@@ -62,10 +62,10 @@ GPU_HAS_TORCH = $(GPU_PY) -c "import importlib.util as u, sys; sys.exit(0 if u.f
 GPU_CHECK = $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make $@ needs a CUDA device: torch.cuda.is_available() is False')"
 GPU_RUN = bash -o pipefail -c
 
-# The whole check in at most 6 minutes (src/difftransformer/bench/gpu_check.py; docs/gpu.md): each step under its
-# own time limit (env 20 s, tests 75, attention paper-3b 40, attention bench 35, decode sdpa 25, decode triton 30,
-# train bench 55, train paper-3b 110, small jobs 35) and all under a 350 s budget; a step that overruns is killed
-# and recorded, the rest still run. Writes runs/gpu/summary.md, summary.json and each step's raw output.
+# The whole check in at most 5 minutes on an H100 (src/difftransformer/bench/gpu_plan.py; docs/gpu.md): each step
+# under its own time limit, at least 1.2x its time on an H100 (env 8 s, cuda-smoke 50, candidates 39, tests 48,
+# attention 31, decode 27, train 54, small-jobs 35: 292 s) and all under a 294 s budget; a step that overruns is
+# killed and recorded, the rest still run. Writes runs/gpu/summary.md, summary.json and each step's raw output.
 # GPU_CHECK_ARGS: more flags of `gpu_check run`, e.g. "--commit abc1234" where the machine's copy has no .git.
 # `make gpu-check-dry`: the same steps on the CPU at toy size (the plumbing, not a measurement) into runs/gpu-dry/.
 GPU_CHECK_ARGS ?=
@@ -76,7 +76,7 @@ gpu-check:
 gpu-check-dry: install
 	PYTHONPATH=src $(PY) -m difftransformer.bench.gpu_check run --dry-run --out runs/gpu-dry
 
-# Only the GPU tests (gpu-check's "tests" step, its file list and 75 s limit): runs/gpu/tests.txt and a summary.
+# Only the GPU tests (gpu-check's "tests" step: its files in 8 pytest shards, its 48 s limit): runs/gpu/tests.txt.
 gpu-test:
 	@$(GPU_HAS_TORCH)
 	@PYTHONPATH=src $(GPU_PY) -m difftransformer.bench.gpu_check run --steps tests --out runs/gpu

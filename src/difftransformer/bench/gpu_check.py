@@ -1,5 +1,5 @@
 """`make gpu-check` (``python -m difftransformer.bench.gpu_check run``): the whole GPU verification in one command
-that fits a short GPU slot, at most 6 minutes on one H100-class GPU.
+that fits a short GPU slot: at most 5 minutes (300 s) on one H100.
 
 It runs the GPU tests and the GPU measurements of issue 41 (items 3 and 4) as steps, each a subprocess with its own
 time limit (a step that overruns is killed with its process group and recorded as ``timeout``; a failing step is
@@ -10,37 +10,19 @@ Triton configs the kernels chose, the small-job throughput and the proposed ``TR
 (``bench/gpu_summary.py``, the outputs read by ``bench/gpu_readers.py``). Only the repository and the machine's
 PyTorch/Triton are needed: no network, no data.
 
-The budget, per step, from the H200 run of 2026-11-26 (commit 5fdef50, torch 2.11.0+cu130, Triton 3.6.0):
+The steps, their limits and the H100 times the limits are planned from are ``bench/gpu_plan.py``'s (its table):
+a device smoke of every command (``bench/cuda_smoke.py``), the Triton candidates (``bench/gpu_candidates.py``), the
+GPU tests in parallel shards (``bench/gpu_tests.py``), attention fwd+bwd at both shapes and the fused kernel's
+breakdown (``bench kernels``), decode and training (every case in one process), the small retrieval jobs. A step
+with parts runs several measurements in one process (``gpu_check parts STEP``, each between ``# gpu-check part:``
+lines; ``gpu_readers.split_parts`` reads each as its own measurement); the rest are one command each.
 
-======================  ======  ==============================================================================
-step                    limit   basis
-======================  ======  ==============================================================================
-env                     20 s    import torch + CUDA init, a few seconds
-candidates              75 s    (new; an estimate, not measured) every Triton candidate the later steps' tuner
-                                may try (62 on sm_90, 50 on sm_80), compiled and checked against the float64
-                                oracle in up to 16 worker processes: ~10 s per worker to start (torch, CUDA),
-                                then ~4 rounds of compiles of a few seconds each (3 kernels per backward job)
-tests                   75 s    the GPU test files took 64 s (32 of them failing); run with the default tiles
-                                (DIFFTRANSFORMER_TRITON_TUNE=0): the candidates step checked the others
-attention-3b            40 s    paper-3b N=4096/16384, 3 rounds: 53 s with memory, most of it the 10 fresh
-                                processes of the memory columns (about 5 s each), which this check leaves out
-attention               35 s    bench shape N=2048/8192, 5 rounds: about 60 s with memory (3 sizes took 90 s)
-decode-sdpa             25 s    cuda-graph, batch 1/8, context 2048/8192: 18 s
-decode-triton           30 s    the same: 19 s, plus measuring the kernel's candidate tiles
-train                   55 s    bench shape 8 x 1024, 5 cases each in a fresh process: 49 s
-train-3b                60 s    paper-3b, 4 layers, seq 4096: 104 s when each of its 5 cases built its 1.07B model
-                                on the CPU (~20 s each); now built on the GPU (estimate: ~10 s a case)
-small-jobs              35 s    one job at a time per variant, then 8 and 16 processes: 100 steps each
-======================  ======  ==============================================================================
-
-The limits add up to 450 s; the budget (``--budget``, 350 s) caps the run and the steps are ordered so that the
-ones the goals of item 3 need most come first. On a fresh machine Triton's on-disk cache is empty: without the
-candidates step, the first call of each shape in a bench would compile every candidate serially inside the bench
-(about a hundred compiles), far past the benches' limits; after it, the benches load them from the cache and only
-time them. Its list of candidates left out (wrong or failed on this GPU) is ``OUT/candidates-skip.json``, which
-every step's tuner reads (``DIFFTRANSFORMER_TRITON_SKIP``). Attention runs without its memory columns
-(``attention-time``: ``bench attention`` with the per-case memory processes left out, the time ratios untouched),
-which is what makes the rest fit. ``--dry-run`` runs every step on the CPU at toy size (the same commands, readers
+On a fresh machine Triton's on-disk cache is empty: without the candidates step, the first call of each shape in a
+bench would compile every candidate serially inside the bench (about a hundred compiles), far past the benches'
+limits; after it, the benches load them from the cache and only time them. Its list of candidates left out (wrong or
+failed on this GPU) is ``OUT/candidates-skip.json``, which every step's tuner reads (``DIFFTRANSFORMER_TRITON_SKIP``).
+Attention runs without its memory columns (``attention-time``: ``bench attention`` with the per-case memory processes
+left out, the time ratios untouched). ``--dry-run`` runs every step on the CPU at toy size (the same commands, readers
 and summary), to check the plumbing without a GPU; ``--steps`` runs a subset (a rerun of one that timed out).
 """
 
@@ -58,86 +40,27 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..model.attention.triton_tuning import SKIP_ENV
 from . import gpu_readers, gpu_summary
+from .gpu_plan import (  # noqa: F401  (re-exported: the plan is read through this module too)
+    BUDGET_S,
+    CANDIDATES,
+    GPU_TEST_FILES,
+    MIN_STEP_S,
+    MODULE,
+    TESTS_ENV,
+    Step,
+    dry_plan,
+    find,
+    gpu_plan,
+)
 
-BUDGET_S = 350.0  # the whole run: 6 minutes less 10 s for starting and the summary
-MIN_STEP_S = 5.0  # a step with less than this left of the budget is skipped, not started
-GPU_TEST_FILES = ("tests/model/test_triton_diff.py", "tests/model/test_triton_fallback.py", "tests/model/test_cuda.py")
-MODULE = "difftransformer.bench.gpu_check"  # the step commands below run it as python -m MODULE
-CANDIDATES = "difftransformer.bench.gpu_candidates"  # the candidates step
-# The GPU tests run the kernels' default tiles (what their tolerances were written for): the candidates step has
-# checked every other config the tuner may pick, and tuning inside the tests would compile them all again.
-TESTS_ENV = (("DIFFTRANSFORMER_TRITON_TUNE", "0"),)
+# triton_tuning.SKIP_ENV, spelled here so that the check itself never imports torch (tests compare the two)
+SKIP_ENV = "DIFFTRANSFORMER_TRITON_SKIP"
 SKIP_FILE = "candidates-skip.json"  # in the output directory: the candidates step writes it, the tuner reads it
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the difftransformer package (PYTHONPATH)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One command of the check: ``python -m <args>``; ``kind`` names its reader in ``gpu_readers.READERS``."""
-
-    name: str
-    kind: str
-    args: tuple[str, ...]
-    limit_s: float
-    env: tuple[tuple[str, str], ...] = ()  # variables set for this step only (on top of ``child_env``)
-
-
-def _bench(what: str, *flags: str) -> tuple[str, ...]:
-    return ("difftransformer", "bench", what, *flags)
-
-
-def gpu_plan() -> list[Step]:
-    """The steps on a GPU, in the order they run (see the module's table for each limit's basis)."""
-    attention = ("--device", "cuda", "--dtype", "bfloat16", "--backends", "sdpa", "triton")
-    decode = ("--device", "cuda", "--decode-mode", "cuda-graph", "--batch", "1", "8", "--contexts", "2048", "8192",
-              "--new-tokens", "64", "--no-hf", "--backend")
-    train = ("--device", "cuda", "--precision", "bfloat16", "--backends", "sdpa", "triton", "--timeout", "100")
-    return [
-        Step("env", "env", (MODULE, "env"), 20),
-        Step("candidates", "candidates", (CANDIDATES,), 75),
-        Step("tests", "tests", ("pytest", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES), 75, TESTS_ENV),
-        Step("attention-3b", "attention", (MODULE, "attention-time", "--shape", "paper-3b", *attention,
-                                           "--seq-lens", "4096", "16384", "--repeats", "3"), 40),
-        Step("attention", "attention", (MODULE, "attention-time", *attention, "--seq-lens", "2048", "8192",
-                                        "--repeats", "5"), 35),
-        Step("decode-sdpa", "decode", _bench("decode", *decode, "sdpa"), 25),
-        Step("decode-triton", "decode", _bench("decode", *decode, "triton"), 30),
-        Step("train", "train", _bench("train", *train, "--batch", "8"), 55),
-        Step("train-3b", "train", _bench("train", *train, "--shape", "paper-3b", "--layers", "4", "--seq-len", "4096"),
-             60),
-        Step("small-jobs", "small-jobs", ("difftransformer.bench.small_jobs", "--device", "cuda", "--steps", "100",
-                                          "--processes", "8", "16"), 35),
-    ]
-
-
-def dry_plan() -> list[Step]:
-    """The same steps on the CPU at toy size: ``blocked`` stands in for ``triton`` (which needs CUDA), a tiny
-    model for each shape, pytest on the CUDA-only test file (every case skips there)."""
-    toy = ("--d-model", "64", "--vocab-size", "256")
-    attention = ("--device", "cpu", "--dtype", "float32", "--backends", "sdpa", "blocked", "--d-model", "64",
-                 "--head-dim", "16", "--repeats", "1")
-    decode = ("--device", "cpu", "--batch", "1", "--contexts", "8", "--new-tokens", "2", "--rounds", "1", "--layers",
-              "1", "--head-dim", "16", *toy, "--no-hf", "--backend", "sdpa")
-    train = ("--device", "cpu", "--backends", "sdpa", "blocked", "--seq-len", "16", "--batch", "2", "--layers", "1",
-             "--heads", "4", "--steps", "1", "--warmup", "0", "--timeout", "60", *toy)
-    return [
-        Step("env", "env", (MODULE, "env"), 30),
-        Step("candidates", "candidates", (CANDIDATES, "--dry-run"), 60),  # 8 candidates: about 8 s on 2 cores
-        Step("tests", "tests", ("pytest", "-q", "-p", "no:cacheprovider", "tests/model/test_cuda.py"), 60, TESTS_ENV),
-        Step("attention-3b", "attention", (MODULE, "attention-time", "--shape", "paper-3b", *attention,
-                                           "--seq-lens", "32"), 30),
-        Step("attention", "attention", (MODULE, "attention-time", *attention, "--seq-lens", "16", "32"), 30),
-        Step("decode-sdpa", "decode", _bench("decode", *decode), 30),
-        Step("train", "train", _bench("train", *train), 150),  # 5 fresh processes: 50-60 s on 2 loaded cores
-        Step("small-jobs", "small-jobs", ("difftransformer.bench.small_jobs", "--device", "cpu", "--steps", "2",
-                                          "--warmup", "1", "--processes", "2"), 120),
-    ]
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -199,7 +122,8 @@ def run_step(step: Step, out_dir: Path, limit_s: float, python: str = sys.execut
     with open(path, "a") as f:
         f.write(f"\n# gpu-check: {step.name} {status} (rc {rc}) after {seconds:.1f} s, limit {limit_s:.0f} s\n")
     return {"name": step.name, "kind": step.kind, "status": status, "rc": rc, "seconds": seconds,
-            "limit_s": limit_s, "command": command, "output": path.name, "text": path.read_text()}
+            "limit_s": limit_s, "command": command, "output": path.name, "text": path.read_text(),
+            "parts": [[p.name, p.kind] for p in step.parts]}
 
 
 def run_steps(steps: Sequence[Step], out_dir: Path, budget_s: float, python: str = sys.executable,
@@ -212,8 +136,8 @@ def run_steps(steps: Sequence[Step], out_dir: Path, budget_s: float, python: str
         left = end - clock()
         if left < MIN_STEP_S:
             results.append({"name": step.name, "kind": step.kind, "status": "skipped", "rc": None, "seconds": 0.0,
-                            "limit_s": 0.0, "command": step_command(step), "output": "",
-                            "text": ""})
+                            "limit_s": 0.0, "command": step_command(step), "output": "", "text": "",
+                            "parts": [[p.name, p.kind] for p in step.parts]})
             log(f"gpu-check: {step.name}: skipped ({left:.0f} s of the budget left)")
             continue
         limit = min(step.limit_s, left)
@@ -253,6 +177,9 @@ def check(args: argparse.Namespace, python: str = sys.executable) -> int:
         unknown = sorted(set(args.steps) - {s.name for s in plan})
         if unknown:
             raise ValueError(f"--steps {' '.join(unknown)}: no such step; choose from {' '.join(s.name for s in plan)}")
+        plan = [plan[0], *(s for s in plan[1:] if s.name in args.steps)]
+    if args.budget is None:  # the dry run measures nothing: every step gets its whole limit however slow the CPU
+        args.budget = sum(s.limit_s for s in plan) if args.dry_run else BUDGET_S
     if args.budget <= 0:
         raise ValueError(f"--budget must be > 0 seconds, got {args.budget}")
     out.mkdir(parents=True, exist_ok=True)
@@ -264,8 +191,7 @@ def check(args: argparse.Namespace, python: str = sys.executable) -> int:
                f"the probe failed ({probe['status']}; see {out / probe['output']})")
         print(f"gpu-check needs a CUDA device: {why}", file=sys.stderr)
         return 2
-    steps = [s for s in plan[1:] if not args.steps or s.name in args.steps]
-    results = [probe, *run_steps(steps, out, args.budget - (time.monotonic() - t0), python)]
+    results = [probe, *run_steps(plan[1:], out, args.budget - (time.monotonic() - t0), python)]
     meta = {"commit": args.commit or commit(), "source_digest": source_digest(),
             "date": datetime.date.today().isoformat(),
             "mode": "dry (CPU, toy sizes)" if args.dry_run else "gpu", "budget_s": args.budget,
@@ -318,6 +244,44 @@ def attention_time(argv: Sequence[str]) -> int:
     return cli_main(["bench", "attention", *argv])
 
 
+def call_module(args: Sequence[str]) -> int:
+    """``python -m MODULE ARGV`` (``args`` = MODULE, *ARGV) in this process: the module's ``main(argv)``'s status;
+    an exception (a bug, not a refusal) is printed and is status 1."""
+    import importlib
+    import traceback
+
+    module, *argv = args
+    try:
+        if module == "difftransformer":
+            from ..cli import main as entry
+        elif module == MODULE:
+            entry = main
+        else:
+            entry = importlib.import_module(module).main
+        return int(entry(argv) or 0)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    except Exception:
+        traceback.print_exc()
+        return 1
+
+
+def run_parts(step: Step) -> int:
+    """``parts``: each of the step's parts in this process, one after the other, between ``# gpu-check part:``
+    lines (``gpu_readers.split_parts``); a part that fails does not stop the next. 1 where one failed."""
+    failed = 0
+    for part in step.parts:
+        print(f"{gpu_readers.PART_PREFIX}{part.name} {part.kind} start: {step_command(part)}", flush=True)
+        t0 = time.monotonic()
+        rc = call_module(part.args)
+        sys.stdout.flush()
+        status = "ok" if rc == 0 else "failed"
+        failed += rc != 0
+        print(f"\n{gpu_readers.PART_PREFIX}{part.name} {status} (rc {rc}) after {time.monotonic() - t0:.1f} s",
+              flush=True)
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m difftransformer.bench.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
@@ -325,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     r = sub.add_parser("run", help="the whole check (what `make gpu-check` runs)", allow_abbrev=False)
     r.add_argument("--out", default=None, help="output directory (default runs/gpu; runs/gpu-dry with --dry-run)")
-    r.add_argument("--budget", type=float, default=BUDGET_S,
-                   help=f"seconds for the whole run; each step gets at most what is left (default {BUDGET_S:g})")
+    r.add_argument("--budget", type=float, default=None,
+                   help=f"seconds for the whole run; each step gets at most what is left (default {BUDGET_S:g}; with "
+                        "--dry-run the dry steps' limits together)")
     r.add_argument("--steps", nargs="+", metavar="STEP", default=None,
                    help="run only these steps (the env probe always runs): "
                         + " ".join(s.name for s in gpu_plan()[1:]))
@@ -334,6 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every step on the CPU at toy size (no GPU needed): checks the plumbing, measures nothing")
     r.add_argument("--commit", default=None, help="the commit to name in the summary (default: git rev-parse HEAD)")
     sub.add_parser("env", help="print the machine's versions and card as one JSON line (a step of run)")
+    pp = sub.add_parser("parts", help="run a step's parts in this process (what run starts for a step with parts)",
+                        allow_abbrev=False)
+    pp.add_argument("step", help="the step: " + " ".join(s.name for s in gpu_plan() if s.parts))
+    pp.add_argument("--dry-run", action="store_true", help="the step of the dry plan")
     sub.add_parser("attention-time", add_help=False,
                    help="bench attention without its memory columns (a step of run); every flag after it is bench "
                         "attention's")
@@ -347,6 +316,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "env":
         return env_probe()
+    if args.command == "parts":
+        try:
+            step = find(dry_plan() if args.dry_run else gpu_plan(), args.step)
+            if not step.parts:
+                raise ValueError(f"step {step.name!r} has no parts")
+        except ValueError as e:
+            print(f"gpu-check: error: parts: {e}", file=sys.stderr)
+            return 2
+        return run_parts(step)
     if args.out is None:
         args.out = "runs/gpu-dry" if args.dry_run else "runs/gpu"
     try:

@@ -1,7 +1,9 @@
 """`make gpu-check`'s readers: each takes one step's printed text (``bench/gpu_check.py``) as it is (the tables of
-``bench attention|train|decode``, pytest's last line, ``bench/small_jobs.py``'s row lines, the candidates' lines, the
-probe's env line) and keeps what it finds, so a step stopped by its time limit still gives the rows it printed.
-``READERS`` maps a step's kind to its reader; ``gpu_summary`` puts their results together.
+``bench attention|train|decode``, the ``# gpu-tests:`` line or pytest's last line, the row lines of
+``bench/small_jobs.py`` and ``bench kernels``, the candidates' and the smoke's lines, the probe's env line) and keeps
+what it finds, so a step stopped by its time limit still gives the rows it printed. ``READERS`` maps a step's kind to
+its reader; ``split_parts`` cuts the output of a step with parts into its parts; ``gpu_summary`` puts the results
+together.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ CONFIG_PREFIX = "# triton config:"
 SMALL_JOBS_PREFIX = "# small-jobs row: "  # bench/small_jobs.ROW_PREFIX (not imported: this module needs no torch)
 ENV_PREFIX = "# gpu-check env: "
 CANDIDATE_PREFIX = "# candidate: "  # bench/gpu_candidates.LINE (not imported: that module needs torch)
+SMOKE_PREFIX = "# cuda-smoke: "  # bench/cuda_smoke.LINE
+KERNELS_PREFIX = "# kernels row: "  # bench/kernels.ROW_PREFIX (needs torch)
+TESTS_PREFIX = "# gpu-tests: "  # bench/gpu_tests.LINE
+PART_PREFIX = "# gpu-check part: "  # gpu_check.run_parts' lines around each part
 
 
 def _float(s: str) -> float:
@@ -29,7 +35,11 @@ def read_env(text: str) -> dict[str, Any]:
 
 
 def read_pytest(text: str) -> dict[str, Any]:
-    """pytest -q's counts ("3 failed, 69 passed, 2 skipped, 15 warnings in 64.34s") and the FAILED/ERROR ids."""
+    """The tests step's ``# gpu-tests: {json}`` line (``bench/gpu_tests.py``: its shards' counts summed), else
+    pytest -q's counts ("3 failed, 69 passed, 2 skipped, 15 warnings in 64.34s") and the FAILED/ERROR ids."""
+    sharded = [ln for ln in text.splitlines() if ln.startswith(TESTS_PREFIX)]
+    if sharded:
+        return json.loads(sharded[-1][len(TESTS_PREFIX):])
     counts: dict[str, int] = {}
     for line in text.splitlines():
         if re.search(r"\b(passed|failed|skipped|error|errors|no tests ran)\b.* in [\d.]+s", line):
@@ -65,6 +75,46 @@ def read_candidates(text: str) -> dict[str, Any]:
     head = re.search(r"^# candidates: (sm_\d+), \d+ candidates .*?, (\w+), T (\d+)", text, re.M)
     arch, dtype = (head.group(1), head.group(2)) if head else (None, None)
     return {"counts": counts, "bad": bad, "finished": finished, "arch": arch, "dtype": dtype}
+
+
+def read_smoke(text: str) -> dict[str, Any]:
+    """The smoke's ``# cuda-smoke: STATUS NAME (S s, cpu C s)[ (no --device flag)]: reason`` lines: one row per
+    command (name, status, seconds, reason); ``finished`` where its count line was printed; ``not_run``: the
+    commands its first line names that have no line (a step stopped by its limit)."""
+    line_re = re.compile(re.escape(SMOKE_PREFIX) + r"(ok|failed|skipped) (\S+) \(([\d.]+) s[^)]*\)"
+                         r"( \(no --device flag\))?(?:: (.*))?$")
+    rows = []
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if m:
+            rows.append({"name": m.group(2), "status": m.group(1), "seconds": float(m.group(3)),
+                         "device_flag": m.group(4) is None, "reason": m.group(5) or ""})
+    finished = re.search(r"^" + re.escape(SMOKE_PREFIX) + r"\d+ ok, \d+ failed, \d+ skipped of", text, re.M)
+    planned = re.search(r"^" + re.escape(SMOKE_PREFIX) + r"\d+ commands on \S+ in \S+: (.*)$", text, re.M)
+    done = {r["name"] for r in rows}
+    not_run = [n for n in planned.group(1).split() if n not in done] if planned else []
+    return {"rows": rows, "finished": finished is not None, "not_run": not_run}
+
+
+def read_kernels(text: str) -> dict[str, Any]:
+    """``bench kernels``: its ``# kernels row: {json}`` lines."""
+    return {"rows": [json.loads(ln[len(KERNELS_PREFIX):]) for ln in text.splitlines()
+                     if ln.startswith(KERNELS_PREFIX)]}
+
+
+def split_parts(text: str) -> dict[str, dict[str, Any]]:
+    """A step with parts (``gpu_check parts``): {part name: {text, status, seconds}} for each part that started;
+    status "ok"/"failed" from its end line, "timeout" where the step stopped before it (seconds: None)."""
+    start_re = re.compile(r"^" + re.escape(PART_PREFIX) + r"(\S+) \S+ start", re.M)
+    end_re = re.compile(r"^" + re.escape(PART_PREFIX) + r"(\S+) (ok|failed) \(rc -?\d+\) after ([\d.]+) s$", re.M)
+    starts = list(start_re.finditer(text))
+    out = {}
+    for i, m in enumerate(starts):
+        body = text[m.end():starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        end = next((e for e in end_re.finditer(body) if e.group(1) == m.group(1)), None)
+        out[m.group(1)] = {"text": body[:end.start()] if end else body, "status": end.group(2) if end else "timeout",
+                           "seconds": float(end.group(3)) if end else None}
+    return out
 
 
 def _shape(header: str) -> dict[str, Any]:
@@ -167,4 +217,5 @@ def triton_configs(text: str) -> list[dict[str, Any]]:
 
 
 READERS = {"env": read_env, "candidates": read_candidates, "tests": read_pytest, "attention": read_attention,
-           "train": read_train, "decode": read_decode, "small-jobs": read_small_jobs}
+           "train": read_train, "decode": read_decode, "small-jobs": read_small_jobs, "smoke": read_smoke,
+           "kernels": read_kernels}

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
-from .gpu_readers import READERS, triton_configs
+from .gpu_readers import READERS, split_parts, triton_configs
 
 # The least Triton-over-SDPA speedup that counts as "faster" in a proposal. Two runs of the same path on the H200
 # (2026-11-26: the baseline's decode tokens/s in the sdpa and the triton decode runs) differed by at most 0.6%,
@@ -24,20 +24,44 @@ PASSES_MEASURED = {"train": "attention fwd+bwd and the training step", "decode":
 
 
 # ---------------------------------------------------------------------------------------------- the summary
+def expand(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """A step's result as the measurements it holds: itself, or for a step with parts one result per part (its
+    text cut out of the step's, its status and seconds from its end line; "not run" where it did not start)."""
+    if not r.get("parts"):
+        return [r]
+    cut = split_parts(r.get("text", ""))
+    out = []
+    for name, kind in r["parts"]:
+        got = cut.get(name, {"text": "", "status": "not run", "seconds": None})
+        status = got["status"] if got["status"] != "timeout" or r["status"] == "timeout" else "failed"
+        out.append({"name": name, "kind": kind, "status": status, "rc": None, "seconds": got["seconds"],
+                    "limit_s": None, "command": "", "output": r["output"], "text": got["text"], "part_of": r["name"]})
+    return out
+
+
 def summarize(results: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     """The summary of one check: ``results`` (per step: name, kind, status, seconds, limit_s, command, output
-    path, and ``text``, its raw output) read by each kind's reader; ``meta``: commit, budget, wall time, mode."""
-    steps, parsed, configs = [], {}, []
+    path, ``text``, its raw output, and its ``parts`` [name, kind]) read by each kind's reader, a step with parts
+    part by part; ``meta``: commit, budget, wall time, mode."""
+    steps, parsed, configs, seen = [], {}, [], set()
     env: dict[str, Any] = {}
-    for r in results:
-        steps.append({k: r[k] for k in ("name", "kind", "status", "rc", "seconds", "limit_s", "command", "output")})
-        text = r.get("text", "")
-        data = READERS[r["kind"]](text) if r["kind"] in READERS else {}
-        if r["kind"] == "env":
-            env = data
-        else:
-            parsed[r["name"]] = {"kind": r["kind"], **data}
-        configs += [{"step": r["name"], **c} for c in triton_configs(text)]
+    keys = ("name", "kind", "status", "rc", "seconds", "limit_s", "command", "output")
+    for step in results:
+        steps.append({k: step[k] for k in keys})
+        for r in expand(step):
+            if r is not step:
+                steps.append({**{k: r[k] for k in keys}, "part_of": r["part_of"]})
+            text = r.get("text", "")
+            data = READERS[r["kind"]](text) if r["kind"] in READERS else {}
+            if r["kind"] == "env":
+                env = data
+            else:
+                parsed[r["name"]] = {"kind": r["kind"], **data}
+            for c in triton_configs(text):  # a part prints its process's configs so far: each once, where first
+                key = (c["key"], json.dumps(c["config"], sort_keys=True))
+                if key not in seen:
+                    seen.add(key)
+                    configs.append({"step": r["name"], **c})
     summary = {**meta, "env": env, "steps": steps, "results": parsed, "triton_configs": configs}
     summary["proposals"] = proposals(summary)
     summary["goals"] = goals(summary)
@@ -183,6 +207,51 @@ def ratio_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def step_row(st: dict[str, Any]) -> str:
+    """A row of the steps table; a part's row names its step ("attention / kernels-3b") and has no limit."""
+    name = f"{st['part_of']} / {st['name']}" if st.get("part_of") else st["name"]
+    seconds = "-" if st["seconds"] is None else f"{st['seconds']:.1f}"
+    limit = "-" if st["limit_s"] is None else f"{st['limit_s']:.0f}"
+    return f"| {name} | {st['status']} | {seconds} | {limit} | {st['output']} |"
+
+
+def smoke_section(s: dict[str, Any]) -> list[str]:
+    """The device smoke: its counts, and each command that failed (or was skipped) with its reason."""
+    out = []
+    for name, r in s["results"].items():
+        if r["kind"] != "smoke":
+            continue
+        counts = {st: sum(x["status"] == st for x in r["rows"]) for st in ("ok", "failed", "skipped")}
+        out += ["", f"## Every command on the device (`{name}`)", "",
+                f"{counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped (an optional package "
+                "missing on this machine) of the commands at toy size"
+                + ("" if r["finished"] else " (stopped before its count line: the commands it got to)") + "."]
+        out += [f"- {x['status'].upper()} `{x['name']}`: {x['reason']}" for x in r["rows"] if x["status"] != "ok"]
+        if r.get("not_run"):
+            out.append(f"- NOT RUN (the step stopped first): {', '.join(r['not_run'])}")
+        no_flag = [x["name"] for x in r["rows"] if not x["device_flag"]]
+        if no_flag:
+            out.append(f"- without a --device flag (ran where the command puts it): {', '.join(no_flag)}")
+    return out
+
+
+def kernels_section(s: dict[str, Any]) -> list[str]:
+    """The fused kernel's breakdown: ms, TFLOP/s and the time over the baseline's and over SDPA's same pass."""
+    out = []
+    for name, r in s["results"].items():
+        if r["kind"] != "kernels" or not r["rows"]:
+            continue
+        first = r["rows"][0]
+        out += ["", f"## Where the fused kernel loses (`{name}`)", "",
+                f"Shape {first['shape']}, N={'/'.join(str(n) for n in dict.fromkeys(x['n'] for x in r['rows']))}: "
+                "each pass and each fused kernel, GPU time; TFLOP/s of the FLOP counts in `bench/kernels.py`; "
+                "x base: time over the baseline SDPA's same pass; x sdpa: over the same variant's SDPA pass.", "",
+                "| case | what | N | ms | TFLOP/s | x base | x sdpa |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {x['case']} | {x['what']} | {x['n']} | {x['ms']:.2f} | {x['tflops']:.1f} | {_x(x['vs_base'])} | "
+                f"{_x(x['vs_sdpa'])} |" for x in r["rows"]]
+    return out
+
+
 def render_md(s: dict[str, Any]) -> str:
     env = s.get("env", {})
     card = env.get("device", "no GPU")
@@ -194,8 +263,8 @@ def render_md(s: dict[str, Any]) -> str:
            "Ratios are to the baseline's SDPA in the same run (attention: time, lower is better; training and "
            "decode: tokens/s, higher is better). Raw outputs beside this file.", "",
            "## Steps", "", "| step | status | seconds | limit | output |", "| --- | --- | --- | --- | --- |"]
-    out += [f"| {st['name']} | {st['status']} | {st['seconds']:.1f} | {st['limit_s']:.0f} | {st['output']} |"
-            for st in s["steps"]]
+    out += [step_row(st) for st in s["steps"]]
+    out += smoke_section(s)
     for name, r in s["results"].items():
         if r["kind"] == "candidates":
             c = r["counts"]
@@ -212,7 +281,9 @@ def render_md(s: dict[str, Any]) -> str:
             c = r["counts"]
             out += ["", f"## Tests (`{name}`)", "",
                     (", ".join(f"{v} {k}" for k, v in c.items()) or "none ran")
-                    + ("" if r["finished"] else " (stopped before pytest's summary line: the cases it got to)")]
+                    + ("" if r["finished"] else " (stopped before pytest's summary line: the cases it got to)")
+                    + (f"; {r['shards']} shards at once" if r.get("shards") else "")
+                    + (f", {len(r['unfinished'])} did not end" if r.get("unfinished") else "")]
             out += [f"- FAILED {f}" for f in r["failed"]]
     out += ["", "## Ratios", "", *ratio_table(s)]
     for name, r in s["results"].items():
@@ -220,6 +291,7 @@ def render_md(s: dict[str, Any]) -> str:
             out += ["", f"Decode, backend {r['backend']} (`{name}`): " + "; ".join(
                 f"batch {x['batch']} context {x['context']}: baseline {x['baseline_tok_s']:,.0f} tok/s, "
                 + ", ".join(f"{lab} {x[lab]:.3f}x" for lab in r["labels"] if lab in x) for x in r["rows"])]
+    out += kernels_section(s)
     for name, r in s["results"].items():
         if r["kind"] == "small-jobs":
             out += ["", f"## Retrieval jobs per minute sharing one device (`{name}`)", "",

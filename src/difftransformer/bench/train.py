@@ -13,8 +13,10 @@ the same shape (hidden size d_model, the layers, heads, KV heads, head_dim, inte
 vocab), with the same step: the same tokens, our loss on its logits, clipping at 1.0, AdamW with our parameter
 groups, the same autocast; its attention is transformers' "sdpa" where DiffLlama supports it, else "eager".
 
-Each case runs in a fresh child process, one after the other; the step time is the median of ``--steps`` steps
-after ``--warmup`` untimed ones; with ``--rounds R`` the cases are measured R times interleaved and the median
+Each case runs in a fresh child process, one after the other (with ``--in-process``: in this process, one after
+the other, each model and optimizer freed before the next is built: one interpreter start and one CUDA context
+for all of them, as gpu-check runs it); the step time is the median of ``--steps`` steps after ``--warmup``
+untimed ones; with ``--rounds R`` the cases are measured R times interleaved and the median
 of the R medians is reported (use it on a shared machine). The 1-minute load average is printed before and after.
 """
 
@@ -151,8 +153,25 @@ def _time_steps(cfg: ModelConfig, hf: Optional[str], args: argparse.Namespace) -
     return seconds, sum(p.numel() for p in model.parameters())
 
 
+def measure_here(cfg: ModelConfig, args: argparse.Namespace, hf: Optional[str] = None) -> tuple[float, int]:
+    """(seconds per step, parameters) of one case measured in this process (``--in-process``); its model and
+    optimizer are gone, and the CUDA allocator's cache emptied, before the next case is built."""
+    import gc
+
+    try:
+        return _time_steps(cfg, hf, args)
+    finally:
+        CHOSEN_CONFIGS.update(chosen_configs())
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def measure(cfg: ModelConfig, args: argparse.Namespace, hf: Optional[str] = None) -> tuple[float, int]:
-    """(seconds per step, parameters) of one case, measured in a fresh spawned child."""
+    """(seconds per step, parameters) of one case, measured in a fresh spawned child (in this process with
+    ``--in-process``)."""
+    if args.in_process:
+        return measure_here(cfg, args, hf)
     what = f"{HF_LABEL} ({hf})" if hf else f"{cfg.attention}/{cfg.backend}"
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -212,7 +231,8 @@ def run(args: argparse.Namespace) -> int:
           f"{args.d_model}, {args.layers} layers, {args.heads} baseline heads of {cfgs[0].head_dim} (kv "
           f"{cfgs[0].n_kv_heads}), FFN {cfgs[0].ffn_hidden}, vocab {args.vocab_size}; {args.device} "
           f"{args.precision}{' compiled' if args.compile else ''}, {threads} threads; median of {args.steps} steps "
-          f"after {args.warmup} warm-up, {args.rounds} round(s)", flush=True)
+          f"after {args.warmup} warm-up, {args.rounds} round(s); "
+          f"{'every case in this process' if args.in_process else 'each case in a fresh process'}", flush=True)
     if hf:
         import transformers
 
@@ -269,5 +289,9 @@ def register(sub) -> None:
                    help="as train.precision: auto = bf16 autocast on CUDA, float32 on CPU (default auto)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (as train.compile)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per child (default: torch's default)")
-    p.add_argument("--timeout", type=int, default=1800, help="seconds to wait for one case (default 1800)")
+    p.add_argument("--timeout", type=int, default=1800,
+                   help="seconds to wait for one case's child (default 1800; not used with --in-process)")
+    p.add_argument("--in-process", action="store_true",
+                   help="measure every case in this process, one after the other, instead of a fresh child process "
+                        "per case (one interpreter start and CUDA context for all: what gpu-check runs)")
     p.set_defaults(func=run)
