@@ -71,15 +71,15 @@ GPU_RUN = bash -o pipefail -c
 GPU_CHECK_ARGS ?=
 gpu-check:
 	@$(GPU_HAS_TORCH)
-	@PYTHONPATH=src $(GPU_PY) -m difftransformer.bench.gpu_check run --out runs/gpu $(GPU_CHECK_ARGS)
+	@PYTHONPATH=src $(GPU_PY) -m difftransformer.gpucheck.gpu_check run --out runs/gpu $(GPU_CHECK_ARGS)
 
 gpu-check-dry: install
-	PYTHONPATH=src $(PY) -m difftransformer.bench.gpu_check run --dry-run --out runs/gpu-dry
+	PYTHONPATH=src $(PY) -m difftransformer.gpucheck.gpu_check run --dry-run --out runs/gpu-dry
 
 # Only the GPU tests (gpu-check's "tests" step: its files in 8 pytest shards, its 48 s limit): runs/gpu/tests.txt.
 gpu-test:
 	@$(GPU_HAS_TORCH)
-	@PYTHONPATH=src $(GPU_PY) -m difftransformer.bench.gpu_check run --steps tests --out runs/gpu
+	@PYTHONPATH=src $(GPU_PY) -m difftransformer.gpucheck.gpu_check run --steps tests --out runs/gpu
 
 # Every GPU command of BENCHMARKS.md at full length, without time limits (tens of minutes; memory columns included),
 # each printed and saved under runs/gpu/.

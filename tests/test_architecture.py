@@ -112,11 +112,11 @@ ALLOWED: dict[str, set[str]] = {
     "cli": BASE | {"difftransformer", "train", "inference", "interop", "eval", "retrieval", "lmsweep", "demo",
                    "bench"},
     "__main__": {"cli"},
+    # `make gpu-check` runs the commands (in-process for speed): it stands above the command line it runs
+    "gpucheck": BASE | {"model", "data", "rundir", "jobs", "train", "inference", "eval", "bench", "cli"},
 }
 # Imports the table refuses that the code still has, each with the reason it is still there; empty is the goal.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("bench", "cli"): "issue 50 item 3: gpu_check's steps call cli.main (in progress)",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def room(module: str) -> str:

@@ -1,4 +1,4 @@
-"""`make gpu-check` (``bench/gpu_check.py``, ``bench/gpu_plan.py``, ``bench/gpu_tests.py``, ``bench/cuda_smoke.py``,
+"""`make gpu-check` (``gpucheck/gpu_check.py``, ``bench/gpu_plan.py``, ``bench/gpu_tests.py``, ``gpucheck/cuda_smoke.py``,
 ``bench/small_jobs.py``, ``bench/gpu_candidates.py``) without a GPU: the whole dry plan run once on the CPU at toy
 size (every step a process under its limit, steps with parts in one process, the summary from their outputs), the
 GPU plan's commands parsed by the commands they call, its limits against the H100 times and the budget, the kill of
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from difftransformer.bench import cuda_smoke, gpu_candidates, gpu_check, gpu_plan, gpu_readers, gpu_summary, small_jobs
+from difftransformer.gpucheck import cuda_smoke, gpu_check
+from difftransformer.bench import gpu_candidates, gpu_plan, gpu_readers, gpu_summary, small_jobs
 from difftransformer.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,7 +268,7 @@ def test_bad_flags_are_one_line(capsys, tmp_path, monkeypatch):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_without_cuda_the_check_stops_with_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "difftransformer.bench.gpu_check", "run", "--out", str(tmp_path)],
+    p = subprocess.run([sys.executable, "-m", "difftransformer.gpucheck.gpu_check", "run", "--out", str(tmp_path)],
                        capture_output=True, text=True, env=gpu_check.child_env(), timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     assert re.fullmatch(r"gpu-check needs a CUDA device: torch \S+: torch.cuda.is_available\(\) is False\n", p.stderr)

@@ -255,7 +255,7 @@ def _part(name: str, kind: str, text: str, end: str = "ok") -> str:
 
 def test_a_step_with_parts_is_read_part_by_part():
     config = '# triton config: sm_90/bfloat16/d128/dv128/v2/fwd/T16384 {"block_m": 128, "measured": 1}\n'
-    text = ("$ PYTHONPATH=src python3 -m difftransformer.bench.gpu_check parts attention\n"
+    text = ("$ PYTHONPATH=src python3 -m difftransformer.gpucheck.gpu_check parts attention\n"
             + _part("attention-3b", "attention", H200["attention-3b"] + config)
             + _part("attention-bench", "attention", H200["attention"] + config, end="failed")
             + _part("decode-sdpa", "decode", H200["decode-sdpa"][:300], end=None))
@@ -282,7 +282,7 @@ def test_a_step_with_parts_is_read_part_by_part():
 
 # ---------------------------------------------------------------------------------------------- smoke, kernels, tests
 def test_the_smoke_lines_name_each_failure_in_the_summary():
-    from difftransformer.bench import cuda_smoke
+    from difftransformer.gpucheck import cuda_smoke
 
     def row(name, status, reason="", tail=""):
         return {"name": name, "status": status, "seconds": 1.25, "cpu_s": 0.5, "reason": reason, "tail": tail}

@@ -46,9 +46,9 @@ BUDGET_S = 294.0  # every step's limit together; the run's start (Python, torch'
 MARGIN = 1.2  # each limit >= MARGIN x its basis (the H100 time)
 MIN_STEP_S = 5.0  # a step with less than this left of the budget is skipped, not started
 GPU_TEST_FILES = ("tests/model/test_triton_diff.py", "tests/model/test_triton_fallback.py", "tests/model/test_cuda.py")
-MODULE = "difftransformer.bench.gpu_check"  # the step commands below run it as python -m MODULE
+MODULE = "difftransformer.gpucheck.gpu_check"  # the step commands below run it as python -m MODULE
 CANDIDATES = "difftransformer.bench.gpu_candidates"  # the candidates step
-SMOKE = "difftransformer.bench.cuda_smoke"
+SMOKE = "difftransformer.gpucheck.cuda_smoke"
 TESTS = "difftransformer.bench.gpu_tests"
 SMALL_JOBS = "difftransformer.bench.small_jobs"
 # The GPU tests run the kernels' default tiles (what their tolerances were written for): the candidates step has

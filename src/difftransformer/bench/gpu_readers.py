@@ -1,4 +1,4 @@
-"""`make gpu-check`'s readers: each takes one step's printed text (``bench/gpu_check.py``) as it is (the tables of
+"""`make gpu-check`'s readers: each takes one step's printed text (``gpucheck/gpu_check.py``) as it is (the tables of
 ``bench attention|train|decode``, the ``# gpu-tests:`` line or pytest's last line, the row lines of
 ``bench/small_jobs.py`` and ``bench kernels``, the candidates' and the smoke's lines, the probe's env line) and keeps
 what it finds, so a step stopped by its time limit still gives the rows it printed. ``READERS`` maps a step's kind to
@@ -16,7 +16,7 @@ CONFIG_PREFIX = "# triton config:"
 SMALL_JOBS_PREFIX = "# small-jobs row: "  # bench/small_jobs.ROW_PREFIX (not imported: this module needs no torch)
 ENV_PREFIX = "# gpu-check env: "
 CANDIDATE_PREFIX = "# candidate: "  # bench/gpu_candidates.LINE (not imported: that module needs torch)
-SMOKE_PREFIX = "# cuda-smoke: "  # bench/cuda_smoke.LINE
+SMOKE_PREFIX = "# cuda-smoke: "  # gpucheck/cuda_smoke.LINE
 KERNELS_PREFIX = "# kernels row: "  # bench/kernels.ROW_PREFIX (needs torch)
 TESTS_PREFIX = "# gpu-tests: "  # bench/gpu_tests.LINE
 PART_PREFIX = "# gpu-check part: "  # gpu_check.run_parts' lines around each part

@@ -1,4 +1,4 @@
-"""`make gpu-check`'s summary: the raw outputs of its steps (``bench/gpu_check.py``), read back by
+"""`make gpu-check`'s summary: the raw outputs of its steps (``gpucheck/gpu_check.py``), read back by
 ``bench/gpu_readers.py``, put into one dict, written as ``summary.json`` and ``summary.md``, with the
 ``TRITON_AUTO_MEASURED`` entries the numbers support.
 

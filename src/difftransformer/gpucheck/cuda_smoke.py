@@ -1,4 +1,4 @@
-"""gpu-check's ``cuda-smoke`` step (``python -m difftransformer.bench.cuda_smoke``): every command that takes a
+"""gpu-check's ``cuda-smoke`` step (``python -m difftransformer.gpucheck.cuda_smoke``): every command that takes a
 device, at toy size, on ``--device`` (cuda on the GPU machine), one after the other in this one process (one
 interpreter start and one CUDA context for all), each named ``ok``, ``failed`` or ``skipped``.
 
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m difftransformer.bench.cuda_smoke", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m difftransformer.gpucheck.cuda_smoke", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="device (default cuda)")
     p.add_argument("--out", default=None, help="where the runs and outputs go (default: a temporary directory, "

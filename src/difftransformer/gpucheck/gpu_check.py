@@ -1,4 +1,4 @@
-"""`make gpu-check` (``python -m difftransformer.bench.gpu_check run``): the whole GPU verification in one command
+"""`make gpu-check` (``python -m difftransformer.gpucheck.gpu_check run``): the whole GPU verification in one command
 that fits a short GPU slot: at most 5 minutes (300 s) on one H100.
 
 It runs the GPU tests and the GPU measurements of issue 41 (items 3 and 4) as steps, each a subprocess with its own
@@ -11,7 +11,7 @@ Triton configs the kernels chose, the small-job throughput and the proposed ``TR
 PyTorch/Triton are needed: no network, no data.
 
 The steps, their limits and the H100 times the limits are planned from are ``bench/gpu_plan.py``'s (its table):
-a device smoke of every command (``bench/cuda_smoke.py``), the Triton candidates (``bench/gpu_candidates.py``), the
+a device smoke of every command (``gpucheck/cuda_smoke.py``), the Triton candidates (``bench/gpu_candidates.py``), the
 GPU tests in parallel shards (``bench/gpu_tests.py``), attention fwd+bwd at both shapes and the fused kernel's
 breakdown (``bench kernels``), decode and training (every case in one process), the small retrieval jobs. A step
 with parts runs several measurements in one process (``gpu_check parts STEP``, each between ``# gpu-check part:``
@@ -43,8 +43,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from . import gpu_readers, gpu_summary
-from .gpu_plan import (  # noqa: F401  (re-exported: the plan is read through this module too)
+from ..bench import gpu_readers, gpu_summary
+from ..bench.gpu_plan import (  # noqa: F401  (re-exported: the plan is read through this module too)
     BUDGET_S,
     CANDIDATES,
     GPU_TEST_FILES,
@@ -234,8 +234,8 @@ def _no_memory(*_args: Any, **_kwargs: Any) -> float:
 def attention_time(argv: Sequence[str]) -> int:
     """``attention-time``: ``difftransformer bench attention ARGV`` with the memory columns left out (each costs a
     fresh process per case and size; they read ``nan``). The time ratios are the bench's own."""
+    from ..bench import attention
     from ..cli import main as cli_main
-    from . import attention
 
     if not callable(getattr(attention, "peak_memory", None)):
         raise RuntimeError("bench attention no longer has peak_memory(): update gpu_check.attention_time")
@@ -283,7 +283,7 @@ def run_parts(step: Step) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m difftransformer.bench.gpu_check", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m difftransformer.gpucheck.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
