@@ -4,10 +4,17 @@ says what changed after results were seen) and the plots' set-up (the package's 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..eval.plotting import pyplot
 
-plt = pyplot()  # the package's one matplotlib set-up (Agg) and colour table, as in the report's other figures
+
+def __getattr__(name: str) -> Any:
+    """``plt``: matplotlib.pyplot with the package's one set-up (Agg), imported on first use only (matplotlib is
+    the optional ``[report]`` extra: the lean install imports this module without it)."""
+    if name == "plt":
+        return pyplot()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def protocol_deviations(path: Path) -> list[str]:
@@ -24,5 +31,5 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
     """Lay out, write the PNG and free the figure."""
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    pyplot().close(fig)
     return Path(path)
