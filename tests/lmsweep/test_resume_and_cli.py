@@ -95,16 +95,34 @@ INCOMPLETE = re.compile(r"difftransformer lm-sweep: incomplete: rerun the same c
                         r"reached: (\d+) of 16\+? jobs done, (\d+) run now\)")
 
 
-def test_a_sweep_stopped_by_the_time_limit_and_rerun_equals_an_uninterrupted_one(whole, tmp_path, capsys):
+class _SlowClock:
+    """The runner's clock, 1.5 s later at every reading than the last: the 4 s limit passes after a few job starts
+    whatever this machine's speed (an idle machine ran all 16 tiny jobs inside 4 real seconds)."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def monotonic(self) -> float:
+        self.readings += 1
+        return time.monotonic() + 1.5 * self.readings
+
+
+def test_a_sweep_stopped_by_the_time_limit_and_rerun_equals_an_uninterrupted_one(whole, tmp_path, capsys,
+                                                                                monkeypatch):
     """The same command, --time-limit 4 included, run until it ends with 0: every run before that stops with exit
     code 75 and its one line, having journaled every job it started; the last run's results are the uninterrupted
     sweep's. One worker, in this process (no process start to wait for): a job starts, and runs to its end, only
-    before the limit."""
+    before the limit. The runner reads a clock that runs fast (``_SlowClock``), so the limit stops the sweep on any
+    machine."""
+    from difftransformer.jobs import runner
+    clock = _SlowClock()
+    monkeypatch.setattr(runner, "time", type("FastTime", (), {"monotonic": staticmethod(clock.monotonic)}))
     out = _with_tokens(whole, tmp_path / "limited")
     command = [*ARGS, "--workers", "1", "--time-limit", "4", "--out", str(out)]
     stops = []
     for _ in range(JOBS):  # each run starts a job before its limit
         capsys.readouterr()
+        clock.readings = 0  # each run's clock starts at its own start
         rc = main(command)
         if rc == 0:
             break
