@@ -16,7 +16,8 @@ from difftransformer.lmsweep import diagnostic as dg
 from difftransformer.lmsweep.config import LMSweepConfig
 from difftransformer.lmsweep.sweep import run_lm_sweep
 
-TINY = LMSweepConfig(widths=(16, 32), steps=6, warmup_steps=1, batch=2, seq_len=32, seeds=2, lr_grid=(4e-3, 8e-3),
+TINY = LMSweepConfig(preset="tiny", widths=(16, 32), steps=6, warmup_steps=1, batch=2, seq_len=32, seeds=2,
+                     lr_grid=(4e-3, 8e-3),
                      lr_widen=0, eval_every=3, variants=("baseline", "diff_v1"), outlier_windows=2)
 
 
