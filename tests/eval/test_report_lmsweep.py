@@ -19,7 +19,8 @@ PROVENANCE = {"what": "a tiny sweep for this test", "commit": "abc1234", "date":
 def test_report_shows_the_sweep_after_the_retrieval_slot_and_before_the_models(runs, tmp_path):
     """The sweep's section after the retrieval slot; the short-trained language models after it, folded into one
     collapsed section with no verdict table (a smoke run judges nothing); committed results say so first."""
-    cfg = LMSweepConfig(widths=(16, 32), steps=6, warmup_steps=1, batch=2, seq_len=32, seeds=2, seed_base=5,
+    cfg = LMSweepConfig(preset="tiny", widths=(16, 32), steps=6, warmup_steps=1, batch=2, seq_len=32, seeds=2,
+                        seed_base=5,
                         lr_grid=(4e-3, 8e-3), lr_widen=0, eval_every=3, outlier_windows=1,
                         variants=("baseline", "diff_v2"))
     res = run_lm_sweep(cfg, tmp_path / "sweep", workers=1, progress=False)

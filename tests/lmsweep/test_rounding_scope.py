@@ -78,7 +78,8 @@ def test_a_chosen_scope_check_cut_short_reads_not_run(tmp_path):
 
 def _sweep(out: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    args = ["--widths", "16,32", "--steps", "6", "--warmup-steps", "1", "--batch", "2", "--seq-len", "32",
+    args = ["--preset", "tiny", "--widths", "16,32", "--steps", "6", "--warmup-steps", "1", "--batch", "2",
+            "--seq-len", "32",
             "--seeds", "2", "--lr-grid", "4e-3,8e-3", "--lr-widen", "0", "--eval-every", "3",
             "--variants", "baseline,diff_v2", "--workers", "2", "--no-progress"]
     return subprocess.run([sys.executable, "-m", "difftransformer", "lm-sweep", *args, *extra, "--out", str(out)],
