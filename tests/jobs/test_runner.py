@@ -53,6 +53,25 @@ def test_code_paths():
     assert not in_code_path("avx2") or os.environ.get("MKL_CBWR") == "AVX2"  # this process was not started pinned
 
 
+def test_a_code_path_this_cpu_lacks_is_refused_before_any_job(tmp_path, monkeypatch):
+    """A pin above the CPU's best kernels fails up front with one line, not once per job (exit 3)."""
+    import torch
+
+    from difftransformer.jobs import open_executor
+    from difftransformer.jobs.codepath import refuse_unsupported_code_path
+    clean = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    refuse_unsupported_code_path("avx2", clean)
+    refuse_unsupported_code_path("machine", clean)
+    with pytest.raises(ValueError, match="--cpu-code-path avx512: this CPU runs at most AVX2 kernels"):
+        refuse_unsupported_code_path("avx512", clean)
+    refuse_unsupported_code_path("avx512", {**clean, "ATEN_CPU_CAPABILITY": "avx2"})  # started pinned: unknowable
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    with pytest.raises(ValueError, match="--cpu-code-path avx2: this CPU runs at most DEFAULT"):
+        open_executor("avx2", RunOptions(workers=2, progress=False))
+
+
 ORDER: list[str] = []
 
 

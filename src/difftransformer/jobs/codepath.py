@@ -66,6 +66,23 @@ def check_code_path(path: str) -> str:
     return cap
 
 
+_RANK = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}  # x86 kernel sets, each a superset of the one before
+
+
+def refuse_unsupported_code_path(path: str, environ: Optional[dict[str, str]] = None) -> None:
+    """In the driver, before any job: refuse a pinned ``path`` this machine's CPU cannot run (torch picks the best
+    kernels the CPU has when nothing pins them; a pin above that would fail every job). Silent when this process was
+    itself started pinned (its capability is then the pin's, not the CPU's) or for "machine"."""
+    env = os.environ if environ is None else environ
+    if path == "machine" or "ATEN_CPU_CAPABILITY" in env:
+        return
+    import torch
+    cap = torch.backends.cpu.get_cpu_capability()
+    if _RANK.get(cap, 0) < _RANK[_TORCH_NAME[path]]:
+        raise ValueError(f"--cpu-code-path {path}: this CPU runs at most {cap} kernels, so no job could run "
+                         "pinned to it; use --cpu-code-path machine or a machine whose CPU has that instruction set")
+
+
 @contextmanager
 def one_thread() -> Iterator[None]:
     """One torch thread for the job (restored after): the same reduction order whatever the process layout."""

@@ -23,7 +23,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Optional, TypeVar, get_args
 
-from .codepath import CODE_PATHS, DEVICES, Device, check_device, in_code_path, process_env
+from .codepath import (
+    CODE_PATHS,
+    DEVICES,
+    Device,
+    check_device,
+    in_code_path,
+    process_env,
+    refuse_unsupported_code_path,
+)
 from .journal import Journal
 from .outcome import Failure, Incomplete, clear_failure, fails_by_injection, injected_failure, label, record_failure
 
@@ -119,6 +127,7 @@ def open_executor(code_path: str, options: RunOptions):
                            code_path, registry.variants())
     from .local import Inline, LocalPool
     check_device(options.device)  # the driver sees the local workers' GPUs: refuse before any job starts
+    refuse_unsupported_code_path(code_path)  # the driver's CPU is the workers': refuse before any job starts
     if options.workers == 1 and in_code_path(code_path):
         return Inline(device=options.device)
     return LocalPool(options.workers, process_env(code_path), registry.variants(), options.device)
