@@ -210,18 +210,25 @@ def test_the_injected_failure_hook_names_a_job_by_its_label(tmp_path, monkeypatc
 
 def _slow(i: int) -> dict:
     import time
-    time.sleep(0.3)
+    time.sleep(0.05)
     return {"i": i}
 
 
-def test_the_time_limit_stops_starting_jobs_and_a_rerun_resumes(tmp_path):
-    """No job starts after the limit, the running ones finish and are journaled; the rerun ends as one run would."""
+def test_the_time_limit_stops_starting_jobs_and_a_rerun_resumes(tmp_path, monkeypatch):
+    """No job starts after the limit, the running ones finish and are journaled; the rerun ends as one run would.
+    The runner's clock is a counter (reading k says k seconds), so however slowly the pool's workers start, the limit
+    of 2.5 s lets exactly 3 jobs start: the 4th reading is past it."""
+    from difftransformer.jobs import runner
+    readings = iter(range(1000))
+    monkeypatch.setattr(runner, "time", type("CountingClock", (), {"monotonic": staticmethod(lambda: next(readings))}))
     path = tmp_path / JOURNAL
     with pytest.raises(Incomplete) as info:
-        run_jobs(_spec(_slow, 8), Journal(path, {"t": 1}), RunOptions(workers=2, progress=False, time_limit=0.5))
+        run_jobs(_spec(_slow, 8), Journal(path, {"t": 1}),
+                 RunOptions(workers=2, progress=False, time_limit=2.5, start=0.0))
     e = info.value
-    assert e.exit_code == EXIT_TIME_LIMIT == 75 and not e.failures and 2 <= e.done < 8 and e.ran == e.done
-    assert str(e).startswith("incomplete: rerun the same command to resume (--time-limit 0.5 s reached: ")
+    assert e.exit_code == EXIT_TIME_LIMIT == 75 and not e.failures and e.done == 3 and e.ran == e.done
+    assert str(e).startswith("incomplete: rerun the same command to resume (--time-limit 2.5 s reached: ")
+    monkeypatch.undo()
     assert len(read_journal(path)[1]) == e.done and path.read_text().endswith("\n")  # whole: every job it ran
     done, ran = run_jobs(_spec(_slow, 8), Journal(path, {"t": 1}), RunOptions(workers=2, progress=False))
     assert ran == 8 - e.done and done == {i: {"i": i} for i in range(8)}

@@ -9,21 +9,35 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from suite_helpers import assert_results_close, results_differences
 
+from difftransformer.jobs import RunOptions
+from difftransformer.lmsweep import diagnostic as dg
 from difftransformer.lmsweep.config import LMSweepConfig
 from difftransformer.lmsweep.sweep import JOURNAL, run_lm_sweep
 from difftransformer.rundir import SWEEP_RESULTS_NAME
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "lm-sweep-v2"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = DOCS / "lm-sweep-v2"
+DIAGNOSTIC = DOCS / "v1-diagnostic"
 
 
-def test_the_committed_journal_rebuilds_the_committed_results(tmp_path):
-    shutil.copy(RESULTS / JOURNAL, tmp_path / JOURNAL)
+@pytest.fixture(scope="module")
+def rebuilt_sweep(tmp_path_factory):
+    """The committed sweep rebuilt from its journal in a fresh directory (its tokens prepared there once)."""
+    out = tmp_path_factory.mktemp("sweep")
+    shutil.copy(RESULTS / JOURNAL, out / JOURNAL)
     committed = json.loads((RESULTS / SWEEP_RESULTS_NAME).read_text())
-    res = run_lm_sweep(LMSweepConfig.from_dict(committed["config"]), tmp_path, workers=1, progress=False)
+    res = run_lm_sweep(LMSweepConfig.from_dict(committed["config"]), out, workers=1, progress=False)
+    return out, res
+
+
+def test_the_committed_journal_rebuilds_the_committed_results(rebuilt_sweep):
+    out, res = rebuilt_sweep
+    committed = json.loads((RESULTS / SWEEP_RESULTS_NAME).read_text())
     assert res["timings"]["jobs"] == 160 and res["timings"]["jobs_run"] == 0
-    rebuilt = json.loads((tmp_path / SWEEP_RESULTS_NAME).read_text())
+    rebuilt = json.loads((out / SWEEP_RESULTS_NAME).read_text())
     committed.pop("timings"), rebuilt.pop("timings")
     assert_results_close(rebuilt, committed)
     v2 = {r[0]: r[4] for r in rebuilt["verdict_rows"] if r[1] == "diff_v2"}
@@ -56,3 +70,19 @@ def test_the_comparison_tolerates_rounding_and_nothing_more():
     row = next(r for r in flipped["verdict_rows"] if r[4] == "held")
     row[4] = "did not hold"
     assert len(results_differences(flipped, committed)) == 1
+
+
+def test_the_committed_diagnostic_journal_rebuilds_the_committed_diagnostic(rebuilt_sweep, tmp_path):
+    """docs/lm-sweep.md's and the README's DIFF V1 diagnostic numbers: its committed journal, read against the
+    committed sweep, gives the committed diagnostic.json without training anything (the same tolerance)."""
+    sweep_out, _ = rebuilt_sweep
+    shutil.copy(DIAGNOSTIC / dg.JOURNAL, tmp_path / dg.JOURNAL)
+    shutil.copytree(sweep_out / "data", tmp_path / "data")  # the same tokens: prepare reuses them
+    res = dg.run_diagnostic(RESULTS, tmp_path, RunOptions(workers=1, progress=False))
+    assert res["timings"]["jobs_run"] == 0
+    committed = json.loads((DIAGNOSTIC / dg.RESULTS).read_text())
+    rebuilt = json.loads((tmp_path / dg.RESULTS).read_text())
+    for r in (committed, rebuilt):
+        r.pop("timings"), r.pop("reference")
+    assert_results_close(rebuilt, committed)
+    assert {a: rebuilt["arms"][a]["reading"] for a in dg.ARMS} == {a: committed["arms"][a]["reading"] for a in dg.ARMS}
