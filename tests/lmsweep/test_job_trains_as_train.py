@@ -7,6 +7,7 @@ import math
 import pytest
 
 from difftransformer.data.shards import prepare_data
+from difftransformer.jobs.codepath import cpu_model
 from difftransformer.lmsweep.config import quick_config
 from difftransformer.lmsweep.job import run_job, train_config
 from difftransformer.train.trainer import TrainingDiverged, train
@@ -22,6 +23,7 @@ def test_a_sweep_job_trains_as_train_does(tmp_path, variant):
     res = train(tc, tmp_path / "run", progress=False)
     assert job["train_loss"] == [res.losses[9], res.losses[19]]  # the job keeps every 10th step's loss
     assert not job["diverged"] and math.isfinite(job["test_loss"])
+    assert job["cpu_model"] == cpu_model() and job["cpu_model"] != ""  # which CPU rounded it (not only its ISA)
 
 
 def test_a_diverging_job_stops_where_train_stops(tmp_path):

@@ -66,6 +66,26 @@ def check_code_path(path: str) -> str:
     return cap
 
 
+def cpu_model() -> str:
+    """The CPU's model (Linux: /proc/cpuinfo's first "model name", with its family, model and stepping numbers; else
+    ``platform.processor()``): two CPUs with the same instruction set can round differently, so a job records which
+    one it ran on."""
+    import platform
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block only
+                k, _, v = line.partition(":")
+                fields.setdefault(k.strip(), v.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or "unknown"
+    numbers = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields]
+    return f"{name} ({', '.join(numbers)})" if numbers else name
+
+
 _RANK = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}  # x86 kernel sets, each a superset of the one before
 
 

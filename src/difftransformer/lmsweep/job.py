@@ -97,7 +97,7 @@ def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int,
 
     from ..data.shards import read_prepared
     from ..eval.outliers import collect
-    from ..jobs import check_code_path
+    from ..jobs.codepath import check_code_path, cpu_model
     from ..train.distributed import DistInfo, pick_device
     from ..train.optim import build_optimizer
     from ..train.steps import autocast_for, new_model, new_sampler, optimizer_steps
@@ -135,6 +135,7 @@ def _run(cfg: LMSweepConfig, data_dir: str, width: int, variant: str, seed: int,
         "width": width, "variant": variant, "seed": seed, "lr": lr,
         "params": model.num_parameters(), "params_non_embedding": non_embedding_parameters(model),
         "tokens_per_step": cfg.batch * cfg.seq_len, "skipped_steps": skipped, "cpu_capability": cap,
+        "cpu_model": cpu_model(),  # the same instruction set on another CPU model rounds differently
         "train_s": train_s, "train_cpu_s": train_cpu_s,
         # every 10th step's training loss (the journal stays small; the curve of record is the test half's)
         "train_loss": [x for i, x in enumerate(train_loss) if (i + 1) % 10 == 0],
