@@ -255,27 +255,28 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
     atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
-    plot_curves(cfg, width, ref, done, res, out / PLOT)
+    plot_curves(cfg, width, done, res, out / PLOT)
     return res
 
 
-def plot_curves(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], arms: dict[Job, dict[str, Any]],
+def plot_curves(cfg: LMSweepConfig, width: int, arms: dict[Job, dict[str, Any]],
                 res: dict[str, Any], path: Path) -> Path:
-    """The seed-mean test-half curves of the baseline, DIFF V1 and the arm with the lowest mean test loss."""
+    """The seed-mean test-half curves of the baseline and DIFF V1 (their runs on this machine, ``RERUNS``: the runs D
+    and C are computed from) and the arm with the lowest mean test loss."""
     import numpy as np
 
     from ..eval.plotting import color, pyplot, save_figure
     plt = pyplot()
     best = min(ARMS, key=lambda a: statistics.fmean(res["arms"][a]["test_loss"]))
     fig, ax = plt.subplots(figsize=(6.0, 3.6))
-    for name, done, col, style in ((BASE, ref, color(BASE), "-"), (V1, ref, color(V1), "-"),
-                                   (best, arms, color(V1), "--")):
+    for name, job_name, col, style, label in (
+            (BASE, "baseline_rerun", color(BASE), "-", "baseline"), (V1, "diff_v1_rerun", color(V1), "-", "DIFF V1"),
+            (best, best, color(V1), "--", f"DIFF V1, {best} (best arm)")):
         lr = res["arms"][name]["lr"]
-        runs = [done[Job(width, name, s, lr)] for s in cfg.test_seeds]
+        runs = [arms[Job(width, job_name, s, lr)] for s in cfg.test_seeds]
         steps = runs[0]["curve"]["steps"]
         mean = np.mean([r["curve"]["test_loss"] for r in runs], axis=0)
         tokens = [s * cfg.batch * cfg.seq_len for s in steps]
-        label = name if name in (BASE, V1) else f"DIFF V1, {name} (best arm)"
         ax.plot(tokens, mean, style, color=col, label=f"{label}, lr {lr:g}")
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
