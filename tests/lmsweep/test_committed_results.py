@@ -1,5 +1,5 @@
-"""The README's language-model numbers are what this code computes from the committed journal: the protocol-v2 `cpu`
-run's journal (docs/results/lm-sweep-v2/) rebuilt by ``lm-sweep`` without training anything gives the committed
+"""The README's language-model numbers are what this code computes from the committed journals (the sweep, its
+AVX2 rounding check and the DIFF V1 diagnostic): the protocol-v2 `cpu` run's journal (docs/results/lm-sweep-v2/) rebuilt by ``lm-sweep`` without training anything gives the committed
 sweep.json (timings aside). Numbers are compared to ``suite_helpers.REBUILT_REL_TOL`` (1e-9 relative: another CPU's
 BLAS sums in another order; the last digits moved by up to 2e-13 on an AMD EPYC), verdicts and texts exactly. A change
 to the analysis that moves any number fails here, until the results are rebuilt and the README and docs/lm-sweep.md
@@ -21,6 +21,7 @@ from difftransformer.rundir import SWEEP_RESULTS_NAME
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
 RESULTS = DOCS / "lm-sweep-v2"
 DIAGNOSTIC = DOCS / "v1-diagnostic"
+AVX2 = DOCS / "lm-sweep-v2-avx2"
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +87,27 @@ def test_the_committed_diagnostic_journal_rebuilds_the_committed_diagnostic(rebu
         r.pop("timings"), r.pop("reference")
     assert_results_close(rebuilt, committed)
     assert {a: rebuilt["arms"][a]["reading"] for a in dg.ARMS} == {a: committed["arms"][a]["reading"] for a in dg.ARMS}
+
+
+def test_the_committed_avx2_journal_rebuilds_the_committed_rounding_check(rebuilt_sweep, tmp_path):
+    """docs/lm-sweep.md's rounding table: the committed AVX2 journal (the whole sweep under AVX2 kernels) rebuilt
+    without training gives the committed AVX2 sweep.json and, against the committed reference, rounding.json."""
+    import torch
+
+    from difftransformer.lmsweep.rounding import compare
+    from difftransformer.rundir.files import ROUNDING_NAME
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("the AVX2 journal is rebuilt by AVX2 workers: this CPU has no AVX2")
+    sweep_out, _ = rebuilt_sweep
+    shutil.copy(AVX2 / JOURNAL, tmp_path / JOURNAL)
+    shutil.copytree(sweep_out / "data", tmp_path / "data")
+    reference = json.loads((RESULTS / SWEEP_RESULTS_NAME).read_text())
+    cfg = LMSweepConfig.from_dict(reference["config"]).replace(cpu_code_path="avx2")
+    res = run_lm_sweep(cfg, tmp_path, options=RunOptions(workers=1, progress=False))
+    assert res["timings"]["jobs_run"] == 0
+    rebuilt, committed = (json.loads(p.read_text()) for p in (tmp_path / SWEEP_RESULTS_NAME, AVX2 / SWEEP_RESULTS_NAME))
+    rebuilt.pop("timings"), committed.pop("timings")
+    assert_results_close(rebuilt, committed)
+    check = json.loads(json.dumps(compare(reference, res)))  # as write_rounding writes it
+    assert_results_close(check, json.loads((AVX2 / ROUNDING_NAME).read_text()))
+    assert check["not_run"] == 0

@@ -220,3 +220,11 @@ def test_v2_head_counts_and_scales():
     assert g.scale == "gpu" and g.steps * g.batch > 4 * cpu_config().steps * cpu_config().batch
     with pytest.raises(ValueError, match="scale"):
         LMSweepConfig(scale="tpu")
+
+
+def test_a_ratio_from_a_flat_fit_prints_in_exponent_form():
+    """A near-flat premise fit gives ratios like 8.6e17 (the AVX2 rounding check's DIFF V1 Fig. 3a); printed with
+    three decimals that was a 280-digit number in the table."""
+    from difftransformer.lmsweep.sweep import _ratio
+    assert _ratio(89.40192) == "89.402" and _ratio(0.2231) == "0.223" and _ratio("inf") == ">1 (not reached)"
+    assert _ratio(8.634025240277856e17) == "8.63e+17" and _ratio(5.748e280) == "5.75e+280" and _ratio(None) == "n/a"

@@ -191,7 +191,9 @@ def _fmt(x: Any) -> str:
 
 
 def _ratio(x: Any) -> str:
-    return "n/a" if x is None else (">1 (not reached)" if x == "inf" else f"{x:.3f}")
+    if x is None:
+        return "n/a"
+    return ">1 (not reached)" if x == "inf" else (f"{x:.3f}" if abs(x) < 1e6 else f"{x:.3g}")  # a flat fit: 1e+17
 
 
 class VerdictRow(NamedTuple):
