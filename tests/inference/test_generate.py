@@ -59,7 +59,9 @@ def test_cached_decode_equals_full_forward(attention, n_kv_heads, backend):
 
 @pytest.mark.parametrize("attention, kw", [("baseline", {}), ("diff_v1", {}), ("diff_v2", {}),
                                         ("diff_v2", dict(v2_pairing="halves")), ("diff_v2", dict(v2_lambda="none")),
-                                        ("diff_v1", dict(headwise_norm=False, headwise_norm_weight=False))])
+                                        ("diff_v1", dict(headwise_norm=False, headwise_norm_weight=False)),
+                                        ("diff_v2", dict(v2_keys="separate")), ("diff_v2", dict(v2_lambda="scalar")),
+                                        ("diff_v2", dict(v2_headwise_norm=True))])
 def test_cached_decode_wide_gqa_and_ablations(attention, kw):
     """8 query heads on 2 KV heads (V1: 4 heads per group, V2: 8 query heads per KV head) and the ablations."""
     model = model_for(attention, n_kv_heads=2, n_heads=8, d_model=128, **kw)

@@ -115,3 +115,36 @@ def diff_v2(mod, x, pad=None):
             heads.append(pair[0] - lam[:, None] * pair[1])
         outs.append(torch.cat(heads, -1) @ mod.wo.weight.T)
     return torch.stack(outs)
+
+
+def diff_v2_arm(mod, x, layer_idx: int, pad=None):
+    """DIFF V2 with the retrieval diagnostic's switches, from the equations (interleaved pairs only):
+    ``v2_keys="separate"``: query head 2i reads key head 2g and 2i+1 reads 2g+1 of its group g (K1, K2), the one value
+    head g; ``v2_lambda="scalar"``: DIFF V1's eq. (2) lambda, one per layer; ``v2_headwise_norm``: each head
+    (1 - lambda_init) * RMSNorm(head) * weight (eq. 3), lambda_init = 0.8 - 0.6 exp(-0.3 l)."""
+    cfg = mod.cfg
+    B, T, _ = x.shape
+    H, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    lam_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+    if cfg.v2_lambda == "scalar":
+        q1, k1, q2, k2 = mod.lambda_vectors
+        scalar = torch.exp((q1 * k1).sum()) - torch.exp((q2 * k2).sum()) + lam_init
+    outs = []
+    for b in range(B):
+        vis, heads = visible(T, None if pad is None else pad[b]), []
+        for i in range(H):
+            pair = []
+            for j in (2 * i, 2 * i + 1):
+                g = j // (2 * H // Hkv)
+                key_head = 2 * g + j % 2 if cfg.v2_keys == "separate" else g
+                q = rope(x[b] @ rows(mod.wq.weight, j, d).T)
+                k = rope(x[b] @ rows(mod.wk.weight, key_head, d).T)
+                v = x[b] @ rows(mod.wv.weight, g, d).T
+                pair.append(softmax_attn(q, k, vis) @ v)
+            lam = scalar if cfg.v2_lambda == "scalar" else torch.sigmoid(x[b] @ mod.wlambda.weight[i])[:, None]
+            head = pair[0] - lam * pair[1]
+            if cfg.v2_headwise_norm:
+                head = (1 - lam_init) * rms(head) * mod.subln.weight
+            heads.append(head)
+        outs.append(torch.cat(heads, -1) @ mod.wo.weight.T)
+    return torch.stack(outs)

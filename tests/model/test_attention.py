@@ -258,3 +258,52 @@ def test_which_path_each_backend_runs_on_cpu():
     mod.kv_cache = object()  # a decode step: one new token per row under a KV cache
     assert path("blocked", x=x[:, :1], mask=mask[..., -1:, :]) == "decode"
     assert path("eager", x=x[:, :1], mask=mask[..., -1:, :]) == "eager"
+
+
+V2_ARMS = {"separate_keys": {"v2_keys": "separate"}, "lambda_scalar": {"v2_lambda": "scalar"},
+           "headwise_norm": {"v2_headwise_norm": True},
+           "all_three": {"v2_keys": "separate", "v2_lambda": "scalar", "v2_headwise_norm": True}}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+@pytest.mark.parametrize("arm", V2_ARMS)
+def test_v2_diagnostic_switches_match_the_equations(arm, n_kv_heads, backend):
+    """DIFF V2's one-change arms (separate keys, V1's scalar lambda, V1's head-wise norm) against a reference written
+    from the equations, float64, forward and every gradient, on every CPU backend, with a padding mask."""
+    mod = make("diff_v2", n_kv_heads, backend, **V2_ARMS[arm])
+    torch.manual_seed(1)
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64)
+    weight = torch.randn(2, T, D_MODEL, dtype=torch.float64)
+    pad = torch.ones(2, T, dtype=torch.bool)
+    pad[0, :3] = False
+    out, g = grads_of(mod, x, run_module, pad, weight)
+    out_ref, g_ref = grads_of(mod, x, lambda m, x_, p: ref.diff_v2_arm(m, x_, 2, p), pad, weight)
+    torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-10)
+    assert set(g) == set(g_ref)
+    for name in g:
+        torch.testing.assert_close(g[name], g_ref[name], rtol=1e-9, atol=1e-10, msg=f"gradient of {name}")
+
+
+def test_v2_diagnostic_switches_shapes_and_parameters():
+    """What each switch adds: separate keys double W_k (d_model x H_kv x d more), the scalar lambda swaps W_lambda
+    (d_model x H) for four d-vectors, the norm adds a d-wide weight; each changes the output."""
+    base = make("diff_v2", 2)
+    n = {a: sum(p.numel() for p in make("diff_v2", 2, **o).parameters()) for a, o in V2_ARMS.items()}
+    n0 = sum(p.numel() for p in base.parameters())
+    assert n["separate_keys"] - n0 == D_MODEL * 2 * HEAD_DIM
+    assert n["lambda_scalar"] - n0 == 4 * HEAD_DIM - D_MODEL * N_HEADS
+    assert n["headwise_norm"] - n0 == HEAD_DIM
+    x = torch.randn(1, T, D_MODEL, dtype=torch.float64)
+    for arm in ("lambda_scalar", "headwise_norm"):
+        mod = make("diff_v2", 2, **V2_ARMS[arm])
+        mod.load_state_dict(base.state_dict(), strict=False)
+        assert (run_module(mod, x, None) - run_module(base, x, None)).abs().max() > 1e-4, arm
+    lam = make("diff_v2", 2, v2_lambda="scalar").lambda_values(x)
+    assert lam.dim() == 0 and abs(float(lam.detach()) - (0.8 - 0.6 * math.exp(-0.6))) < 0.2  # near layer 2's lambda_init
+    with pytest.raises(ValueError, match="v2_keys='separate' needs v2_pairing='interleaved'"):
+        ModelConfig(vocab_size=16, d_model=32, n_heads=4, attention="diff_v2", v2_keys="separate",
+                    v2_pairing="halves")
+    with pytest.raises(ValueError, match="v2_headwise_norm"):
+        ModelConfig(vocab_size=16, d_model=32, n_heads=4, attention="diff_v1", v2_headwise_norm=True)

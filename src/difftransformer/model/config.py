@@ -25,13 +25,15 @@ from . import variants
 # A registered variant's name (model/variants.py; the built-in ones: baseline, diff_v1, diff_v2)
 AttentionKind = str
 Backend = Literal["auto", "eager", "sdpa", "blocked", "triton"]
-V2Lambda = Literal["sigmoid", "none", "raw"]
+V2Lambda = Literal["sigmoid", "none", "raw", "scalar"]
+V2Keys = Literal["shared", "separate"]
 V2Pairing = Literal["interleaved", "halves"]
 V1Layout = Literal["paper", "per_head"]
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
 V2_LAMBDA_MODES: tuple[str, ...] = get_args(V2Lambda)
 V2_PAIRINGS: tuple[str, ...] = get_args(V2Pairing)
+V2_KEYS: tuple[str, ...] = get_args(V2Keys)
 V1_LAYOUTS: tuple[str, ...] = get_args(V1Layout)
 
 
@@ -89,8 +91,15 @@ class ModelConfig:
     # pretrained Llama converts to with its function kept (model/upcycle.py), with a warmed-up negative branch.
     v1_layout: V1Layout = "paper"
     # --- DIFF V2 options (the article's design ablations) ---
-    v2_lambda: V2Lambda = "sigmoid"  # "none": attn1 - attn2; "raw": attn1 - lambda * attn2 without sigmoid
+    v2_lambda: V2Lambda = "sigmoid"  # "none": attn1 - attn2; "raw": attn1 - lambda * attn2 without sigmoid;
+    # "scalar": DIFF V1's lambda (eq. 2: four vectors per layer and lambda_init's layer schedule), one per layer
     v2_pairing: V2Pairing = "interleaved"  # "halves": first half vs second half (the wrong-grouping ablation)
+    # The retrieval diagnostic's one-change arms (docs/retrieval.md): "separate": each pair's two query heads read
+    # their own key head (K1, K2, as DIFF V1; W_k twice the baseline's), still one shared value head
+    v2_keys: V2Keys = "shared"
+    # DIFF V1's head-wise norm on each of V2's heads: RMSNorm over the d channels (learnable weight), then times
+    # (1 - lambda_init) with lambda_init on the paper's layer schedule (eq. 3)
+    v2_headwise_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -110,13 +119,14 @@ class ModelConfig:
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("v2_lambda", self.v2_lambda, V2_LAMBDA_MODES)
         _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS)
+        _check_choice("v2_keys", self.v2_keys, V2_KEYS)
         _check_choice("v1_layout", self.v1_layout, V1_LAYOUTS)
         for name in ("rope_theta", "norm_eps", "init_std"):
             v = getattr(self, name)
             # inf passes "> 0" but makes every weight (init_std) or rotation (rope_theta) NaN
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
                 raise ValueError(f"ModelConfig.{name} must be a positive finite number, got {v!r}")
-        for name in ("tie_embeddings", "headwise_norm", "headwise_norm_weight"):
+        for name in ("tie_embeddings", "headwise_norm", "headwise_norm_weight", "v2_headwise_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
         _check_choice("rope_type", self.rope_type, ("default", "llama3"))
@@ -145,6 +155,9 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; "
                                  f"use \"schedule\" or a number in (0, 1)")
             object.__setattr__(self, "lambda_init", float(v))
+        if self.v2_keys == "separate" and self.v2_pairing != "interleaved":
+            raise ValueError("ModelConfig.v2_keys='separate' needs v2_pairing='interleaved' (each pair's own keys "
+                             "sit in its GQA group)")
         if self.headwise_norm_weight and not self.headwise_norm:
             raise ValueError("ModelConfig.headwise_norm_weight=true needs headwise_norm=true")
         if var.check is not None:

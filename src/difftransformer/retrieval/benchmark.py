@@ -32,25 +32,29 @@ PROTOCOL = Path(__file__).with_name("PROTOCOL.md")
 JOURNAL = RETRIEVAL_JOURNAL
 
 
-def _job(cfg_d: dict, variant: str, seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
-    """Train ``variant`` on ``seed`` at ``lr``; the validation measures (lr choice) and the test split's
-    (``evaluate_model``), the training curve and times, and the kernels torch ran. On "cuda" every tensor the
-    job creates is made on the GPU its process was given (``torch.device`` as the default device)."""
+def _job(cfg_d: dict, variant: str, seed: int, lr: float, device: str = "cpu",
+         overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Train ``variant`` (with ``overrides``: a diagnostic arm's ModelConfig changes) on ``seed`` at ``lr``; the
+    validation measures (lr choice) and the test split's (``evaluate_model``), the training curve, the steps at which
+    its loss fell below the diagnostic's thresholds and each layer's lambda and head scales (``head_dynamics``), the
+    times, and the kernels torch ran. On "cuda" every tensor the job creates is made on the GPU its process was given
+    (``torch.device`` as the default device)."""
     import contextlib
 
     import torch
 
     from ..jobs import check_code_path
     from ..train.distributed import pick_device
-    from .evaluate import evaluate_model, validation
+    from .evaluate import evaluate_model, head_dynamics, validation
     from .train import train_model
     cfg = RetrievalConfig.from_dict(cfg_d)
     cap = check_code_path(cfg.cpu_code_path)
     dev = pick_device(device, 0)  # the one place a device name becomes a device (the trainer's)
     with torch.device(dev) if dev.type != "cpu" else contextlib.nullcontext():
-        r = train_model(cfg, variant, seed, lr)
+        r = train_model(cfg, variant, seed, lr, overrides=overrides)
         model = r.pop("model")
         out = {"variant": variant, "seed": seed, "lr": lr, "params": r["params"], "losses": r["losses"],
+               "loss_thresholds": r["loss_thresholds"], "final_window_loss": r["final_window_loss"],
                "train_s": r["train_s"], "train_cpu_s": r["train_cpu_s"], "paired_tensors": len(r["copied"]),
                "cpu_capability": cap}
         if dev.type != "cpu":
@@ -58,6 +62,7 @@ def _job(cfg_d: dict, variant: str, seed: int, lr: float, device: str = "cpu") -
         t0 = time.perf_counter()
         out.update(validation(model, cfg))
         out.update(evaluate_model(model, cfg))
+        out["dynamics"] = head_dynamics(model, cfg)
         out["eval_s"] = time.perf_counter() - t0
     return out
 

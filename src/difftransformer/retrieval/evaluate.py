@@ -154,3 +154,49 @@ def validation(model, cfg: RetrievalConfig) -> dict[str, float]:
         nll.append(torch.nn.functional.cross_entropy(lg.flatten(0, 1), c.answers.flatten(), reduction="none"))
     return {"val_accuracy": float(torch.cat(ok).float().mean()), "val_loss": float(torch.cat(nll).mean()),
             "val_training_distribution": accuracy(model, training_distribution_batches(cfg, "val", cfg.val_contexts))}
+
+
+DYNAMICS_CONTEXTS = 32  # validation contexts of the primary condition that ``head_dynamics`` reads
+
+
+@torch.no_grad()
+def head_dynamics(model, cfg: RetrievalConfig) -> list[dict[str, Any]]:
+    """Per layer, on the first ``DYNAMICS_CONTEXTS`` validation contexts of the primary condition (every position):
+    lambda (DIFF V1 and V2's scalar form: the layer's one value; V2: the mean and the standard deviation over tokens
+    and heads of sigmoid(W_lambda x)), and each head's output RMS over its channels before any head-wise norm or fixed
+    multiplier (mean over tokens), the retrieval diagnostic's records (retrieval/DIAGNOSTIC.md)."""
+    b = condition_batch(cfg, cfg.condition(cfg.primary), DYNAMICS_CONTEXTS, eval_rng(cfg, "val", cfg.primary))
+    seen: dict[int, torch.Tensor] = {}
+    lam_in: dict[int, torch.Tensor] = {}
+    handles = []
+    for i, block in enumerate(model.layers):
+        attn = block.attn
+        handles.append(attn.register_forward_pre_hook(lambda m, a, i=i: lam_in.__setitem__(i, a[0])))
+        norm = getattr(attn, "subln", None)
+        if norm is not None:  # (B, h, T, dv): the heads before the norm
+            handles.append(norm.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(i, a[0])))
+        else:  # wo's input (B, T, h*dv) over the fixed multiplier: the heads as the attention made them
+            handles.append(attn.wo.register_forward_pre_hook(
+                lambda m, a, i=i, attn=attn: seen.__setitem__(i, (a[0] / attn.output_scale()).view(
+                    *a[0].shape[:-1], attn.n_heads, -1).transpose(1, 2))))
+    try:
+        model(b.tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    out = []
+    for i, block in enumerate(model.layers):
+        attn, heads = block.attn, seen[i].float()
+        row: dict[str, Any] = {"layer": i, "head_rms": heads.pow(2).mean(-1).sqrt().mean((0, 2)).tolist()}
+        static = attn.static_lambda()
+        values = getattr(attn, "lambda_values", None)
+        if static is not None:
+            row.update(lambda_mean=float(static), lambda_sd=0.0)
+        elif values is not None:
+            lam = values(lam_in[i])
+            if lam is not None:
+                row.update(lambda_mean=float(lam.float().mean()), lambda_sd=float(lam.float().std()))
+        if hasattr(attn, "lambda_init"):
+            row["lambda_init"] = float(attn.lambda_init)
+        out.append(row)
+    return out

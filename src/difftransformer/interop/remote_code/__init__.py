@@ -19,6 +19,7 @@ an import has their defaults.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,14 @@ def config_to_remote(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     if cfg.attention not in REMOTE_ATTENTION:
         raise ValueError(f"attention={cfg.attention!r} has no Hugging Face remote code (the modeling file implements "
                          f"{', '.join(REMOTE_ATTENTION)}); keep it in our format")
+    # The diagnostic arms' switches (ModelConfig fields the modeling file does not read) would be dropped: refuse.
+    default = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    unread = [f"{n}={getattr(cfg, n)!r}" for n in default if n not in CONFIG_KEYS and getattr(cfg, n) != default[n]]
+    if cfg.v2_lambda == "scalar":
+        unread.append("v2_lambda='scalar'")
+    if unread:
+        raise ValueError(f"{', '.join(unread)} has no Hugging Face remote code (a diagnostic arm of DIFF V2); keep the "
+                         "model in our format")
     out: dict[str, Any] = {"architectures": [REMOTE_ARCHITECTURE], "model_type": REMOTE_MODEL_TYPE,
                            "auto_map": dict(AUTO_MAP)}
     out.update({key: getattr(cfg, ours) for ours, key in CONFIG_KEYS.items()})

@@ -102,6 +102,11 @@ class Attention(nn.Module):
     def set_negative_weight(self, w: float) -> None:
         """The negative branch's warm-up weight in [0, 1] (DIFF V1's per_head layout only; a no-op elsewhere)."""
 
+    def output_scale(self) -> float:
+        """The fixed factor this layer multiplies its heads by before ``wo`` (after any head-wise norm): DIFF V1's
+        (1 - lambda_init), eq. (3); 1 where there is none."""
+        return 1.0
+
     # ------------------------------------------------------------------ KV cache
     def update_cache(self, input_pos: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor):
         """Write the new keys and values at ``input_pos``; return the keys and values this call attends over."""

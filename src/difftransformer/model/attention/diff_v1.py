@@ -40,6 +40,15 @@ from .base import Attention, QueryRows
 from .dispatch import diff_attention
 
 
+def reparameterised_lambda(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor,
+                           lambda_init: float) -> torch.Tensor:
+    """Eq. (2): exp(q1 . k1) - exp(q2 . k2) + lambda_init, a 0-dim tensor in at least fp32 (not clamped)."""
+    acc = torch.promote_types(q1.dtype, torch.float32)
+    lam1 = torch.exp(torch.sum(q1.to(acc) * k1.to(acc)))
+    lam2 = torch.exp(torch.sum(q2.to(acc) * k2.to(acc)))
+    return lam1 - lam2 + lambda_init
+
+
 class DiffV1Attention(Attention):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -84,6 +93,9 @@ class DiffV1Attention(Attention):
     def lambda_summary(self, x: torch.Tensor) -> float:
         return float(self.lambda_full())
 
+    def output_scale(self) -> float:
+        return 1.0 - self.lambda_init  # eq. (3), with or without the head-wise norm
+
     def cache_layout(self) -> tuple[int, int, int, int]:
         return 2 * self.n_kv_heads, self.head_dim, self.n_kv_heads, self.value_dim
 
@@ -99,11 +111,8 @@ class DiffV1Attention(Attention):
         Under ``v1_layout="per_head"`` it is multiplied by the negative branch's warm-up weight ``neg_weight``:
         the lambda that the layer applies, which is what the analyses and the metrics read.
         """
-        acc = torch.promote_types(self.lambda_q1.dtype, torch.float32)
-        lam1 = torch.exp(torch.sum(self.lambda_q1.to(acc) * self.lambda_k1.to(acc)))
-        lam2 = torch.exp(torch.sum(self.lambda_q2.to(acc) * self.lambda_k2.to(acc)))
-        lam = lam1 - lam2 + self.lambda_init
-        return lam if self.neg_weight is None else lam * self.neg_weight.to(acc)
+        lam = reparameterised_lambda(self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2, self.lambda_init)
+        return lam if self.neg_weight is None else lam * self.neg_weight.to(lam.dtype)
 
     def generation_lambda(self) -> torch.Tensor:
         """Eq. (2)'s lambda; under a KV cache without autograd, computed once per generation (at the prefill, kept

@@ -104,7 +104,11 @@ def diff_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.T
                          f"of {PAIRINGS} (paired keys pair interleaved heads)")
     B, T = x.shape[:2]
     d, dv, scale = q.shape[-1], v.shape[-1], attn.scale
-    path = diff_path(attn, x, d, dv, mask, input_pos, return_maps, fused=pairing == "interleaved")
+    # the fused kernels take paired keys with one lambda per layer (DIFF V1) and shared keys with any lambda (DIFF V2);
+    # paired keys with a lambda per token (DIFF V2's v2_keys="separate" arm) run the PyTorch paths
+    per_token = lam is not None and lam.dim() > 0
+    path = diff_path(attn, x, d, dv, mask, input_pos, return_maps,
+                     fused=pairing == "interleaved" and not (keys == "paired" and per_token))
     if path == "eager":
         return eager_diff(q, k, v, lam, mask, scale, attn.logits_hook, keys, pairing, x.dtype, return_maps)
     if path == "decode":

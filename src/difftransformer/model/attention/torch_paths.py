@@ -254,6 +254,8 @@ def decode_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional
     rep = q.shape[1] // 2 // hkv
     q = q.view(B, hkv, rep, 2, T, d).transpose(2, 3)  # (B, hkv, 2, rep, T, d)
     p = grouped_probs(q, k.view(B, hkv, 2, N, d), mask, scale)  # (B, hkv, 2, rep, T, N)
+    if lam is not None and lam.dim():  # a lambda per row and head (B, h, T, 1): head i = g*rep + r
+        lam = lam.reshape(lam.shape[0], hkv, rep, *lam.shape[2:])
     diff = combine(p[:, :, 0], p[:, :, 1], lam)  # (B, hkv, rep, T, N)
     out = torch.matmul(diff.reshape(B, hkv, rep * T, N).to(v.dtype), v)  # (B, hkv, rep*T, dv)
     return out.view(B, hkv * rep, T, dv)
