@@ -69,6 +69,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounding-check", metavar="CODE_PATH", choices=CODE_PATHS,
                    help="after the benchmark, rerun every job under this CPU code path into OUT/rounding-CODE_PATH and "
                         "print both verdict tables and the verdicts that differ (written to OUT/rounding.json)")
+    p.add_argument("--diagnostic", action="store_true",
+                   help="instead of the benchmark, the retrieval diagnostic (DIAGNOSTIC.md beside PROTOCOL.md): four "
+                        "one-change arms of DIFF V1 and V2 (V1 without its head-wise norm; V2 with it, with V1's "
+                        "scalar lambda, with separate keys), each with the lr grid on the 12 test seeds, read against "
+                        "the baseline and its own variant; needs --reference; takes its configuration from there; "
+                        "writes OUT/diagnostic.json, OUT/diagnostic-lr.png, OUT/diag-jobs.jsonl (resumable); about "
+                        "150 jobs of 20-30 CPU-seconds")
+    p.add_argument("--reference", metavar="DIR",
+                   help="with --diagnostic: a finished benchmark run ON THIS MACHINE (its jobs.jsonl), whose "
+                        "configuration, lr choices and baseline, DIFF V1 and DIFF V2 runs the diagnostic reads")
     jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device,
     # --time-limit
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -170,6 +180,18 @@ def run_cli(args) -> int:
 def _run_cli(args) -> int:
     options = jobs_cli.options_from_args(args)
     cfg = config_from_args(args)
+    if args.diagnostic or args.reference is not None:
+        if not (args.diagnostic and args.reference is not None):
+            raise ValueError("--diagnostic and --reference DIR go together")
+        others = [f for f, v in (("--sweep-width", args.sweep_width), ("--reuse-jobs", args.reuse_jobs),
+                                 ("--rounding-check", args.rounding_check), ("--quick", args.quick or None)) if v]
+        if others or cfg != RetrievalConfig():
+            raise ValueError("--diagnostic takes its configuration from --reference DIR: drop "
+                             + (", ".join(others) if others else "the configuration flags"))
+        from .diagnostic import format_diagnostic, run_diagnostic
+        print(format_diagnostic(run_diagnostic(args.reference, args.out, options)))
+        print(f"wrote {args.out}/diagnostic.json and diagnostic-lr.png")
+        return 0
     if args.reuse_jobs is not None and (args.sweep_width is None or not Path(args.reuse_jobs).is_file()):
         raise ValueError(f"--reuse-jobs {args.reuse_jobs}: needs --sweep-width and an existing journal file")
     if args.sweep_width is not None:
