@@ -84,3 +84,32 @@ def test_the_reading_rule():
 def test_a_reference_that_is_not_a_sweep_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"no lm-jobs\.jsonl there"):
         dg.run_diagnostic(tmp_path, tmp_path / "out", RunOptions(workers=1, progress=False))
+
+
+TINY_V2 = TINY.replace(variants=("baseline", "diff_v2"))
+
+
+def test_the_v2_diagnostic_reruns_and_reads_its_arm(tmp_path):
+    """retrieval/DIAGNOSTIC.md "The cross-study check" at toy size: the baseline and DIFF V2 rerun bit for bit, the
+    arm's grid chosen by the sweep's rule, C = arm - DIFF V2 and D = arm - baseline, the reading from C."""
+    run_lm_sweep(TINY_V2, tmp_path / "ref", workers=1, progress=False)
+    spec = dg.v2_spec(("v2_headwise_norm",))
+    res = dg.run_diagnostic(tmp_path / "ref", tmp_path / "diag", RunOptions(workers=1, progress=False), spec=spec)
+    assert res["benchmark"] == "v2_diagnostic" and set(res["arms"]) == {"baseline", "diff_v2", "v2_headwise_norm"}
+    assert res["timings"]["jobs_run"] == 2 * 2 + 2 * 2 and res["rerun"]["verdict"] == "reproduced bit for bit"
+    a, v2 = res["arms"]["v2_headwise_norm"], res["arms"]["diff_v2"]
+    assert a["reading"] in dg.V2_READINGS and a["lr"] in TINY.lr_grid
+    assert a["params_non_embedding"] - v2["params_non_embedding"] == TINY.n_layers * (32 // TINY.n_heads)  # norm g
+    assert a["D"]["estimate"] - a["C"]["estimate"] == pytest.approx(v2["D"]["estimate"])
+    assert "v2_headwise_norm" in dg.format_v2_diagnostic(res)
+    again = dg.run_diagnostic(tmp_path / "ref", tmp_path / "diag", RunOptions(workers=1, progress=False), spec=spec)
+    assert again["timings"]["jobs_run"] == 0 and again["arms"] == res["arms"]
+    with pytest.raises(ValueError, match="--arms no_such"):
+        dg.v2_spec(("no_such",))
+
+
+def test_the_v2_reading_rule():
+    assert dg.v2_reading(_iv(0.01, 0.2), False) == "costs loss"
+    assert dg.v2_reading(_iv(-0.2, -0.01), False) == "lowers the loss"
+    assert dg.v2_reading(_iv(-0.1, 0.1), False) == "no detectable effect"
+    assert dg.v2_reading(_iv(0.01, 0.2), True) == "inconclusive"

@@ -71,12 +71,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and seed) and the largest width's lr grid (about half the jobs), decided at the reference's "
                         "lr choices (not replayed: a choice that rounding would move is not checked); the same "
                         "journal, so a later run with 'all' completes the whole check")
-    p.add_argument("--diagnostic", choices=("v1",),
-                   help="instead of the sweep, the DIFF V1 loss diagnostic (DIAGNOSTIC.md beside PROTOCOL.md): four "
-                        "one-change arms of DIFF V1 at the reference's largest width, each with its lr grid on every "
-                        "seed, and the baseline and DIFF V1 rerun at the reference's chosen lrs; needs --reference; "
-                        "writes OUT/diagnostic.json, OUT/diagnostic-curves.png, OUT/diag-jobs.jsonl (resumable); "
-                        "about 70 jobs of 1-2 CPU-minutes at the cpu scale")
+    p.add_argument("--diagnostic", choices=("v1", "v2"),
+                   help="instead of the sweep, a diagnostic at the reference's largest width, each arm with its lr "
+                        "grid on every seed and the baseline and the variant rerun at the reference's chosen lrs; "
+                        "needs --reference; writes OUT/diagnostic.json, OUT/diag-jobs.jsonl (resumable). 'v1': the "
+                        "DIFF V1 loss diagnostic (DIAGNOSTIC.md beside PROTOCOL.md; four one-change arms of DIFF V1; "
+                        "also OUT/diagnostic-curves.png; about 70 jobs of 1-2 CPU-minutes at the cpu scale). 'v2': "
+                        "the retrieval diagnostic's cross-study check (retrieval/DIAGNOSTIC.md; the DIFF V2 arms named "
+                        "by --arms; about 25 jobs per arm)")
+    p.add_argument("--arms", metavar="ARM,...",
+                   help="with --diagnostic v2: the DIFF V2 arms to run, of v2_headwise_norm, v2_lambda_scalar, "
+                        "v2_separate_keys (default v2_headwise_norm)")
     p.add_argument("--reference", metavar="DIR",
                    help="with --diagnostic: a finished protocol-version-2 sweep (its lm-jobs.jsonl) whose "
                         "configuration, data and lr choices the diagnostic uses, e.g. docs/results/lm-sweep-v2")
@@ -114,11 +119,17 @@ def _run_cli(args) -> int:
     options = jobs_cli.options_from_args(args)
     from ..rundir.files import SWEEP_RESULTS_NAME
     from .sweep import format_sweep, run_lm_sweep
-    if args.diagnostic is not None or args.reference is not None:
+    if args.diagnostic is not None or args.reference is not None or args.arms is not None:
         if args.diagnostic is None or args.reference is None:
-            raise ValueError("--diagnostic v1 and --reference DIR go together")
-        from .diagnostic import format_diagnostic, run_diagnostic
-        print(format_diagnostic(run_diagnostic(args.reference, args.out, options)))
+            raise ValueError("--diagnostic v1|v2 and --reference DIR go together")
+        from .diagnostic import V1_SPEC, format_diagnostic, format_v2_diagnostic, run_diagnostic, v2_spec
+        if args.diagnostic == "v1":
+            if args.arms is not None:
+                raise ValueError("--arms goes with --diagnostic v2 (the V1 diagnostic runs its four arms)")
+            print(format_diagnostic(run_diagnostic(args.reference, args.out, options, spec=V1_SPEC)))
+            return 0
+        spec = v2_spec(tuple(a.strip() for a in (args.arms or "v2_headwise_norm").split(",") if a.strip()))
+        print(format_v2_diagnostic(run_diagnostic(args.reference, args.out, options, spec=spec)))
         return 0
     if args.rounding_partial is not None:
         from .rounding import format_partial_rounding, partial_rounding

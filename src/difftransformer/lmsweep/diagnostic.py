@@ -16,6 +16,8 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,6 +40,51 @@ BASE, V1 = "baseline", "diff_v1"
 # The baseline and DIFF V1 unchanged, at the reference's chosen lrs on every seed, run here ("Deviations").
 RERUNS = {"baseline_rerun": BASE, "diff_v1_rerun": V1}
 READINGS = ("closes the gap", "closes part of the gap", "no detectable effect", "widens the gap", "inconclusive")
+
+# The cross-study check of the retrieval diagnostic (retrieval/DIAGNOSTIC.md, "The cross-study check"): DIFF V2 arms
+# at the sweep's primary width, the baseline and DIFF V2 rerun here. The arms run are chosen by --arms (the
+# pre-registered rule names v2_headwise_norm and at most one more).
+V2 = "diff_v2"
+V2_ARMS: dict[str, dict[str, Any]] = {
+    "v2_headwise_norm": {"v2_headwise_norm": True},
+    "v2_lambda_scalar": {"v2_lambda": "scalar"},
+    "v2_separate_keys": {"v2_keys": "separate"},
+}
+V2_READINGS = ("costs loss", "lowers the loss", "no detectable effect", "inconclusive")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One language-model diagnostic: the variant its arms change, the arms, the runs made again here (name ->
+    variant), its version and journal name, and the per-layer measure its variant's jobs record."""
+
+    name: str
+    variant: str
+    arms: dict[str, dict[str, Any]]
+    reruns: dict[str, str]
+    version: int
+    title: str
+    measure: bool
+
+
+V1_SPEC = Spec("v1", V1, ARMS, RERUNS, VERSION, "DIFF V1 diagnostic", True)
+
+
+def v2_spec(arms: Sequence[str] = ("v2_headwise_norm",)) -> Spec:
+    """The DIFF V2 diagnostic with ``arms`` (names of ``V2_ARMS``)."""
+    bad = [a for a in arms if a not in V2_ARMS]
+    if bad or not arms or len(set(arms)) != len(arms):
+        raise ValueError(f"--arms {','.join(arms)}: choose distinct ones of {', '.join(V2_ARMS)}")
+    return Spec("v2", V2, {a: V2_ARMS[a] for a in arms}, {"baseline_rerun": BASE, "diff_v2_rerun": V2}, 1,
+                "DIFF V2 diagnostic", False)
+
+
+def v2_reading(c: dict[str, Any], inconclusive: bool) -> str:
+    """retrieval/DIAGNOSTIC.md "The cross-study check": a V2 arm's language-model reading from C's interval."""
+    if inconclusive or None in c["ci"]:
+        return V2_READINGS[3]
+    lo, hi = c["ci"]
+    return V2_READINGS[0] if lo > 0 else V2_READINGS[1] if hi < 0 else V2_READINGS[2]
 
 
 # ---------------------------------------------------------------------------------------------- the reference
@@ -98,23 +145,24 @@ def v1_scales(model, x) -> dict[str, Any]:
 
 
 def run_arm_job(cfg_d: dict, data_dir: str, width: int, arm: str, seed: int, lr: float,
-                device: str = "cpu") -> dict[str, Any]:
-    """One job: DIFF V1 with ``ARMS[arm]`` (or a rerun's variant unchanged) trained and measured as a sweep job,
-    plus ``v1_scales`` for every DIFF V1 model."""
+                device: str = "cpu", diagnostic: str = "v1") -> dict[str, Any]:
+    """One job: the diagnostic's variant with its arm's change (or a rerun's variant unchanged) trained and measured
+    as a sweep job, plus ``v1_scales`` for every DIFF V1 model of the V1 diagnostic."""
     from .job import _run
-    variant = RERUNS.get(arm, V1)
+    spec = V1_SPEC if diagnostic == "v1" else v2_spec(tuple(V2_ARMS))
+    variant = spec.reruns.get(arm, spec.variant)
     out = _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, variant, seed, lr, device,
-               model_overrides=ARMS.get(arm, {}), measure=v1_scales if variant == V1 else None)
+               model_overrides=spec.arms.get(arm, {}), measure=v1_scales if spec.measure and variant == V1 else None)
     out["arm"] = arm
     return out
 
 
 def needed_jobs(cfg: LMSweepConfig, width: int, reruns: list[Job], done: dict[Job, dict[str, Any]],
-                cap: float) -> tuple[list[Job], bool]:
+                cap: float, spec: Spec = V1_SPEC) -> tuple[list[Job], bool]:
     """The reruns, then each arm's grid on every seed, widened as the sweep's rule says; final when every choice
     is."""
     jobs, final = list(reruns), True
-    for arm in ARMS:
+    for arm in spec.arms:
         c = lr_choice(cfg, width, arm, done, cap)
         jobs += [Job(width, arm, s, lr) for lr in c.grid for s in cfg.test_seeds]
         final = final and c.lr is not None
@@ -195,12 +243,13 @@ def mean_scales(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def rerun_check(ref: dict[Job, dict[str, Any]], reruns: list[Job], done: dict[Job, dict[str, Any]]) -> dict[str, Any]:
+def rerun_check(ref: dict[Job, dict[str, Any]], reruns: list[Job], done: dict[Job, dict[str, Any]],
+                names: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Each rerun's test-half loss against the reference's run of the same job: how many are bitwise equal, the
-    differences (another machine rounds differently: DIAGNOSTIC.md "Deviations")."""
+    differences (another machine rounds differently: DIAGNOSTIC.md "Deviations"). ``names``: rerun -> variant."""
     rows = []
     for j in reruns:
-        want, got = ref[Job(j.width, RERUNS[j.variant], j.seed, j.lr)], done[j]
+        want, got = ref[Job(j.width, (names or RERUNS)[j.variant], j.seed, j.lr)], done[j]
         rows.append({"job": list(j), "reference_test_loss": want["test_loss"], "rerun_test_loss": got["test_loss"],
                      "difference": None if None in (got["test_loss"], want["test_loss"])
                      else got["test_loss"] - want["test_loss"], "bitwise_equal": want["test_loss"] == got["test_loss"],
@@ -214,8 +263,9 @@ def rerun_check(ref: dict[Job, dict[str, Any]], reruns: list[Job], done: dict[Jo
 
 # ---------------------------------------------------------------------------------------------- the run
 def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOptions] = None,
-                   width: Optional[int] = None) -> dict[str, Any]:
-    """Run (or resume) every job DIAGNOSTIC.md asks for, decide, and write OUT/diagnostic.json and the plot."""
+                   width: Optional[int] = None, spec: Spec = V1_SPEC) -> dict[str, Any]:
+    """Run (or resume) every job DIAGNOSTIC.md asks for (``spec``: the V1 diagnostic, or the DIFF V2 one of
+    retrieval/DIAGNOSTIC.md), decide, and write OUT/diagnostic.json (and, for V1, the plot)."""
     from ..fileio import atomic_write
     from .sweep import prepare
     options = options or RunOptions(workers=2)
@@ -231,32 +281,86 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
             raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
                              f"({fp_here}); the reused runs would not be comparable")
         cap = cap_of(vocab)
-        base_lr, v1_lr = lr_choice(cfg, width, BASE, ref, cap).lr, lr_choice(cfg, width, V1, ref, cap).lr
-        if base_lr is None or v1_lr is None:
-            raise ValueError(f"--reference {ref_dir}: the baseline's or DIFF V1's lr choice at d_model {width} is "
-                             "not finished there")
-        reruns = [Job(width, name, s, lr) for name, lr in (("baseline_rerun", base_lr), ("diff_v1_rerun", v1_lr))
-                  for s in cfg.test_seeds]
+        lrs = {name: lr_choice(cfg, width, variant, ref, cap).lr for name, variant in spec.reruns.items()}
+        if None in lrs.values():
+            raise ValueError(f"--reference {ref_dir}: the lr choice of {' or '.join(spec.reruns.values())} at "
+                             f"d_model {width} is not finished there")
+        reruns = [Job(width, name, s, lr) for name, lr in lrs.items() if lr is not None for s in cfg.test_seeds]
         dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
-        header = {"benchmark": "DIFF V1 diagnostic", "version": VERSION, "config": cfg_d, "data": fp,
-                  "width": width}
-        spec: JobSpec[Job] = JobSpec(
-            needed=lambda d: needed_jobs(cfg, width, reruns, d, cap), run=run_arm_job,
-            args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev),
-            key=lambda j: job_key({"diagnostic_version": VERSION, "config": cfg_d, "data": fp, "job": list(j),
-                                   "overrides": ARMS.get(j.variant, {}), **device_key(dev)}),
-            code_path=cfg.cpu_code_path, desc="DIFF V1 diagnostic (jobs)")
-        done, ran = run_jobs(spec, Journal(out / JOURNAL, header), options, ex)
+        header = {"benchmark": spec.title, "version": spec.version, "config": cfg_d, "data": fp, "width": width}
+        which = {} if spec.name == "v1" else {"diagnostic": spec.name}  # V1's keys as they were before V2 came
+        job_spec: JobSpec[Job] = JobSpec(
+            needed=lambda d: needed_jobs(cfg, width, reruns, d, cap, spec), run=run_arm_job,
+            args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev, spec.name),
+            key=lambda j: job_key({"diagnostic_version": spec.version, **which, "config": cfg_d, "data": fp,
+                                   "job": list(j), "overrides": spec.arms.get(j.variant, {}), **device_key(dev)}),
+            code_path=cfg.cpu_code_path, desc=f"{spec.title} (jobs)")
+        done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header), options, ex)
     finally:
         ex.close()
-    res: dict[str, Any] = {"benchmark": "v1_diagnostic", "version": VERSION, "width": width, "reference": str(ref_dir),
-                           "config": cfg.to_dict(), "arms": assess(cfg, width, ref, done, cap),
-                           "rerun": rerun_check(ref, reruns, done)}
+    if spec.name == "v1":
+        res: dict[str, Any] = {"benchmark": "v1_diagnostic", "version": VERSION, "width": width,
+                               "reference": str(ref_dir), "config": cfg.to_dict(),
+                               "arms": assess(cfg, width, ref, done, cap), "rerun": rerun_check(ref, reruns, done)}
+    else:
+        res = {"benchmark": "v2_diagnostic", "version": spec.version, "width": width, "reference": str(ref_dir),
+               "config": cfg.to_dict(), "arms": assess_v2(cfg, width, ref, done, cap, spec),
+               "rerun": rerun_check(ref, reruns, done, spec.reruns)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
     atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
-    plot_curves(cfg, width, done, res, out / PLOT)
+    if spec.name == "v1":
+        plot_curves(cfg, width, done, res, out / PLOT)
     return res
+
+
+def assess_v2(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], arms: dict[Job, dict[str, Any]],
+              cap: float, spec: Spec) -> dict[str, Any]:
+    """retrieval/DIAGNOSTIC.md "The cross-study check": per DIFF V2 arm its lr choice, D (arm - baseline), C (arm -
+    DIFF V2) and reading, from the runs made here; the baseline's and DIFF V2's (reference) choices and D."""
+    def loss(r: dict[str, Any]) -> float:
+        return loss_of(r, "test_loss", cap)
+
+    def rerun(name: str, lr: float) -> list[dict[str, Any]]:
+        return [arms[Job(width, name, s, lr)] for s in cfg.test_seeds]
+
+    out: dict[str, Any] = {}
+    lr_b, lr_v = lr_choice(cfg, width, BASE, ref, cap).lr, lr_choice(cfg, width, V2, ref, cap).lr
+    base, v2 = rerun("baseline_rerun", lr_b), rerun("diff_v2_rerun", lr_v)  # type: ignore[arg-type]
+    out[BASE] = {"lr": lr_b, "params_non_embedding": base[0]["params_non_embedding"],
+                 "test_loss": [loss(r) for r in base]}
+    out[V2] = {"lr": lr_v, "params_non_embedding": v2[0]["params_non_embedding"], "test_loss": [loss(r) for r in v2],
+               "D": _interval(_compare(base, v2, loss))}
+    for arm in spec.arms:
+        c = lr_choice(cfg, width, arm, arms, cap)
+        runs = [arms[Job(width, arm, s, c.lr)] for s in cfg.test_seeds]  # type: ignore[arg-type]
+        scores = lr_scores([arms[Job(width, arm, s, lr)] for lr in c.grid for s in cfg.test_seeds], cap)
+        d, cc = _compare(base, runs, loss), _compare(v2, runs, loss)
+        bad = not all(passed(r) for r in base + v2 + runs)
+        out[arm] = {"lr": c.lr, "grid": scores, "widened": c.widened, "unresolved_edge": unresolved_edge(cfg, c),
+                    "overrides": spec.arms[arm], "params_non_embedding": runs[0]["params_non_embedding"],
+                    "test_loss": [loss(r) for r in runs], "D": _interval(d), "C": _interval(cc),
+                    "reading": v2_reading(cc, bad)}
+    return out
+
+
+def format_v2_diagnostic(res: dict[str, Any]) -> str:
+    """The DIFF V2 diagnostic's text summary: one line per arm and the rerun check."""
+    a = res["arms"]
+
+    def iv(x: dict[str, Any]) -> str:
+        lo, hi = x["ci"]
+        return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{x['estimate']:+.3f}"
+
+    lines = [f"DIFF V2 diagnostic at d_model {res['width']} (test-half loss, n = {a[V2]['D']['n']} paired seeds, 95%)",
+             f"  DIFF V2 (lr {a[V2]['lr']:g}) minus baseline (lr {a[BASE]['lr']:g}): D {iv(a[V2]['D'])}"]
+    for arm, x in a.items():
+        if arm in (BASE, V2):
+            continue
+        edge = ", unresolved edge" if x["unresolved_edge"] else ""
+        lines.append(f"  {arm:18s} lr {x['lr']:g}{edge}: D {iv(x['D'])}, C {iv(x['C'])}: {x['reading']}")
+    lines.append(f"  the reruns against the reference's runs: {res['rerun']['verdict']}")
+    return "\n".join(lines)
 
 
 def plot_curves(cfg: LMSweepConfig, width: int, arms: dict[Job, dict[str, Any]],

@@ -277,7 +277,8 @@ def format_diagnostic(res: dict[str, Any]) -> str:
     for name in (V1, V2, *ARMS):
         r = rows[name]
         edge = " (at an edge)" if r["at_edge"] else ""
-        c = f", C {iv(r['C'])}, share {r['share']:+.0%}: {r['reading']}" if name in ARMS else ""
+        share = "" if r.get("share") is None else f", share {r['share']:+.0%}"
+        c = f", C {iv(r['C'])}{share}: {r['reading']}" if name in ARMS else ""
         lines.append(f"  {name:18s} lr {r['lr']:<6g}{edge} acc {statistics.fmean(r['accuracy']):.3f}  D {iv(r['D'])}"
                      f"{c}  below floor {r['dynamics']['below_floor']}/{r['dynamics']['of']} (learned slowly "
                      f"{r['dynamics']['learned_slowly']}, failed to start {r['dynamics']['failed_to_start']})")

@@ -1,0 +1,96 @@
+"""The retrieval diagnostic (retrieval/DIAGNOSTIC.md, ``diagnostic.py``) at toy size: a tiny benchmark, then the four
+arms on its journal. What must hold: the reference's runs are read, not run again; every arm's grid runs on every
+seed and is chosen by the benchmark's rule; each arm's model has its one change; C and D are the paired differences
+the protocol names; the reading rule is the protocol's, oriented by the variant's gap or lead; every job records the
+loss-threshold steps and per-layer lambda and head scales; a resumed run runs nothing; bad references are refused."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from test_end_to_end import tiny
+
+from difftransformer.cli import main
+from difftransformer.jobs import RunOptions
+from difftransformer.retrieval import diagnostic as dg
+from difftransformer.retrieval.benchmark import run_benchmark
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rdiag")
+    run_benchmark(tiny(), root / "ref", workers=1, progress=False)
+    res = dg.run_diagnostic(root / "ref", root / "diag", RunOptions(workers=1, progress=False))
+    return root, res
+
+
+def test_the_arms_run_on_the_reference(runs):
+    root, res = runs
+    rows = res["rows"]
+    assert set(rows) == {"baseline", "diff_v1", "diff_v2", *dg.ARMS}
+    n_grid = sum(len(rows[a]["grid"]) for a in dg.ARMS) * 2  # each arm's grid (widened or not) on 2 seeds
+    assert res["timings"]["jobs_run"] == n_grid  # none of the reference's jobs ran again
+    for arm, (variant, overrides) in dg.ARMS.items():
+        r = rows[arm]
+        assert r["variant"] == variant and r["overrides"] == overrides and r["lr"] in [g["lr"] for g in r["grid"]]
+        assert r["reading"] in (*dg.GAP_READINGS, *dg.LEAD_READINGS, dg.INCONCLUSIVE)
+        # C = arm - variant and D = arm - baseline, paired: D - C is the variant's own D
+        assert r["D"]["estimate"] - r["C"]["estimate"] == pytest.approx(rows[variant]["D"]["estimate"])
+        assert r["C"]["estimate"] == pytest.approx(statistics.fmean(r["accuracy"])
+                                                   - statistics.fmean(rows[variant]["accuracy"]))
+    assert rows["v2_separate_keys"]["params"] - rows["diff_v2"]["params"] == 16 * 2 * 8  # d_model x H_kv x d, 1 layer
+    assert rows["v2_headwise_norm"]["params"] - rows["diff_v2"]["params"] == 8  # the norm's 8-wide weight
+    assert rows["v1_no_norm"]["params"] - rows["diff_v1"]["params"] == -16  # V1's 16-wide norm weight gone
+    assert json.loads((root / "diag" / dg.RESULTS).read_text())["rows"].keys() == rows.keys()
+    assert (root / "diag" / dg.PLOT).stat().st_size > 1000
+    assert "summary:" in dg.format_diagnostic(res)
+
+
+def test_every_job_records_its_dynamics(runs):
+    root, res = runs
+    for name, r in res["rows"].items():
+        dyn = r["dynamics"]
+        assert dyn["of"] == 2 and dyn["below_floor"] == dyn["learned_slowly"] + dyn["failed_to_start"]
+        assert set(dyn["first_step_below"]) == {dg.STARTED, dg.LEARNED}
+    journal = (root / "diag" / dg.JOURNAL).read_text().splitlines()[1:]
+    rec = json.loads(journal[0])["result"]
+    layer = rec["dynamics"][0]
+    assert set(rec["loss_thresholds"]) == {"1", "0.3"} and rec["final_window_loss"] > 0
+    assert len(layer["head_rms"]) in (1, 2) and all(x > 0 for x in layer["head_rms"])  # V1: 1 head; V2: 2
+    assert "lambda_mean" in layer and "lambda_init" in layer
+
+
+def test_a_resumed_diagnostic_runs_nothing(runs):
+    root, res = runs
+    again = dg.run_diagnostic(root / "ref", root / "diag", RunOptions(workers=1, progress=False))
+    assert again["timings"]["jobs_run"] == 0 and again["rows"] == res["rows"]
+
+
+def _iv(lo, hi):
+    return {"estimate": (lo + hi) / 2, "ci": [lo, hi]}
+
+
+def test_the_reading_rule():
+    gap, lead = -0.2, 0.1
+    assert dg.reading(_iv(-0.05, 0.02), _iv(0.1, 0.3), gap, True) == "closes the gap"
+    assert dg.reading(_iv(-0.2, -0.05), _iv(0.02, 0.1), gap, True) == "closes part of the gap"
+    assert dg.reading(_iv(-0.3, -0.1), _iv(-0.05, 0.05), gap, True) == "no detectable effect"
+    assert dg.reading(_iv(-0.4, -0.3), _iv(-0.2, -0.05), gap, True) == "widens the gap"
+    assert dg.reading(_iv(-0.05, 0.02), _iv(-0.2, -0.05), lead, True) == "removes the lead"
+    assert dg.reading(_iv(0.02, 0.05), _iv(-0.1, -0.02), lead, True) == "reduces the lead"
+    assert dg.reading(_iv(0.05, 0.15), _iv(-0.05, 0.05), lead, True) == "no detectable effect"
+    assert dg.reading(_iv(0.15, 0.25), _iv(0.02, 0.1), lead, True) == "adds to the lead"
+    assert dg.reading(_iv(0.15, 0.25), _iv(0.02, 0.1), lead, False) == "inconclusive"
+
+
+def test_bad_references_are_refused_in_one_line(tmp_path, capsys):
+    assert main(["retrieval", "--diagnostic", "--reference", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "no jobs.jsonl there" in capsys.readouterr().err
+    assert main(["retrieval", "--diagnostic", "--out", str(tmp_path / "o")]) == 2
+    assert "go together" in capsys.readouterr().err
+    assert main(["retrieval", "--diagnostic", "--reference", str(tmp_path), "--steps", "5",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "takes its configuration from --reference" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
