@@ -291,21 +291,36 @@ def run(args: argparse.Namespace) -> int:
         return 0
     lm_steps = args.steps or (LM_STEPS if config == "demo" and not args.quick and not source else None)
     sweep_dir, provenance = (args.lm_sweep, None) if args.lm_sweep else committed_sweep(out / "lm-sweep-v2")
+    answer = committed_answer()
     path = write_report(runs, out / "report", quick=args.quick or not args.full_eval, seed=0,
                         progress=not args.no_progress, preface=preface(args, config, lm_steps, bench_dir, sweep_dir,
-                                                                       provenance),
-                        retrieval_dir=bench_dir, lm_sweep_dir=sweep_dir, lm_sweep_provenance=provenance)
+                                                                       provenance, answer is not None),
+                        retrieval_dir=bench_dir, lm_sweep_dir=sweep_dir, lm_sweep_provenance=provenance,
+                        answer=answer)
     print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
     print_verdicts(path.parent / RESULTS_NAME)
     print(f"report: {path.resolve()}")
     return 0
 
 
+def committed_answer() -> Optional[str]:
+    """The page's answer table from the repository's committed results (``studies.answer``), or None with one line
+    saying why not (an installed package has no docs/)."""
+    from .studies import answer
+    if not answer.available():
+        print("answer table: the committed diagnostic results (docs/results/) are not here: the page goes without it")
+        return None
+    return answer.section(answer.load())
+
+
 def preface(args: argparse.Namespace, config: str, lm_steps: Optional[int], bench_dir: Optional[Path],
-            sweep_dir, provenance: Optional[dict]) -> str:
+            sweep_dir, provenance: Optional[dict], answer: bool = False) -> str:
     """The page's opening paragraph: what this demo ran and in which order the page shows it."""
     quick = " --quick" if args.quick else ""
     parts = [f"Made by `difftransformer demo{quick}`, in the order of this page."]
+    if answer:
+        parts.append("It opens with the answer of the studies' diagnostics (which differential attention, with which "
+                     "parts, for which job): the repository's committed results, not measured in this run.")
     if bench_dir is not None:
         parts.append("First the token-level retrieval benchmark, measured in this run"
                      + (" (quick: a smoke run, its numbers mean nothing)." if args.quick else "."))

@@ -292,3 +292,29 @@ def format_diagnostic(res: dict[str, Any]) -> str:
                      f"{r['grid_below_floor']}")
     lines.append(f"  summary: {res['summary']}")
     return "\n".join(lines)
+
+
+def markdown_table(res: dict[str, Any]) -> str:
+    """docs/retrieval.md's table of the diagnostic: per variant and arm its lr, mean accuracy, D, C, share, reading,
+    floor failures (learned slowly / failed to start) and the secondary D of the grid mean and extrapolation."""
+    rows = res["rows"]
+
+    def iv(x: dict[str, Any]) -> str:
+        lo, hi = x["ci"]
+        return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+    lines = ["| arm | lr | accuracy | D (minus baseline) | C (minus its variant) | share | reading | below the floor "
+             "(learned slowly, failed to start) | grid mean, D | p48c96, D |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in (BASE, V1, V2, *ARMS):
+        r, dyn = rows[name], rows[name]["dynamics"]
+        edge = " (edge)" if r["at_edge"] else ""
+        is_arm = name in ARMS
+        share = "" if not is_arm or r["share"] is None else f"{r['share']:+.0%}"
+        lines.append(
+            f"| `{name}` | {r['lr']:g}{edge} | {statistics.fmean(r['accuracy']):.3f} | "
+            f"{iv(r['D']) if name != BASE else ''} | {iv(r['C']) if is_arm else ''} | {share} | "
+            f"{r['reading'] if is_arm else ''} | {dyn['below_floor']} of {dyn['of']} ({dyn['learned_slowly']}, "
+            f"{dyn['failed_to_start']}) | {iv(r['D_grid_mean']) if name != BASE else ''} | "
+            f"{iv(r['D_extrapolation']) if name != BASE else ''} |")
+    return "\n".join(lines)

@@ -154,8 +154,10 @@ def multiplicity_note(rrows: Sequence[dict[str, Any]], rows: Sequence[dict[str, 
 
 
 def _head(settings: Settings, extra: dict[str, Any]) -> list[str]:
-    committed = (" The language-model sweep's section is the exception: it shows committed results, not measured "
-                 "in this run, and says where they come from." if extra.get("lm_sweep_committed") else "")
+    shown = [name for name, key in (("the answer table", "answer"), ("the language-model sweep's section",
+                                                                     "lm_sweep_committed")) if extra.get(key)]
+    committed = (f" The exceptions are {' and '.join(shown)}: committed results, not measured in this run, each "
+                 "saying where it comes from." if shown else "")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>difftransformer report</title>"
              f"<style>{CSS}</style></head><body>",
              "<h1>Differential attention vs the baseline: report</h1>",
@@ -172,7 +174,7 @@ def _head(settings: Settings, extra: dict[str, Any]) -> list[str]:
 def _lead(extra: dict[str, Any], note: str) -> list[str]:
     """The pre-registered studies first: the retrieval benchmark (with ``note``, the multiplicity note, when the
     language models below judge nothing), then the language-model sweep."""
-    parts = []
+    parts = [extra["answer"]] if "answer" in extra else []  # which attention for which job (committed results)
     if "retrieval" in extra:  # the lead: the paper's central claim, on a task every variant learns
         rrows = extra["retrieval_rows"]
         parts += ["<h2>Retrieval among distractors: token-level key-value benchmark</h2>",

@@ -72,14 +72,15 @@ def _multi_run(runs: Sequence[RunResults], settings: Settings, out: Path,
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: bool = True, seed: int = 0,
                  progress: bool = True, preface: str = "", retrieval_dir: Optional[str | Path] = None,
                  lm_sweep_dir: Optional[str | Path] = None,
-                 lm_sweep_provenance: Optional[dict[str, Any]] = None) -> Path:
+                 lm_sweep_provenance: Optional[dict[str, Any]] = None, answer: Optional[str] = None) -> Path:
     """Evaluate ``run_dirs`` and write ``out_dir/report.html`` (returned) and ``out_dir/results.json``.
 
     ``retrieval_dir``: the output directory of ``difftransformer retrieval`` (its ``results.json`` and plots), shown
     first on the page with its own verdicts. ``lm_sweep_dir``: the output directory of ``difftransformer lm-sweep``
     (its ``sweep.json`` and plots), shown after it with its own verdicts; ``lm_sweep_provenance``: where that sweep's
     results come from when they are committed ones, not measured by this run (``lmsweep.committed.provenance``): the
-    section then says so first. ``preface``: a paragraph of text (`code` spans allowed) under the title."""
+    section then says so first. ``preface``: a paragraph of text (`code` spans allowed) under the title. ``answer``:
+    the HTML of the committed answer table (``studies.answer.section``), shown first."""
     from ... import __version__
 
     if not run_dirs:
@@ -114,6 +115,8 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     sections = {spec.name: analysis_section(runs, spec.name) for spec in PER_RUN}
     sections["training"] = table(TRAINING_HEADER, training_table(runs))
     extra: dict[str, Any] = {"version": __version__, "sections": sections, "preface": preface}
+    if answer is not None:
+        extra["answer"] = answer
     if bench is not None and retrieval_dir is not None:  # one is None only when the other is
         extra["retrieval_rows"] = retrieval_verdicts(bench)
         extra["retrieval"] = retrieval_section(bench, Path(retrieval_dir), table, image)

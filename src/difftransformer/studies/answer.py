@@ -1,0 +1,111 @@
+"""Which differential attention, with which parts, for which job: the answer table of the two studies' diagnostics,
+read from the repository's committed results (docs/results/), for the README, docs/retrieval.md and the demo's page.
+
+The table is {DIFF V1, DIFF V2} x {with the head-wise norm, without} x {retrieval accuracy at the benchmark's primary
+endpoint, language-model test loss at d_model 96}; each cell is the difference from the baseline (D) with its 95%
+paired interval, and the arm's reading where the cell is a diagnostic arm (retrieval/DIAGNOSTIC.md, "The answer
+table"). Nothing here trains or rebuilds: ``tests/studies/test_answer.py`` rebuilds each committed results file from
+its journal and checks that the README and the docs quote these numbers.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any, Optional
+
+from ..fileio import read_json
+
+# src/difftransformer/studies/ -> the repository root; an installed package has no docs/ (see ``available``)
+RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+FILES = {
+    "retrieval": ("retrieval-v3", "results.json"),  # the benchmark: the baseline, DIFF V1 and V2
+    "retrieval_diagnostic": ("retrieval-diagnostic", "diagnostic.json"),
+    "lm_v1": ("v1-diagnostic", "diagnostic.json"),  # the DIFF V1 language-model diagnostic
+    "lm_v2": ("v2-diagnostic", "diagnostic.json"),  # the cross-study check: DIFF V2's arms
+}
+# (variant, with the norm?) -> (where its retrieval D is, where its language-model D is); None: no arm
+CELLS: dict[tuple[str, bool], tuple[tuple[str, str], tuple[str, str]]] = {
+    ("diff_v1", True): (("retrieval_diagnostic", "diff_v1"), ("lm_v1", "diff_v1")),
+    ("diff_v1", False): (("retrieval_diagnostic", "v1_no_norm"), ("lm_v1", "no_norm")),
+    ("diff_v2", True): (("retrieval_diagnostic", "v2_headwise_norm"), ("lm_v2", "v2_headwise_norm")),
+    ("diff_v2", False): (("retrieval_diagnostic", "diff_v2"), ("lm_v2", "diff_v2")),
+}
+LABELS = {"diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
+AS_PUBLISHED = {("diff_v1", True), ("diff_v2", False)}
+
+
+def available(source: Path = RESULTS) -> bool:
+    """Whether ``source`` holds every committed results file the table reads (a clone does; a wheel does not)."""
+    return all((source / d / f).is_file() for d, f in FILES.values())
+
+
+def load(source: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    return {k: read_json(source / d / f) for k, (d, f) in FILES.items()}
+
+
+def _row(results: dict[str, Any], where: str, name: str) -> dict[str, Any]:
+    r = results[where]
+    return r["rows"][name] if "rows" in r else r["arms"][name]
+
+
+def cells(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (variant, norm): its retrieval and language-model D (estimate, interval) and readings."""
+    out = []
+    for (variant, norm), (ret, lm) in CELLS.items():
+        r, m = _row(results, *ret), _row(results, *lm)
+        out.append({"variant": variant, "headwise_norm": norm, "as_published": (variant, norm) in AS_PUBLISHED,
+                    "retrieval": {**r["D"], "reading": r.get("reading"), "name": ret[1]},
+                    "language_model": {**m["D"], "reading": m.get("reading"), "name": lm[1]}})
+    return out
+
+
+def _iv(d: dict[str, Any], digits: int = 3) -> str:
+    lo, hi = d["ci"]
+    return f"{d['estimate']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def _cell(d: dict[str, Any]) -> str:
+    return _iv(d) + (f", {d['reading']}" if d.get("reading") else "")
+
+
+def markdown(results: Optional[dict[str, dict[str, Any]]] = None) -> str:
+    """The answer table in Markdown (the README's and docs/retrieval.md's)."""
+    results = results or load()
+    lines = ["| DIFF minus baseline (95% interval; arm's reading) | head-wise norm | retrieval accuracy, `p48c48` "
+             "(12 seeds; higher is better) | language-model loss, d=96 (5 seeds; lower is better) |",
+             "| --- | --- | --- | --- |"]
+    for c in cells(results):
+        name = LABELS[c["variant"]] + (" (as published)" if c["as_published"] else "")
+        lines.append(f"| {name} | {'with' if c['headwise_norm'] else 'without'} | {_cell(c['retrieval'])} | "
+                     f"{_cell(c['language_model'])} |")
+    return "\n".join(lines)
+
+
+def html_table(results: dict[str, dict[str, Any]]) -> str:
+    """The same table as HTML, for the report page."""
+    head = ("<tr><th>DIFF minus baseline</th><th>head-wise norm</th><th>retrieval accuracy at p48c48 (12 seeds; "
+            "higher is better)</th><th>language-model loss at d=96 (5 seeds; lower is better)</th></tr>")
+    rows = []
+    for c in cells(results):
+        name = LABELS[c["variant"]] + (" (as published)" if c["as_published"] else "")
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{'with' if c['headwise_norm'] else 'without'}</td>"
+                    f"<td>{html.escape(_cell(c['retrieval']))}</td><td>{html.escape(_cell(c['language_model']))}"
+                    "</td></tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def section(results: dict[str, dict[str, Any]]) -> str:
+    """The report page's opening section (the demo's): the answer table, marked as not measured in the run that shows
+    it, with where its numbers come from and the commands that measure them again."""
+    folders = ", ".join(f"<code>docs/results/{d}</code>" for d, _ in FILES.values())
+    return ("<h2>Which differential attention, for which job</h2>"
+            "<div class='provenance'><p><b>Not measured in this run.</b> The repository's committed results of the "
+            f"pre-registered diagnostics ({folders}), read as committed: a test rebuilds each from its journal. "
+            "To measure them again on your machine: <code>difftransformer retrieval --out runs/kv</code>, then "
+            "<code>difftransformer retrieval --diagnostic --reference runs/kv --out runs/kv-diag</code> (about 90 "
+            "min on 2 cores together), and <code>difftransformer lm-sweep --diagnostic v2 --reference "
+            "docs/results/lm-sweep-v2 --out runs/v2-diag</code> (about 25 min).</p></div>"
+            f"{html_table(results)}<p class='note'>Each cell: DIFF minus the baseline with its 95% paired interval; "
+            "an arm's reading against its own variant (retrieval/DIAGNOSTIC.md). The rows marked as published are "
+            "the variants as their sources define them.</p>")
