@@ -318,3 +318,29 @@ def markdown_table(res: dict[str, Any]) -> str:
             f"{dyn['failed_to_start']}) | {iv(r['D_grid_mean']) if name != BASE else ''} | "
             f"{iv(r['D_extrapolation']) if name != BASE else ''} |")
     return "\n".join(lines)
+
+
+def dynamics_table(res: dict[str, Any]) -> str:
+    """docs/retrieval.md's "learning slowly or failing" table: per variant and arm at its chosen lr, the runs below the
+    floor (learned slowly / failed to start), the median first step below each loss threshold over the runs that
+    passed, and per layer the head RMS before any norm and lambda (mean), for the runs that passed and those below."""
+    rows = res["rows"]
+
+    def fmt(xs: Optional[list[Optional[float]]], digits: int = 2) -> str:
+        return "" if xs is None else " / ".join("-" if x is None else f"{x:.{digits}f}" for x in xs)
+
+    def step(x: Optional[float]) -> str:
+        return "never" if x is None else f"{x:g}"
+
+    lines = [f"| arm | below the floor (learned slowly, failed to start) | median step below {STARTED} / {LEARNED} "
+             "nats (passed) | head RMS per layer, passed | below the floor | lambda per layer, passed | below the "
+             "floor |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name in (BASE, V1, V2, *ARMS):
+        d = rows[name]["dynamics"]
+        fs = d["first_step_below"]
+        steps = ("none passed" if d["below_floor"] == d["of"] else
+                 f"{step(fs[STARTED]['passed_median'])} / {step(fs[LEARNED]['passed_median'])}")
+        lines.append(f"| `{name}` | {d['below_floor']} ({d['learned_slowly']}, {d['failed_to_start']}) | {steps} | "
+                     f"{fmt(d['head_rms']['passed'])} | {fmt(d['head_rms']['below_floor'])} | "
+                     f"{fmt(d['lambda_mean']['passed'])} | {fmt(d['lambda_mean']['below_floor'])} |")
+    return "\n".join(lines)
