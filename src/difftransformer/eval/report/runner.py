@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from ...fileio import atomic_write, read_json
 from ...log import progress_bar
 from ...rundir import RESULTS_NAME, SWEEP_RESULTS_NAME
@@ -72,7 +74,8 @@ def _multi_run(runs: Sequence[RunResults], settings: Settings, out: Path,
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: bool = True, seed: int = 0,
                  progress: bool = True, preface: str = "", retrieval_dir: Optional[str | Path] = None,
                  lm_sweep_dir: Optional[str | Path] = None,
-                 lm_sweep_provenance: Optional[dict[str, Any]] = None, answer: Optional[str] = None) -> Path:
+                 lm_sweep_provenance: Optional[dict[str, Any]] = None, answer: Optional[str] = None,
+                 device: str | torch.device = "cpu") -> Path:
     """Evaluate ``run_dirs`` and write ``out_dir/report.html`` (returned) and ``out_dir/results.json``.
 
     ``retrieval_dir``: the output directory of ``difftransformer retrieval`` (its ``results.json`` and plots), shown
@@ -80,12 +83,13 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     (its ``sweep.json`` and plots), shown after it with its own verdicts; ``lm_sweep_provenance``: where that sweep's
     results come from when they are committed ones, not measured by this run (``lmsweep.committed.provenance``): the
     section then says so first. ``preface``: a paragraph of text (`code` spans allowed) under the title. ``answer``:
-    the HTML of the committed answer table (``studies.answer.section``), shown first."""
+    the HTML of the committed answer table (``studies.answer.section``), shown first. ``device``: where the models
+    run (the CLI's ``--device``, checked by ``loading.device_arg``)."""
     from ... import __version__
 
     if not run_dirs:
         raise ValueError("report: give at least one RUN_DIR")
-    evs = [load_for_eval(p) for p in run_dirs]
+    evs = [load_for_eval(p, device) for p in run_dirs]
     vocab = {ev.tokenizer.get_vocab_size() for ev in evs}
     if len(vocab) > 1:
         raise ValueError(f"report: the runs use different tokenizers (vocabulary sizes {sorted(vocab)}); "
