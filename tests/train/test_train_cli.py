@@ -131,3 +131,30 @@ def test_load_config_refuses_a_list_of_overrides():
 
     with pytest.raises(TypeError, match="overrides must be a dict"):
         load_config("tiny", ["--train.lr", "3e-4"])
+
+
+def test_resume_of_a_finished_run_verifies_the_checkpoint_it_counts_on(tmp_path, prepared_dir, capsys):
+    """Issue 57: a run at train.steps whose newest checkpoint is corrupt is not "already at step 2": the resume
+    checks that checkpoint, says it is broken, continues from the newest good one and writes it again, exactly."""
+    import torch
+
+    from difftransformer import rundir
+    from difftransformer.model.pretrained import verify_manifest
+    from train_helpers import weights
+
+    run = tmp_path / "run"
+    train(tiny_config(data={"prepared_dir": prepared_dir}, train={"steps": 2}, checkpoint={"every": 1}), run)
+    newest = rundir.step_dir(run, 2)
+    good = weights(newest)
+    raw = bytearray((newest / rundir.WEIGHTS_NAME).read_bytes())
+    raw[len(raw) // 2] ^= 0x40  # same size, a bad checksum
+    (newest / rundir.WEIGHTS_NAME).write_bytes(bytes(raw))
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", *QUIET]) == 0
+    err = capsys.readouterr().err
+    assert "skipping checkpoint step_00000002" in err and "continuing from step_00000001 (step 1)" in err, err
+    assert "already at step" not in err
+    assert verify_manifest(newest) is None  # written again by the resumed run
+    again = weights(newest)
+    for k in good:
+        torch.testing.assert_close(again[k], good[k], rtol=0, atol=1e-6, msg=k)

@@ -88,9 +88,17 @@ def check_run_dir(cfg: TrainConfig, run_dir: Path, resume: bool, warn: Callable[
         _check_same_data(saved, cfg, cfg_file)
         warn(f"--resume: {run_dir} has no checkpoint yet; starting it again from step 0")
         return None
-    ckpt = ckpt_io.find_resumable(run_dir, warn=warn, check_hashes=check_hashes)
-    ckpt_io.check_same_model(ckpt, cfg.model)
+    skipped: list[str] = []
+    ckpt = ckpt_io.find_resumable(run_dir, warn=skipped.append, check_hashes=check_hashes)
     done = ckpt_io.checkpoint_step(ckpt)
+    if done >= cfg.train.steps and not check_hashes:  # the refusal counts on this checkpoint: verify its weights
+        skipped = []
+        ckpt = ckpt_io.find_resumable(run_dir, warn=skipped.append, check_hashes=True)
+        done = ckpt_io.checkpoint_step(ckpt)
+    if skipped:  # a newer checkpoint is broken (a bad checksum, a missing file): say which one the run continues from
+        warn(f"--resume: {'; '.join(skipped)}; continuing from {ckpt.name} (step {done}), the newest checkpoint "
+             "that verifies")
+    ckpt_io.check_same_model(ckpt, cfg.model)
     if done >= cfg.train.steps:
         raise ValueError(f"--resume: the run is already at step {done} >= train.steps={cfg.train.steps}; "
                          "raise --train.steps to train further")
