@@ -208,6 +208,9 @@ CASES: list[tuple[list[str], str]] = [
         ("--seeds", "0"), ("--steps", "0"), ("--batch", "0"), ("--train-pairs", "0,4"), ("--train-context", "48,24"),
         ("--queries", "0"), ("--n-keys", "0"), ("--d-model", "0"), ("--workers", "0"), ("--lr-widen", "-1")]],
     (["retrieval", "--out", "{ws}/o", "--seed-base", "-1"], "seed_base must be an integer >= 0"),
+    # a model no job could allocate (every job would fail alike): refused before the first job (issue 57)
+    (["retrieval", "--out", "{ws}/o", "--n-keys", "1000000000", "--workers", "1"], "lower --n-keys (1,000,000,000"),
+    (["retrieval", "--out", "{ws}/o", "--n-keys", "1000000000", "--sweep-width", "64,128"], "lower --n-keys"),
     (["retrieval", "--out", "{ws}/o", "--cpu-code-path", "avx3"], "invalid choice"),
     (["retrieval", "--out", "{ws}/o", "--primary", "p48c96"], "inside the trained lengths"),
     (["retrieval", "--out", "{ws}/o", "--sweep-width", "64"], "at least two distinct widths"),

@@ -176,6 +176,15 @@ def test_bad_flags_are_one_error_line(tmp_path, assert_cli_error, extra, needle)
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_window_the_data_cannot_hold_is_refused_before_any_job(tmp_path, assert_cli_error):
+    """Issue 57: --seq-len longer than the validation split holds twice failed every job alike ("16 of 16 jobs
+    failed", exit 3); it is one line and exit code 2 once the tokens are prepared, before the first job."""
+    out = tmp_path / "long"
+    assert_cli_error([*ARGS, "--seq-len", "3000", "--out", str(out)], "--seq-len 3000",
+                     "holds fewer than two windows of 3000 tokens")
+    assert not (out / JOURNAL).exists() and not (out / "failed").exists()
+
+
 def test_a_protocol_version_1_journal_is_refused_in_one_line(tmp_path, assert_cli_error):
     header = {"benchmark": "language-model sweep", "protocol_version": 1, "config": {}, "data": "x"}
     (tmp_path / JOURNAL).write_text(json.dumps({"journal": header}) + "\n")

@@ -45,10 +45,24 @@ def validation_halves(n_val: int, seq_len: int):
     """(tuning starts, test starts): the non-overlapping validation windows, even ones and odd ones."""
     import torch
     # each window needs seq_len + 1 tokens; the starts index the token memmap, on the host
-    starts = torch.arange(0, n_val - seq_len, seq_len, device="cpu")
-    if starts.numel() < 2:
+    if n_val - seq_len <= seq_len:  # fewer than two starts (none at all when n_val <= seq_len)
         raise ValueError(f"the validation split ({n_val} tokens) holds fewer than two windows of {seq_len} tokens")
+    starts = torch.arange(0, n_val - seq_len, seq_len, device="cpu")
     return starts[0::2], starts[1::2]
+
+
+def check_windows(cfg: LMSweepConfig, num_tokens: dict[str, int]) -> None:
+    """What every job would fail on, refused before the first (one line, exit code 2): a ``seq_len`` window that
+    the training split cannot hold (the trainer's sampler), or fewer than two in the validation split (the two
+    halves). ``num_tokens``: the prepared data's tokens per split."""
+    from ..data.shards import WindowSampler
+    try:
+        WindowSampler(num_tokens["train"], cfg.seq_len, cfg.seed_base)
+        validation_halves(num_tokens["val"], cfg.seq_len)
+    except ValueError as e:
+        raise ValueError(f"--seq-len {cfg.seq_len}: the prepared tokens of the preset {cfg.preset!r} cannot hold it "
+                         f"({e}); "
+                         "every job would fail: give a shorter --seq-len or a preset with more text") from None
 
 
 def mean_loss(model, tokens, starts, seq_len: int, chunk: int = 32) -> float:

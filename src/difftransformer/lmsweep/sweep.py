@@ -50,11 +50,13 @@ def refuse_other_version(path: Path) -> None:
 
 
 def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
-    """The preset's tokens in OUT/data (reused when already there) and their fingerprint."""
+    """The preset's tokens in OUT/data (reused when already there) and their fingerprint. Windows the tokens cannot
+    hold (``job.check_windows``: every job would fail on them) are refused here, before any job."""
     from ..data.shards import fingerprint, prepare_data
-    from .job import train_config
+    from .job import check_windows, train_config
     tc = train_config(cfg, cfg.widths[0], cfg.variants[0], cfg.seed_base, cfg.lr_grid[0], str(out / "data"))
     data = prepare_data(tc.data, out / "data", progress)
+    check_windows(cfg, data.num_tokens)
     return data, fingerprint(tc.data), tc.model.vocab_size
 
 

@@ -88,6 +88,24 @@ def job_description(cfg_d: dict[str, Any], job: tuple, device: str = "cpu") -> d
             "protocol_version": PROTOCOL_VERSION, **device_key(device)}
 
 
+def check_fits(cfg: RetrievalConfig, device: str = "cpu") -> None:
+    """Refuse, before the first job, a configuration whose every job would fail on the machine: a model (of any
+    variant) whose weights, gradients and AdamW states alone exceed the device's memory, e.g. a key vocabulary
+    (``--n-keys``; the vocabulary holds n_keys * n_values fact tokens) too large to allocate. One line, exit 2."""
+    from ..jobs.codepath import check_device
+    from ..model import variants as registry
+    from ..train.distributed import DistInfo, pick_device
+    from ..train.trainer import check_fits_memory
+    from .train import model_config
+    check_device(device)  # "cuda" without a GPU: the runner's own line, before the device is asked its memory
+    info = DistInfo(device=pick_device(device, 0))
+    for v in cfg.variants:
+        if v in registry.names():
+            check_fits_memory(model_config(cfg, v), info, "ddp",
+                              lower=f"--n-keys ({cfg.n_keys:,}: a vocabulary of {cfg.layout.vocab_size:,} tokens) "
+                                    "or --d-model")
+
+
 def job_spec(cfg: RetrievalConfig, device: str = "cpu") -> JobSpec[Job]:
     """The benchmark's jobs as the runner takes them: what the protocol needs, ``_job``, the key."""
     cfg_d = cfg.to_dict()
@@ -106,6 +124,7 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
     journal lives in a temporary directory (nothing to resume)."""
     import tempfile
     options = options or RunOptions(workers=workers, progress=progress)
+    check_fits(cfg, options.device)  # a model no job could allocate: refused before the first job
     t0, load0 = time.perf_counter(), _load()
     cfg_d = cfg.to_dict()
     with tempfile.TemporaryDirectory() as tmp:

@@ -116,10 +116,11 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
     cfgs = {w: cfg.replace(d_model=w) for w in widths}  # validates every width (even head width, divisible)
     import tempfile
 
-    from .benchmark import PROTOCOL_VERSION, _job, job_description
+    from .benchmark import PROTOCOL_VERSION, _job, check_fits, job_description
     from .protocol import choose_lr, lr_scores
     options = options or RunOptions(workers=workers, progress=progress)
     dev = options.device
+    check_fits(cfgs[max(widths)], dev)  # the widest model no job could allocate: refused before the first job
     t0 = time.perf_counter()
     ws = sorted(widths)
     jobs = [(w, v, s, lr) for w in sorted(widths, reverse=True) for v in cfg.variants for lr in cfg.lr_grid

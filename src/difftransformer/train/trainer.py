@@ -238,9 +238,11 @@ def estimated_parameters(model_cfg) -> int:
     return one + (count(2) - one) * (model_cfg.n_layers - 1)
 
 
-def check_fits_memory(model_cfg, info: DistInfo, parallel: str) -> None:
+def check_fits_memory(model_cfg, info: DistInfo, parallel: str,
+                      lower: str = "model.d_model, model.n_layers or data.vocab_size") -> None:
     """Refuse, before any data is prepared, a model whose weights, gradients and optimizer states alone exceed the
-    device's memory (a ValueError naming the sizes, not an allocator abort minutes later)."""
+    device's memory (a ValueError naming the sizes, not an allocator abort minutes later). ``lower``: the settings
+    the message tells the user to lower (the studies name their own flags)."""
     if info.device.type == "cuda":
         total = torch.cuda.get_device_properties(info.device).total_memory
     else:
@@ -254,7 +256,7 @@ def check_fits_memory(model_cfg, info: DistInfo, parallel: str) -> None:
     if need > total:
         raise ValueError(f"the model has {n:,} parameters: training needs at least {need / 2**30:,.1f} GiB per "
                          f"{info.device.type.upper()} device for weights, gradients and AdamW states, more than its "
-                         f"{total / 2**30:,.1f} GiB; lower model.d_model, model.n_layers or data.vocab_size")
+                         f"{total / 2**30:,.1f} GiB; lower {lower}")
 
 
 def _train(cfg, run_dir, resume, on_checkpoint, info: DistInfo, progress: bool, desc: str) -> TrainResult:
