@@ -82,6 +82,12 @@ def ws(tmp_path_factory) -> Path:
     (root / "hf_chat_latin1").mkdir()
     (root / "hf_chat_latin1" / "config.json").write_text(json.dumps(good_hf))
     (root / "hf_chat_latin1" / "chat_template.jinja").write_bytes(b"{{ bos_token }}" + LATIN1)
+    # --- study outputs of the wrong shape (valid JSON): a list, another benchmark's, one lacking what is read ------
+    for name, doc in [("list_study", [1, 2]), ("other_study", {"benchmark": "kv_retrieval_width_sweep"}),
+                      ("thin_study", {"benchmark": "kv_retrieval", "config": {}, "conditions": []})]:
+        (root / name).mkdir()
+        for file in (rundir.RESULTS_NAME, rundir.SWEEP_RESULTS_NAME, rundir.LM_SWEEP_JOURNAL):
+            (root / name / file).write_text(json.dumps(doc))
     (root / "tasks").mkdir()
     (root / "tasks" / "my_task.yaml").write_bytes(b"task: " + LATIN1 + b"\n")
     return root
@@ -247,6 +253,21 @@ CASES: list[tuple[list[str], str]] = [
     (["lm-sweep", "--out", "{ws}/o", "--lr-grid", "1e-3,-1"], "lr_grid"),
     (["lm-sweep", "--out", "{ws}/o", "--steps", "10", "--warmup-steps", "10"], "warmup_steps"),
     (["report", "{ws}/nothing", "--lm-sweep", "{ws}/nothing"], "nothing"),
+    # --- every option that takes a study's output: a file of the wrong shape, named with what it lacks (issue 57)
+    (["report", "{ws}/run", "--retrieval", "{ws}/list_study", "--out", "{ws}/o"],
+     "--retrieval: {ws}/list_study/results.json is not a retrieval result: a JSON list, not an object"),
+    (["report", "{ws}/run", "--retrieval", "{ws}/thin_study", "--out", "{ws}/o"],
+     "--retrieval: {ws}/thin_study/results.json is not a retrieval result: it lacks \"variants\""),
+    (["report", "{ws}/run", "--lm-sweep", "{ws}/other_study", "--out", "{ws}/o"],
+     "--lm-sweep: {ws}/other_study/sweep.json is not a lm-sweep result: its \"benchmark\" is"),
+    (["demo", "--lm-sweep", "{ws}/list_study", "--out", "{ws}/o"],
+     "--lm-sweep: {ws}/list_study/sweep.json is not a lm-sweep result"),
+    (["lm-sweep", "--rounding-of", "{ws}/list_study", "--cpu-code-path", "avx2", "--out", "{ws}/o"],
+     "--rounding-of: {ws}/list_study/sweep.json is not a lm-sweep result"),
+    (["lm-sweep", "--rounding-partial", "{ws}/list_study", "--out", "{ws}/o"],
+     "{ws}/list_study/lm-jobs.jsonl is not a job journal"),
+    (["retrieval", "--sweep-width", "32,64", "--reuse-jobs", "{ws}/list_study/results.json", "--out", "{ws}/o"],
+     "{ws}/list_study/results.json is not a job journal"),
     (["demo", "--out", "{ws}/o", "--init-from", "{ws}/nothing"], "not a directory"),
     (["demo", "--out", "{ws}/o", "--init-from", "{ws}/plain", "--retrieval-seeds", "2"], "--retrieval-seeds"),
     # --- text that is not UTF-8: every text flag (named by the parser) and every text file (the flag and the file)

@@ -252,7 +252,6 @@ def _extras_needed(cfg, args: argparse.Namespace) -> tuple[list[str], list[str],
 def run(args: argparse.Namespace) -> int:
     from .eval.report import write_report
     from .lmsweep.committed import committed_sweep
-    from .rundir import SWEEP_RESULTS_NAME
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
@@ -260,9 +259,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
     if args.retrieval_seeds is not None and args.retrieval_seeds < 1:
         raise ValueError(f"--retrieval-seeds must be >= 1, got {args.retrieval_seeds}")
-    if args.lm_sweep is not None and not (Path(args.lm_sweep) / SWEEP_RESULTS_NAME).is_file():
-        raise ValueError(f"--lm-sweep {args.lm_sweep}: holds no {SWEEP_RESULTS_NAME} (run `difftransformer lm-sweep "
-                         f"--out {args.lm_sweep}` first)")
+    if args.lm_sweep is not None:  # read and its shape checked now, not after the retrieval benchmark
+        from .eval.report.results import read_study
+        read_study(args.lm_sweep, "lm-sweep", "--lm-sweep")
     out = Path(args.out)
     config = args.config or ("pretrained" if args.init_from else "demo")
     from .train.config import load_config

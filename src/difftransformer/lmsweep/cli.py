@@ -117,7 +117,6 @@ def run_cli(args) -> int:
 
 def _run_cli(args) -> int:
     options = jobs_cli.options_from_args(args)
-    from ..rundir.files import SWEEP_RESULTS_NAME
     from .sweep import format_sweep, run_lm_sweep
     if args.diagnostic is not None or args.reference is not None or args.arms is not None:
         if args.diagnostic is None or args.reference is None:
@@ -140,12 +139,8 @@ def _run_cli(args) -> int:
         raise ValueError("--rounding-scope needs --rounding-of DIR or --rounding-partial REF_DIR")
     other = choices = None
     if args.rounding_of is not None:
-        import json
-        from pathlib import Path
-        path = Path(args.rounding_of) / SWEEP_RESULTS_NAME
-        if not path.is_file():
-            raise ValueError(f"--rounding-of {args.rounding_of}: holds no {SWEEP_RESULTS_NAME} (a finished sweep)")
-        other = json.loads(path.read_text(encoding="utf-8"))
+        from ..eval.report.results import read_study
+        other = read_study(args.rounding_of, "lm-sweep", "--rounding-of")  # a finished sweep's sweep.json
         mine = {k: v for k, v in cfg.to_dict().items() if k != "cpu_code_path"}
         if {k: v for k, v in other.get("config", {}).items() if k != "cpu_code_path"} != mine:
             raise ValueError(f"--rounding-of {args.rounding_of}: that sweep ran another configuration (only "

@@ -9,14 +9,14 @@ from typing import Any, Optional
 
 import torch
 
-from ...fileio import atomic_write, read_json
+from ...fileio import atomic_write
 from ...log import progress_bar
-from ...rundir import RESULTS_NAME, SWEEP_RESULTS_NAME
+from ...rundir import RESULTS_NAME
 from ..analyses import MULTI_RUN, PER_RUN
 from ..loading import EvalModel, load_for_eval
 from ..spec import AnalysisSpec
 from .html import analysis_section, image, render_html, table
-from .results import RunResults, Settings
+from .results import RunResults, Settings, read_study
 from .retrieval import retrieval_verdicts
 from .retrieval import section as retrieval_section
 from .training import TRAINING_HEADER, plot_training, training_summary, training_table
@@ -89,6 +89,9 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
 
     if not run_dirs:
         raise ValueError("report: give at least one RUN_DIR")
+    # the studies' outputs first: a file of the wrong shape is one line before any model is read
+    bench = read_study(retrieval_dir, "retrieval", "--retrieval") if retrieval_dir is not None else None
+    sweep = read_study(lm_sweep_dir, "lm-sweep", "--lm-sweep") if lm_sweep_dir is not None else None
     evs = [load_for_eval(p, device) for p in run_dirs]
     vocab = {ev.tokenizer.get_vocab_size() for ev in evs}
     if len(vocab) > 1:
@@ -98,8 +101,6 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     for ev in evs:  # two runs of one variant and seed: name them by directory
         if labels.count(ev.label) > 1:
             ev.label = f"{ev.label} ({Path(ev.source).name})"
-    bench = read_json(Path(retrieval_dir) / RESULTS_NAME) if retrieval_dir is not None else None
-    sweep = read_json(Path(lm_sweep_dir) / SWEEP_RESULTS_NAME) if lm_sweep_dir is not None else None
     settings = Settings(quick, seed, progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
