@@ -77,6 +77,7 @@ SERIAL_FILES = {
     "tests/retrieval/test_journal_resume.py",  # kills the CLI and its workers mid-job
     "tests/lmsweep/test_resume_and_cli.py",  # the same for the language-model sweep
     "tests/jobs/test_runner.py",  # the local process pool
+    "tests/jobs/test_no_orphans.py",  # a pool's driver killed (SIGKILL, SIGTERM) under running jobs
     "tests/jobs/test_ray_cluster.py",  # a two-node Ray cluster on this machine
     "tests/eval/test_report.py",  # headless Chromium
     "tests/bench/test_gpu_check.py",  # steps under time limits, and a kill timed against the clock

@@ -4,8 +4,10 @@ A worker is ``python -m difftransformer.jobs.worker`` started by ``subprocess`` 
 path's variables among it, in place before torch loads: the parent's ``os.environ`` is never edited), talking with
 the driver over two pipes of its own (``multiprocessing.connection``: pickled, framed; stdout and stderr stay the
 job's). It runs one job at a time: (function, arguments) in, ("ok", result) or ("error", ``JobError``) out. A worker
-whose driver dies reads the end of its pipe and exits; one that dies under a job fails that job and is replaced for
-the next. ``Inline`` runs a job in this process instead (one worker, already in the code path asked for).
+whose driver dies (SIGKILL, SIGTERM) exits within a second, mid-job too (it watches its driver's pid:
+``worker.exit_with_driver``; a driver that closes the pipe is heard between jobs); one that dies under a job fails
+that job and is replaced for the next. ``Inline`` runs a job in this process instead (one worker, already in the
+code path asked for).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class _Worker:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         self.proc = subprocess.Popen([sys.executable, "-m", "difftransformer.jobs.worker", str(to_child_r),
-                                      str(from_child_w)], env=env, pass_fds=(to_child_r, from_child_w))
+                                      str(from_child_w), str(os.getpid())], env=env,
+                                     pass_fds=(to_child_r, from_child_w))
         os.close(to_child_r)
         os.close(from_child_w)
         self.send, self.recv = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)

@@ -1,0 +1,67 @@
+"""Issue 57: a local-pool driver killed by SIGKILL or SIGTERM leaves no worker behind. Each worker watches its
+driver's pid and exits within a second, even in the middle of a job (before, it read the end of its pipe only when
+its job was done: a 20-minute job ran to its end for nobody)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+DRIVER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[2])
+from difftransformer.jobs.local import LocalPool
+from test_no_orphans import sleeper
+pool = LocalPool(2, dict(os.environ), None)
+for i in range(2):
+    pool.submit(sleeper, (sys.argv[1], i))
+time.sleep(120)
+"""
+
+
+def sleeper(folder: str, i: int) -> dict:
+    """A job that says which process runs it, then runs far longer than the test waits."""
+    Path(folder, f"{i}.pid").write_text(str(os.getpid()))
+    time.sleep(120)
+    return {}
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited (its parent, gone, reaped it not yet)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_no_worker_outlives_its_driver(tmp_path, sig):
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), str(HERE)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2:  # both workers are inside their job
+            assert driver.poll() is None and time.monotonic() < deadline, "the jobs did not start"
+            time.sleep(0.1)
+        workers = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+        assert all(alive(w) for w in workers)
+        driver.send_signal(sig)
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while any(alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(w) for w in workers), f"workers {workers} outlived their driver by 5 s"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for p in tmp_path.glob("*.pid"):  # never leave one behind, whatever the outcome
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(p.read_text()), signal.SIGKILL)
