@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
+from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
 
 VERSION = 1  # DIAGNOSTIC.md's version: in every job key and the journal header
 JOURNAL = "diag-jobs.jsonl"
-RESULTS = "diagnostic.json"
+RESULTS = DIAGNOSTIC_RESULTS_NAME
 PLOT = "diagnostic-curves.png"
 # DIAGNOSTIC.md "Arms": the one change of DIFF V1 each arm makes (ModelConfig fields).
 ARMS: dict[str, dict[str, Any]] = {

@@ -17,14 +17,14 @@ from typing import Any, Optional
 
 from ..eval import stats
 from ..jobs import JobSpec, Journal, RunOptions, job_key, read_journal, run_jobs
-from ..rundir.files import RETRIEVAL_JOURNAL
+from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RETRIEVAL_JOURNAL
 from .config import RetrievalConfig
 from .protocol import Job, lr_choice, lr_robustness, needed_jobs
 from .train import LOSS_THRESHOLDS
 
 VERSION = 1  # DIAGNOSTIC.md's version: in every job key and the journal header
 JOURNAL = "diag-jobs.jsonl"
-RESULTS = "diagnostic.json"
+RESULTS = DIAGNOSTIC_RESULTS_NAME
 PLOT = "diagnostic-lr.png"
 BASE, V1, V2 = "baseline", "diff_v1", "diff_v2"
 # DIAGNOSTIC.md "Arms": (the variant, its one ModelConfig change)

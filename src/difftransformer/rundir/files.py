@@ -39,6 +39,7 @@ SWEEP_RESULTS_NAME = "sweep.json"
 # study (``studies.cli.write_rounding``), and each study's job journal (``jobs.Journal``).
 RESULTS_NAME = "results.json"
 ROUNDING_NAME = "rounding.json"
+DIAGNOSTIC_RESULTS_NAME = "diagnostic.json"  # a study's diagnostic (retrieval's, lm-sweep's V1 and V2)
 RETRIEVAL_JOURNAL = "jobs.jsonl"
 WIDTH_SWEEP_JOURNAL = "sweep-jobs.jsonl"
 LM_SWEEP_JOURNAL = "lm-jobs.jsonl"
@@ -46,7 +47,8 @@ LM_SWEEP_JOURNAL = "lm-jobs.jsonl"
 __all__ = ["PathLike", "RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR",
            "STEP_PREFIX", "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME",
            "ADAPTER_WEIGHTS_NAME", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "SWEEP_RESULTS_NAME", "RESULTS_NAME",
-           "ROUNDING_NAME", "RETRIEVAL_JOURNAL", "WIDTH_SWEEP_JOURNAL", "LM_SWEEP_JOURNAL", "CONFIG_NAME",
+           "ROUNDING_NAME", "DIAGNOSTIC_RESULTS_NAME", "RETRIEVAL_JOURNAL", "WIDTH_SWEEP_JOURNAL", "LM_SWEEP_JOURNAL",
+           "CONFIG_NAME",
            "WEIGHTS_NAME", "MANIFEST_NAME", "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir",
            "metrics_path", "tensorboard_dir", "checkpoints_dir", "step_dir", "adapter_dir", "adapter_base_dir"]
 

@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..fileio import read_json
+from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RESULTS_NAME
 
 # src/difftransformer/studies/ -> the repository root; an installed package has no docs/ (see ``available``)
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 FILES = {
-    "retrieval": ("retrieval-v3", "results.json"),  # the benchmark: the baseline, DIFF V1 and V2
-    "retrieval_diagnostic": ("retrieval-diagnostic", "diagnostic.json"),
-    "lm_v1": ("v1-diagnostic", "diagnostic.json"),  # the DIFF V1 language-model diagnostic
-    "lm_v2": ("v2-diagnostic", "diagnostic.json"),  # the cross-study check: DIFF V2's arms
+    "retrieval": ("retrieval-v3", RESULTS_NAME),  # the benchmark: the baseline, DIFF V1 and V2
+    "retrieval_diagnostic": ("retrieval-diagnostic", DIAGNOSTIC_RESULTS_NAME),
+    "lm_v1": ("v1-diagnostic", DIAGNOSTIC_RESULTS_NAME),  # the DIFF V1 language-model diagnostic
+    "lm_v2": ("v2-diagnostic", DIAGNOSTIC_RESULTS_NAME),  # the cross-study check: DIFF V2's arms
 }
 # (variant, with the norm?) -> (where its retrieval D is, where its language-model D is); None: no arm
 CELLS: dict[tuple[str, bool], tuple[tuple[str, str], tuple[str, str]]] = {
