@@ -93,7 +93,8 @@ def test_no_import_circle():
 BASE = {"fileio", "log", "extras"}
 ALLOWED: dict[str, set[str]] = {
     "fileio": set(), "log": set(), "extras": set(),
-    "model": BASE,
+    "kernels": BASE,  # the fused kernels: tensors in, tensors out, nothing of the model
+    "model": BASE | {"kernels"},  # one door: model/attention/dispatch.py asks kernels/hook.py
     "difftransformer": {"model"},  # __version__, and importing the model registers the variants
     "data": BASE | {"model"},
     "jobs": BASE | {"model"},  # only model.variants: workers adopt the parent's registry
@@ -107,7 +108,7 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval": BASE | {"model", "data", "rundir", "jobs", "train", "eval", "studies"},
     "lmsweep": BASE | {"model", "data", "rundir", "jobs", "train", "eval", "studies"},
     "demo": BASE | {"model", "data", "rundir", "jobs", "interop", "train", "eval", "studies", "retrieval", "lmsweep"},
-    "bench": BASE | {"model", "data", "rundir", "jobs", "interop", "loading", "train", "inference", "eval",
+    "bench": BASE | {"kernels", "model", "data", "rundir", "jobs", "interop", "loading", "train", "inference", "eval",
                      "retrieval"},
     "cli": BASE | {"difftransformer", "train", "inference", "interop", "eval", "retrieval", "lmsweep", "demo",
                    "bench"},
@@ -215,6 +216,16 @@ def test_the_job_runner_imports_no_study():
         if name.startswith("difftransformer.jobs"):
             bad = sorted(d for d in deps if not d.startswith(allowed))
             assert not bad, f"{name} imports {bad}"
+
+
+def test_the_model_reaches_the_kernels_through_one_hook():
+    """The fused kernels (``kernels/``) stand apart from the model: the model's one import of them is the
+    dispatcher's of ``kernels/hook.py``, and no kernel module imports the model (tensors in, tensors out)."""
+    g = graph()
+    into = sorted((n, d) for n, deps in g.items() for d in deps if room(n) == "model" and room(d) == "kernels")
+    assert into == [("difftransformer.model.attention.dispatch", "difftransformer.kernels.hook")]
+    out = sorted((n, d) for n, deps in g.items() for d in deps if room(n) == "kernels" and room(d) != "kernels")
+    assert out == []
 
 
 STUDIES = ("difftransformer.retrieval", "difftransformer.lmsweep")  # each owns its protocol and its statistics

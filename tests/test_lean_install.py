@@ -141,7 +141,7 @@ import difftransformer
 import difftransformer.cli  # the whole CLI import graph: every subcommand's module
 # modules that are themselves optional (each needs its extra to import); any other failure is a core module
 # importing an optional package at import time
-OPTIONAL_MODULES = ("difftransformer.model.attention.triton_", "difftransformer.eval.lm_eval_adapter",
+OPTIONAL_MODULES = ("difftransformer.kernels.triton_", "difftransformer.eval.lm_eval_adapter",
                     "difftransformer.retrieval.plots", "difftransformer.interop.remote_code")
 failed, optional = {}, []
 def onerror(name):

@@ -5,7 +5,7 @@ adds no handler: warnings reach stderr through Python's last-resort handler and 
 the application configures logging. The CLI calls ``setup_cli_logging()``: one line per record on stderr,
 ``difftransformer: MESSAGE`` for information and ``difftransformer: warning: MESSAGE`` for warnings, written
 through ``tqdm.write`` so that a progress bar on the terminal is not torn. ``warnings.warn`` is kept for advice
-about code (a kernel that fell back to another path: ``model/attention/launches.py``), so that tests and callers
+about code (a kernel that fell back to another path: ``kernels/launches.py``), so that tests and callers
 can filter it or turn it into an error.
 
 Progress bars are tqdm's, made by ``progress_bar``: on a terminal tqdm redraws the bar in place; where stderr is not

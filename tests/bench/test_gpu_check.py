@@ -283,7 +283,7 @@ def test_a_small_job_process_that_fails_stops_its_group_with_the_reason():
 
 # ---------------------------------------------------------------------------------------------- candidates and tests
 def test_the_tests_step_runs_the_default_tiles_and_every_step_gets_the_skip_list(tmp_path):
-    from difftransformer.model.attention import triton_tuning
+    from difftransformer.kernels import triton_tuning
 
     tests = next(s for s in gpu_check.gpu_plan() if s.name == "tests")
     assert dict(tests.env) == {"DIFFTRANSFORMER_TRITON_TUNE": "0"}
@@ -307,8 +307,8 @@ import json, sys
 import torch
 from difftransformer.bench import gpu_candidates as gc
 from difftransformer.model import variants
-from difftransformer.model.attention import triton_tuning as tuning
-from difftransformer.model.attention.triton_diff import default_config
+from difftransformer.kernels import triton_tuning as tuning
+from difftransformer.kernels.triton_diff import default_config
 
 shape_kernels = json.loads(sys.argv[1])
 out = {"heads": {s: [list(gc.layer_heads(s, v.name)) for v in variants.compared()] for s in shape_kernels}}

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from difftransformer.model.attention.blocked import blocked_diff_attention
+from difftransformer.kernels.blocked import blocked_diff_attention
 
 NAMES = ("q1", "q2", "k1", "k2", "v", "lam")
 

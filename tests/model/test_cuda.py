@@ -16,7 +16,7 @@ import torch
 
 from difftransformer.inference.generate import SamplingConfig, generate
 from difftransformer.model import DiffTransformerLM, ModelConfig
-from difftransformer.model.attention import launches
+from difftransformer.kernels import launches
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

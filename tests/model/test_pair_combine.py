@@ -1,4 +1,4 @@
-"""The sdpa path's fused pair combine (``torch_paths.PairCombine``) against the autograd composition it replaces,
+"""The sdpa path's fused pair combine (``dispatch.PairCombine``) against the autograd composition it replaces,
 ``combine(*split_pairs(o, pairing), lam)``, in float64: values and gradients, both pairings, V2's per-token lambda,
 V1's 0-dim lambda and no lambda; and SDPA's GQA (no copied KV heads) against ``repeat_kv``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from difftransformer.model.attention.torch_paths import combine, pair_combine, repeat_kv, sdpa, split_pairs
+from difftransformer.model.attention.dispatch import combine, pair_combine, repeat_kv, sdpa, split_pairs
 
 B, H, T, D = 2, 3, 5, 4
 
@@ -89,7 +89,7 @@ def test_sdpa_gqa_matches_repeated_kv(mask):
 def test_sdpa_diff_paired_keys_matches_eager(lam_shape, value_parts):
     """V1's paired-key layout through the stacked SDPA call and the fused combine, against the eager oracle, with a
     scalar lambda and with one per row (values and gradients, float64, GQA: 2 heads over 1 KV group)."""
-    from difftransformer.model.attention.torch_paths import eager_diff, sdpa_diff
+    from difftransformer.model.attention.dispatch import eager_diff, sdpa_diff
 
     g = torch.Generator().manual_seed(4)
     h, hkv, d = 2, 1, 4

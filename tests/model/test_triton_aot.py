@@ -32,8 +32,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from difftransformer.model.attention import triton_tuning as tuning  # noqa: E402
-from difftransformer.model.attention.triton_fits import FITS, TRITON_VERSION  # noqa: E402
+from difftransformer.kernels import triton_tuning as tuning  # noqa: E402
+from difftransformer.kernels.triton_fits import FITS, TRITON_VERSION  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -30,8 +30,8 @@ from triton_interp import (
     skip_unless_interpreting,
 )
 
-td = importlib.import_module("difftransformer.model.attention.triton_diff")
-tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
+td = importlib.import_module("difftransformer.kernels.triton_diff")
+tdd = importlib.import_module("difftransformer.kernels.triton_decode")
 
 
 @pytest.fixture(autouse=True)
@@ -378,7 +378,7 @@ MODEL_CASES = [  # (attention, options): every DIFF form the backend serves
 
 def no_fallback(record) -> None:
     """The kernels really ran: no launch of this test fell back (that would compare sdpa with eager)."""
-    from difftransformer.model.attention import launches
+    from difftransformer.kernels import launches
 
     said = [str(w.message) for w in record if "fused Triton kernel cannot run" in str(w.message)]
     assert not said and not launches._TRITON_FAILED, said
@@ -390,7 +390,7 @@ def test_triton_backend_in_the_model_matches_eager(attention, opts, padded, monk
     """The `triton` backend inside the whole LM (GQA 2, head_dim 16, odd length, left padding; float64 in the
     interpreter, float32 on CUDA) against the eager backend on the same LM in float64: logits and every parameter's
     gradient (``model_error``), with the kernel called in both layers and no fallback."""
-    from difftransformer.model.attention import launches, triton_diff
+    from difftransformer.kernels import launches, triton_diff
 
     launches._TRITON_FAILED.clear()
     calls = []
@@ -429,7 +429,7 @@ def test_triton_prefill_under_a_kv_cache(attention, opts, monkeypatch):
     padding, and every decode step the split-KV decode kernel (counted), none falling back; the prefill's logits and
     the decode steps after it equal the eager backend's full forward of the same LM in float64 (``model_error``; the
     model in float64 in the interpreter, float32 on CUDA)."""
-    from difftransformer.model.attention import launches, triton_decode, triton_diff
+    from difftransformer.kernels import launches, triton_decode, triton_diff
 
     launches._TRITON_FAILED.clear()
     calls, decodes = [], []
@@ -575,7 +575,7 @@ def test_auto_backend_and_the_fallback_line(capsys):
     back to sdpa; under a KV cache the triton backend's decode steps equal the full forward; auto never decodes with
     the (untimed) split-KV kernel."""
     from difftransformer.model import DiffTransformerLM, ModelConfig
-    from difftransformer.model.attention import dispatch, launches
+    from difftransformer.kernels import hook, launches
 
     cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16, max_seq_len=32,
                       attention="diff_v1")
@@ -584,12 +584,12 @@ def test_auto_backend_and_the_fallback_line(capsys):
     ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(2))
     attn = model.layers[0].attn
     x = torch.zeros(1, 12, 64, dtype=torch.float64)
-    use_triton = dispatch.use_triton
+    use_triton = hook.use_triton
     assert not use_triton(attn.backend, x, 16, 16)  # auto on CPU
     one = torch.ones(1, 1, 1, 12, dtype=torch.bool)
     with torch.no_grad():
         # auto: the PyTorch decode step, on every device
-        assert not dispatch.use_triton_decode(attn.backend, x, one, 16, 16)
+        assert not hook.use_triton_decode(attn.backend, x, one, 16, 16)
     model.set_backend("triton")
     assert attn.backend == "triton"  # the model's set_backend reaches every layer
     assert use_triton(attn.backend, x, 16, 16) == (os.environ.get("TRITON_INTERPRET") == "1")

@@ -30,10 +30,10 @@ from triton_interp import (
 from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
 from difftransformer.model import DiffTransformerLM, ModelConfig  # noqa: E402
-from difftransformer.model.attention import dispatch, launches  # noqa: E402
+from difftransformer.kernels import hook, launches  # noqa: E402
 
-td = importlib.import_module("difftransformer.model.attention.triton_diff")
-tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
+td = importlib.import_module("difftransformer.kernels.triton_diff")
+tdd = importlib.import_module("difftransformer.kernels.triton_decode")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE_NAME = str(MODEL_DTYPE).replace("torch.", "")
 
@@ -331,14 +331,14 @@ def test_our_argument_checks_still_raise():
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         with pytest.raises(TypeError, match=r"key_mask\.dtype"):
-            dispatch.run_triton(x, "prefill", 16, 16, lambda: td.triton_diff_attention(
+            hook.run_triton(x, "prefill", 16, 16, lambda: td.triton_diff_attention(
                 q, q, kv, kv, kv, lam, 0.25, torch.ones(1, 5, dtype=torch.int64, device=DEVICE)), never)
         with pytest.raises(ValueError, match="head dim d=24"):
             bad = torch.zeros(1, 2, 5, 24, dtype=MODEL_DTYPE, device=DEVICE)
-            dispatch.run_triton(x, "prefill", 24, 24, lambda: td.triton_diff_attention(
+            hook.run_triton(x, "prefill", 24, 24, lambda: td.triton_diff_attention(
                 bad, bad, bad[:, :1], bad[:, :1], bad[:, :1], lam, 0.25), never)
         with torch.no_grad(), pytest.raises(ValueError, match="key_mask must be a"):
-            dispatch.run_triton(x[:, :1], "decode", 16, 16, lambda: tdd.triton_diff_decode(
+            hook.run_triton(x[:, :1], "decode", 16, 16, lambda: tdd.triton_diff_decode(
                 q[:, :, :1], q[:, :, :1], kv, kv, kv, lam, 0.25, torch.ones(1, 4, dtype=torch.bool, device=DEVICE)),
                 never)
     assert not fallback_warnings(record)
@@ -348,32 +348,32 @@ def test_our_argument_checks_still_raise():
 def test_auto_runs_triton_only_where_measured(monkeypatch):
     """`auto` picks the kernel for a (GPU, dtype, head_dim, pass) only when TRITON_AUTO_MEASURED lists it (empty
     until `make gpu-check` measures it); every entry there is well formed; a bad pass or width is refused by name."""
-    assert dispatch.TRITON_AUTO_MEASURED == frozenset()  # filled only from `make gpu-check`'s numbers
-    for cap, dtype, head_dim, pass_ in dispatch.TRITON_AUTO_MEASURED:
-        assert isinstance(cap, tuple) and len(cap) == 2 and cap >= dispatch.MIN_TRITON_CAPABILITY
+    assert hook.TRITON_AUTO_MEASURED == frozenset()  # filled only from `make gpu-check`'s numbers
+    for cap, dtype, head_dim, pass_ in hook.TRITON_AUTO_MEASURED:
+        assert isinstance(cap, tuple) and len(cap) == 2 and cap >= hook.MIN_TRITON_CAPABILITY
         assert dtype in (torch.float16, torch.bfloat16, torch.float32) and pass_ in launches.TRITON_PASSES
         assert head_dim in launches.TRITON_HEAD_DIMS
-    assert not dispatch.auto_runs_triton((9, 0), torch.bfloat16, 64, "train")
-    monkeypatch.setattr(dispatch, "TRITON_AUTO_MEASURED", frozenset({((9, 0), torch.bfloat16, 64, "train")}))
-    assert dispatch.auto_runs_triton((9, 0), torch.bfloat16, 64, "train")
-    assert not dispatch.auto_runs_triton((9, 0), torch.bfloat16, 128, "train")  # the head width decides
-    assert not dispatch.auto_runs_triton((9, 0), torch.bfloat16, 64, "decode")
-    assert not dispatch.auto_runs_triton((8, 0), torch.bfloat16, 64, "train")
-    assert not dispatch.auto_runs_triton((9, 0), torch.float32, 64, "train")
+    assert not hook.auto_runs_triton((9, 0), torch.bfloat16, 64, "train")
+    monkeypatch.setattr(hook, "TRITON_AUTO_MEASURED", frozenset({((9, 0), torch.bfloat16, 64, "train")}))
+    assert hook.auto_runs_triton((9, 0), torch.bfloat16, 64, "train")
+    assert not hook.auto_runs_triton((9, 0), torch.bfloat16, 128, "train")  # the head width decides
+    assert not hook.auto_runs_triton((9, 0), torch.bfloat16, 64, "decode")
+    assert not hook.auto_runs_triton((8, 0), torch.bfloat16, 64, "train")
+    assert not hook.auto_runs_triton((9, 0), torch.float32, 64, "train")
     with pytest.raises(ValueError, match="pass_='backward' is not allowed"):
-        dispatch.auto_runs_triton((9, 0), torch.bfloat16, 64, "backward")
+        hook.auto_runs_triton((9, 0), torch.bfloat16, 64, "backward")
     with pytest.raises(ValueError, match="head_dim=48 is not allowed"):
-        dispatch.auto_runs_triton((9, 0), torch.bfloat16, 48, "train")
+        hook.auto_runs_triton((9, 0), torch.bfloat16, 48, "train")
 
 
 def test_auto_reads_the_head_width_of_the_call(monkeypatch):
     """`auto`'s rule gets the call's head width: an entry for head_dim 64 runs the kernel for a 64-wide call only."""
     seen = []
-    monkeypatch.setattr(dispatch, "triton_importable", lambda: True)
-    monkeypatch.setattr(dispatch, "cuda_capability", lambda device: (9, 0))
-    monkeypatch.setattr(dispatch, "auto_runs_triton", lambda cap, dtype, hd, p: seen.append((cap, dtype, hd, p)))
+    monkeypatch.setattr(hook, "triton_importable", lambda: True)
+    monkeypatch.setattr(hook, "cuda_capability", lambda device: (9, 0))
+    monkeypatch.setattr(hook, "auto_runs_triton", lambda cap, dtype, hd, p: seen.append((cap, dtype, hd, p)))
     x = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)  # what the rule reads of x
-    assert not dispatch._triton_runs("auto", x, "train", 128, 256)
+    assert not hook._triton_runs("auto", x, "train", 128, 256)
     assert seen == [((9, 0), torch.bfloat16, 128, "train")]
 
 

@@ -28,9 +28,9 @@ from test_triton_diff import (  # noqa: E402  (the float64 oracle and its cases)
 )
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-td = importlib.import_module("difftransformer.model.attention.triton_diff")
-tdd = importlib.import_module("difftransformer.model.attention.triton_decode")
-tuning = importlib.import_module("difftransformer.model.attention.triton_tuning")
+td = importlib.import_module("difftransformer.kernels.triton_diff")
+tdd = importlib.import_module("difftransformer.kernels.triton_decode")
+tuning = importlib.import_module("difftransformer.kernels.triton_tuning")
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +147,7 @@ def test_candidates_listed_in_the_skip_file_are_left_out(tmp_path, monkeypatch):
 
 
 def tuning_fits():
-    from difftransformer.model.attention.triton_fits import FITS
+    from difftransformer.kernels.triton_fits import FITS
 
     return FITS
 

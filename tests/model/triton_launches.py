@@ -38,9 +38,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from difftransformer.model.attention import triton_decode as tdd  # noqa: E402
-from difftransformer.model.attention import triton_diff as td  # noqa: E402
-from difftransformer.model.attention import triton_tuning as tuning  # noqa: E402
+from difftransformer.kernels import triton_decode as tdd  # noqa: E402
+from difftransformer.kernels import triton_diff as td  # noqa: E402
+from difftransformer.kernels import triton_tuning as tuning  # noqa: E402
 
 FITS_PATH = os.path.join(os.path.dirname(tuning.__file__), "triton_fits.py")
 

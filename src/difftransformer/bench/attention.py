@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import torch
 
+from ..kernels.triton_tuning import config_lines
 from ..model import variants
 from ..model.attention import build_attention
-from ..model.attention.triton_tuning import config_lines
 from ..model.rope import rope_cos_sin, rope_frequencies
 from .common import (
     add_shape_flag,

@@ -32,8 +32,8 @@ from typing import Any, Optional
 import torch
 
 from ..inference.generate import DECODE_MODES, SamplingConfig, decode_function, sample_next
+from ..kernels.triton_tuning import config_lines
 from ..model import variants
-from ..model.attention.triton_tuning import config_lines
 from ..model.config import ModelConfig
 from ..model.transformer import DiffTransformerLM
 from .common import SHAPE, bench_config, hf_diff_variant, print_load, table_row

@@ -59,9 +59,9 @@ from typing import Any, Optional
 
 import torch
 
+from ..kernels import triton_tuning as tuning
 from ..model import variants
 from ..model.attention import build_attention
-from ..model.attention import triton_tuning as tuning
 from ..model.config import FLAVOURS
 from .common import bench_config, shape_config
 
@@ -116,7 +116,7 @@ def layer_heads(shape: str, attention: str) -> tuple[int, int, int, int, bool]:
 def plan(arch: int, dtype: torch.dtype = DTYPE) -> list[Job]:
     """Every (shape, variant, kernel, config) the tuner may try for gpu-check's later steps on a GPU of ``arch``:
     ``triton_tuning.candidates`` for each, the default config first (empty off ``TUNED_ARCHS``)."""
-    from ..model.attention.triton_diff import default_config
+    from ..kernels.triton_diff import default_config
 
     jobs = []
     for shape, kernels in SHAPE_KERNELS.items():
@@ -184,11 +184,11 @@ def run_candidate(job: Job, x: dict[str, torch.Tensor], arch: int) -> dict[str, 
     q2), with ``job.config`` as the kernel's tiles (the defaults of this arch for the others). The training kernels
     run through triton_diff's own autograd Function and launch closures (private: the public call takes one tile
     size for all kernels and no value split), decode through ``triton_diff_decode`` with the tiles passed."""
-    from ..model.attention import triton_diff as td
+    from ..kernels import triton_diff as td
 
     scale, dtype = job.d ** -0.5, x["q1"].dtype
     if job.kernel == "decode":
-        from ..model.attention.triton_decode import triton_diff_decode
+        from ..kernels.triton_decode import triton_diff_decode
 
         _, bn, nw, ns = job.config
         with torch.no_grad():

@@ -6,8 +6,8 @@ heads, KV heads and value width of the layer ``bench_config`` builds for ``--sha
 heads of 128; DIFF V1 12 differential heads of 128 over two key maps, values 256 wide; DIFF V2 24 of 128 over one
 shared key map), batch ``--batch``, in ``--dtype``, causal:
 
-* ``baseline sdpa``: ``torch_paths.sdpa`` over the baseline's heads (FlashAttention on an H100);
-* ``V1 sdpa``, ``V2 sdpa``: the same differential maps by SDPA (``torch_paths.sdpa_diff``, what the ``sdpa``
+* ``baseline sdpa``: ``dispatch.sdpa`` over the baseline's heads (FlashAttention on an H100);
+* ``V1 sdpa``, ``V2 sdpa``: the same differential maps by SDPA (``dispatch.sdpa_diff``, what the ``sdpa``
   backend runs);
 * ``V1 triton``, ``V2 triton``: the fused kernels through ``triton_diff``'s autograd Function with the tuner's
   tiles, as a layer runs them (``bench attention``), each kernel launch bracketed by CUDA events: rows ``fwd
@@ -45,10 +45,9 @@ from typing import Any
 
 import torch
 
+from ..kernels.triton_tuning import config_lines
 from ..model import variants
-from ..model.attention import build_attention
-from ..model.attention import torch_paths as paths
-from ..model.attention.triton_tuning import config_lines
+from ..model.attention import build_attention, dispatch
 from ..model.config import FLAVOURS
 from .common import bench_config, shape_config, table_row
 
@@ -111,7 +110,7 @@ def _triton_call(lay: dict[str, Any], q, k, v, lam, scale: float, spans: dict[st
                  ) -> Callable[[], torch.Tensor]:
     """The fused kernels as a layer calls them (``triton_diff_attention``'s configuration: default tiles, tuned on
     sm_80/sm_90), with every kernel launch bracketed by two clock marks appended to ``spans[kernel]``."""
-    from ..model.attention import triton_diff as td
+    from ..kernels import triton_diff as td
 
     class Timed(td._Cfg):
         def run(self, kernel: str, launch, device: torch.device) -> None:
@@ -125,7 +124,7 @@ def _triton_call(lay: dict[str, Any], q, k, v, lam, scale: float, spans: dict[st
     cfg = Timed(kernels, td.dot_precision(q.dtype, None), (arch, q.dtype, d, dv, shared, n))
 
     def call() -> torch.Tensor:
-        (q1, q2), (k1, k2) = paths.split_pairs(q, "interleaved"), paths.split_keys(k, lay["keys"])
+        (q1, q2), (k1, k2) = dispatch.split_pairs(q, "interleaved"), dispatch.split_keys(k, lay["keys"])
         return td._TritonDiffAttention.apply(q1, q2, k1, k2, v, lam, scale, None, shared, cfg)
 
     return call
@@ -147,14 +146,14 @@ def time_case(label: str, attention: str, backend: str, lay: dict[str, Any], arg
     spans: dict[str, list] = {}  # kernel -> (start, end) marks of each launch
     if lay["keys"] is None:
         def call() -> torch.Tensor:
-            return paths.sdpa(q, k, v, None, scale)
+            return dispatch.sdpa(q, k, v, None, scale)
     else:
         # V1: one 0-dim float32 lambda; V2: a lambda per row and head in the activations' dtype (as the layers)
         lam = (torch.tensor(0.8, device=device) if lay["keys"] == "paired" else
                torch.rand(b, lay["h"], n, 1, generator=g).to(device, dtype)).requires_grad_(True)
         leaves.append(lam)
         call = (_triton_call(lay, q, k, v, lam, scale, spans, clock) if backend == "triton" else
-                lambda: paths.sdpa_diff(q, k, v, lam, None, scale, lay["keys"], "interleaved"))
+                lambda: dispatch.sdpa_diff(q, k, v, lam, None, scale, lay["keys"], "interleaved"))
     marks = []
     for i in range(1 + args.repeats):  # the first: warm-up (compiles, tunes); its marks are dropped
         if i == 1:

@@ -31,8 +31,8 @@ from typing import Optional
 
 import torch
 
+from ..kernels.triton_tuning import chosen_configs, config_lines
 from ..model import variants
-from ..model.attention.triton_tuning import chosen_configs, config_lines
 from ..model.config import ModelConfig
 from .common import (
     add_model_flags,

@@ -1,87 +1,49 @@
-"""The attention call of every variant, and every backend rule, in one place.
+"""The attention call of every variant, every backend rule, and the PyTorch math of each path, in one place.
 
 ``diff_attention`` runs differential attention (DIFF V1 and V2) and ``softmax_attention`` the baseline's; each
 variant computes its projections, pairing and lambda and calls one of them. Which path runs (``diff_path``):
 
-* ``eager`` -- the softmax maps materialised (``torch_paths.eager_diff``): with ``backend="eager"``, whenever the
-  maps are asked for (``return_maps``), and whenever a logits hook is set (quantised logits, paper Fig. 8).
-* ``triton-decode`` -- a DIFF KV-cache decode step (one new token per row) through the split-KV Triton kernel
-  (``triton_decode.py``): with the ``triton`` backend (``auto`` only where ``TRITON_AUTO_MEASURED`` lists the decode
-  pass), without autograd, on CUDA or in Triton's CPU interpreter, for the head sizes the kernel is built for.
-* ``decode`` -- any other KV-cache decode step: the PyTorch step (``torch_paths.decode_diff``,
-  ``grouped_attention``), each cached key and value read once, no copies of the cache.
-* ``triton`` -- DIFF's fused Triton kernel (``triton_diff.py``: both maps in one FlashAttention-2-style pass, forward
-  and backward) for self-attention, with or without a padding mask, and for a KV cache's prefill from position 0
-  (the prompt sees only itself: every backend attends over its own keys then, not the cache's length); head_dim
-  16/32/64/128, on CUDA (compute capability 8.0 or newer) or in Triton's CPU interpreter (``TRITON_INTERPRET=1``,
-  for tests). Where Triton was wanted and cannot run (not installed, not on CUDA), one line says so, once per
-  process. When a launch fails (out of shared memory, a compile error, a GPU older than sm_80), one RuntimeWarning
-  names the reason and that call, and every later call of the same kind (device, dtype, head sizes and pass:
-  ``launches.triton_kind``) runs the PyTorch path instead (a backward that fails recomputes its gradients in
-  PyTorch).
-* ``blocked`` -- DIFF's row-blocked kernel (``blocked.py``), which forms A1 - lambda*A2 block by block before
-  multiplying by V; on the CPU only (on CUDA the fused SDPA kernels are 4-7x faster than it, measured on an H100)
-  and only without a mask (no padding, no KV cache other than a prefill from 0).
-* ``sdpa`` -- ``torch.nn.functional.scaled_dot_product_attention`` (``torch_paths.sdpa_diff``); never an N x N
-  tensor. Everything else: ``backend="sdpa"``, ``auto`` (except where measured, below), and the cases the backend
-  chosen does not cover.
+* ``eager`` -- the softmax maps materialised (``eager_diff``): the tests' oracle and the analysis tool; with
+  ``backend="eager"``, whenever the maps are asked for (``return_maps``), and whenever a logits hook is set
+  (quantised logits, paper Fig. 8).
+* a fused kernel (``triton-decode``, ``triton``, ``blocked``) -- where the one hook into the kernels package,
+  ``kernels.hook.fused_kernel``, says one takes the call (``backend="triton"`` or ``"blocked"``, named; ``auto``
+  only where ``kernels.hook.TRITON_AUTO_MEASURED`` lists a GPU measurement: none yet). The rules and the launch-
+  failure fallback are there; here only the pairs are split as the kernels take them (within a GQA group:
+  ``pairing="interleaved"``, and not paired keys with a lambda per token).
+* ``decode`` -- any other KV-cache decode step (one new token per row): ``decode_diff``, ``grouped_attention``,
+  each cached key and value read once, no copies of the cache.
+* ``sdpa`` -- ``torch.nn.functional.scaled_dot_product_attention`` (``sdpa_diff``), never an N x N tensor: what
+  ``auto`` (the default) runs, ``backend="sdpa"``, and every case the backend chosen does not cover.
 
-``auto`` (the default) runs ``sdpa``, except for the (GPU, dtype, head_dim, pass) entries of ``TRITON_AUTO_MEASURED``,
-where a GPU measurement in BENCHMARKS.md showed the Triton kernel faster: none yet, so ``auto`` is ``sdpa`` everywhere.
-The fused kernels (triton, triton-decode, blocked) take the pairs within a GQA group (``pairing="interleaved"``);
-DIFF V2's "halves" ablation runs the PyTorch paths. The baseline runs eager, decode or sdpa.
+The baseline runs eager, decode or sdpa (the kernels are DIFF's).
+
+Differential attention arrives as the 2h softmax query heads ``q`` (B, 2h, T, d), two per differential head, and
+``pairing`` says which two: "interleaved" (heads 2i and 2i+1 are Q1 and Q2 of head i; both papers' layout) or
+"halves" (heads i and h+i: DIFF V2's wrong-grouping ablation). The keys come in one of two layouts (``keys``):
+
+  "paired" (DIFF V1): k (B, 2h_kv, Tk, d), K1 and K2 of KV group g at half-heads 2g and 2g+1; Q1 of head i reads
+           K1 and Q2 reads K2 of group i // (h / h_kv). Interleaved pairing only.
+  "shared" (DIFF V2): k (B, H_kv, Tk, d), ordinary GQA over the 2h query heads (query head j reads KV head
+           j // (2h / H_kv)), so both maps of an interleaved pair read the same KV head.
+
+Values v (B, h_kv, Tk, dv): differential head i reads value head i // (h / h_kv). lam is a 0-dim tensor (V1),
+(B, h, T, 1) (V2) or None (V2's "none" ablation: A1 - A2). Every path returns (B, h, T, dv).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
-from .base import Attention, AttentionMaps, prefill_from_start
-from .launches import (
-    TRITON_HEAD_DIMS,
-    TRITON_MAX_BATCH,
-    TRITON_PASSES,
-    attention_dtype,
-    cuda_capability,
-    is_triton_launch_error,
-    say_once,
-    triton_failed,
-    triton_importable,
-    triton_kind,
-    triton_kind_failed,
-    triton_pass,
-)
-from .torch_paths import (
-    KEY_LAYOUTS,
-    PAIRINGS,
-    decode_diff,
-    eager_attention,
-    eager_diff,
-    grouped_attention,
-    repeat_kv,
-    sdpa,
-    sdpa_diff,
-    split_keys,
-    split_pairs,
-)
+from ...kernels.hook import KERNEL_PATHS, Kernel, fused_kernel
+from .base import Attention, AttentionMaps, LogitsHook, prefill_from_start
 
-# The oldest GPU the kernels are compiled for and checked against (tests/model/test_triton_aot.py: sm_80, sm_90).
-MIN_TRITON_CAPABILITY = (8, 0)
-
-# Where ``auto`` runs the fused Triton kernel for DIFF: (CUDA compute capability, dtype, head_dim, pass) for which
-# BENCHMARKS.md holds a GPU measurement showing the kernel faster than sdpa (the same run, the same shapes).
-# Everywhere else ``auto`` is sdpa. Keyed by head width because it decides: on an H200 (2026-11-26, Triton 3.6, the
-# tiles before autotuning) DIFF V2's training step ran faster with the kernel at head_dim 64 and slower at 128.
-# EMPTY on purpose: those numbers predate the tuned kernels. Fill it ONLY from numbers measured by `make gpu-check`
-# on the GPU named (its summary's ratios, copied into BENCHMARKS.md with card and commit), e.g.
-# ``((9, 0), torch.bfloat16, 64, "train")`` where that check shows the kernel faster there.
-TRITON_AUTO_MEASURED: frozenset[tuple[tuple[int, int], torch.dtype, int, str]] = frozenset()
-
-PATHS = ("eager", "triton-decode", "decode", "triton", "blocked", "sdpa")
+KEY_LAYOUTS = ("paired", "shared")
+PAIRINGS = ("interleaved", "halves")
+PATHS = ("eager", *KERNEL_PATHS, "decode", "sdpa")
 
 Output = tuple[torch.Tensor, Optional[AttentionMaps]]
 
@@ -97,18 +59,17 @@ def diff_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.T
     differential head as ``pairing`` says ("interleaved": heads 2i and 2i+1; "halves": i and h+i). k: ``keys=
     "paired"`` (DIFF V1) (B, 2h_kv, Tk, d) with K1 and K2 of group g at 2g and 2g+1, or ``"shared"`` (DIFF V2)
     (B, H_kv, Tk, d), standard GQA over the 2h query heads. v (B, h_kv, Tk, dv). lam: 0-dim (V1), (B, h, T, 1) (V2)
-    or None (A1 - A2). The layouts in detail: ``torch_paths``' docstring.
+    or None (A1 - A2). The layouts in detail: the module docstring.
     """
     if keys not in KEY_LAYOUTS or pairing not in PAIRINGS or (keys == "paired" and pairing != "interleaved"):
         raise ValueError(f"keys={keys!r}, pairing={pairing!r} is not allowed; keys one of {KEY_LAYOUTS}, pairing one "
                          f"of {PAIRINGS} (paired keys pair interleaved heads)")
-    B, T = x.shape[:2]
     d, dv, scale = q.shape[-1], v.shape[-1], attn.scale
     # the fused kernels take paired keys with one lambda per layer (DIFF V1) and shared keys with any lambda (DIFF V2);
     # paired keys with a lambda per token (DIFF V2's v2_keys="separate" arm) run the PyTorch paths
     per_token = lam is not None and lam.dim() > 0
-    path = diff_path(attn, x, d, dv, mask, input_pos, return_maps,
-                     fused=pairing == "interleaved" and not (keys == "paired" and per_token))
+    path, kernel = diff_route(attn, x, d, dv, mask, input_pos, return_maps,
+                              fused=pairing == "interleaved" and not (keys == "paired" and per_token))
     if path == "eager":
         return eager_diff(q, k, v, lam, mask, scale, attn.logits_hook, keys, pairing, x.dtype, return_maps)
     if path == "decode":
@@ -116,33 +77,22 @@ def diff_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.T
         return decode_diff(q, k, v, lam, mask, scale, keys, pairing), None
     if path == "sdpa":
         return sdpa_diff(q, k, v, lam, mask, scale, keys, pairing), None
-    # the fused kernels: (q1, q2, k1, k2) with pair i reading key head i // (h / h_kv); k1 is k2 for shared keys
+    assert kernel is not None
+    if path == "triton-decode":  # the PyTorch path a kernel falls back to where its launch fails
+        assert mask is not None  # a decode step under a KV cache always has one (the model builds it)
+        step_mask = mask
+        fallback = lambda: decode_diff(q, k, v, lam, step_mask, scale, keys, pairing)  # noqa: E731
+    else:
+        fallback = lambda: sdpa_diff(q, k, v, lam, mask, scale, keys, pairing)  # noqa: E731
+    # the kernels take (q1, q2, k1, k2) with pair i reading key head i // (h / h_kv); k1 is k2 for shared keys
     (q1, q2), (k1, k2) = split_pairs(q, pairing), split_keys(k, keys)
-    if path == "blocked":
-        from .blocked import blocked_diff_attention  # imported here: only this path needs it
-
-        lam_b = torch.ones((), dtype=x.dtype, device=x.device) if lam is None else lam.to(x.dtype)
-        return blocked_diff_attention(q1, q2, k1, k2, v, lam_b, scale=scale), None
-    lam_t = torch.ones((), dtype=torch.float32, device=x.device) if lam is None else lam
-    if path == "triton-decode":
-        from .triton_decode import triton_diff_decode  # imported here: only this path needs triton
-
-        assert mask is not None
-        key_mask = mask[:, 0, -1, :].expand(B, -1)
-        return run_triton(x, "decode", d, dv,  # (B, h, 1, dv) split over the cache; the PyTorch step if it fails
-                          lambda: triton_diff_decode(q1, q2, k1, k2, v, lam_t, scale, key_mask),
-                          lambda: decode_diff(q, k, v, lam, mask, scale, keys, pairing)), None
-    from .triton_diff import triton_diff_attention  # imported here: only this path needs triton
-
-    return run_triton(x, triton_pass(x), d, dv,  # (B, h, T, dv); sdpa if a launch fails
-                      lambda: triton_diff_attention(q1, q2, k1, k2, v, lam_t, scale, key_padding(mask, B, T)),
-                      lambda: sdpa_diff(q, k, v, lam, mask, scale, keys, pairing)), None
+    return kernel.run(x, q1, q2, k1, k2, v, lam, mask, scale, fallback), None
 
 
 def softmax_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       mask: Optional[torch.Tensor], return_maps: bool) -> Output:
     """Plain (GQA) softmax attention for the baseline: q (B, H, T, d), k/v (B, H_kv, Tk, d) -> (B, H, T, d).
-    Eager with maps (as for DIFF), the decode step, else sdpa (the Triton and blocked kernels are DIFF's)."""
+    Eager with maps (as for DIFF), the decode step, else sdpa (the fused kernels are DIFF's)."""
     if uses_eager(attn, return_maps):
         rep = q.shape[1] // k.shape[1]
         return eager_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, attn.scale, attn.logits_hook, x.dtype,
@@ -163,101 +113,253 @@ def diff_path(attn: Attention, x: torch.Tensor, head_dim: int, value_dim: int, m
               input_pos: Optional[torch.Tensor], return_maps: bool, fused: bool = True) -> str:
     """Which of ``PATHS`` runs this DIFF call (the module docstring says when each does). ``fused``: whether the
     heads are paired the way the fused kernels take them (within a GQA group)."""
+    return diff_route(attn, x, head_dim, value_dim, mask, input_pos, return_maps, fused)[0]
+
+
+def diff_route(attn: Attention, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor],
+               input_pos: Optional[torch.Tensor], return_maps: bool,
+               fused: bool = True) -> tuple[str, Optional[Kernel]]:
+    """``diff_path``'s answer with the kernel behind it (None on the model's own paths)."""
     if uses_eager(attn, return_maps):
-        return "eager"
-    backend, cached = attn.backend, attn.kv_cache is not None
-    if cached and x.shape[1] == 1:  # a KV-cache decode step: one new token per row
-        return "triton-decode" if fused and use_triton_decode(backend, x, mask, head_dim, value_dim) else "decode"
-    if fused and use_triton(backend, x, head_dim, value_dim, cached=cached, input_pos=input_pos):
-        return "triton"
-    if backend == "blocked" and fused and mask is None and x.device.type == "cpu":  # no mask: no cache, or a prefill
-        return "blocked"
-    return "sdpa"
+        return "eager", None
+    cached = attn.kv_cache is not None
+    decode = cached and x.shape[1] == 1  # a KV-cache decode step: one new token per row
+    own_keys = not cached or prefill_from_start(x.shape[1], input_pos)  # a prefill from 0 sees only its prompt
+    kernel = fused_kernel(attn.backend, x, head_dim, value_dim, mask, decode=decode, own_keys=own_keys) \
+        if fused else None
+    if kernel is not None:
+        return kernel.path, kernel
+    return ("decode" if decode else "sdpa"), None
 
 
-def use_triton(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, *, cached: bool = False,
-               input_pos: Optional[torch.Tensor] = None) -> bool:
-    """Whether a (non-eager, non-decode) DIFF call runs the fused Triton kernel. Under a KV cache (``cached``) only a
-    prefill from position 0 does: then the new keys and values are all the prompt sees."""
-    if backend not in ("triton", "auto"):
-        return False
-    if cached and not prefill_from_start(x.shape[1], input_pos):
-        return False
-    if head_dim not in TRITON_HEAD_DIMS or x.shape[0] > TRITON_MAX_BATCH:
-        return False
-    return _triton_runs(backend, x, triton_pass(x), head_dim, value_dim)
+# ---------------------------------------------------------------------------------------------- the PyTorch math
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, Hk, T, d) -> (B, Hk*n_rep, T, d): KV head g serves query heads g*n_rep .. g*n_rep + n_rep - 1.
+
+    A copy (and a sum in the backward): the eager oracle's; ``sdpa`` reads the KV heads in place instead.
+    """
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
-def use_triton_decode(backend: str, x: torch.Tensor, mask: Optional[torch.Tensor], head_dim: int,
-                      value_dim: int) -> bool:
-    """Whether a DIFF decode step runs the split-KV Triton kernel: with the ``triton`` backend (``auto`` only where
-    ``TRITON_AUTO_MEASURED`` lists the decode pass), without autograd, on CUDA or in the interpreter, for the head
-    sizes the kernel is built for."""
-    if backend not in ("triton", "auto") or mask is None or torch.is_grad_enabled():
-        return False
-    if head_dim not in TRITON_HEAD_DIMS:
-        return False
-    return _triton_runs(backend, x, "decode", head_dim, value_dim)
+def eager_dtype(x: torch.Tensor) -> torch.dtype:
+    """The eager path's accumulation dtype: float32 for half inputs, float64 stays float64 (the tests' oracle)."""
+    return torch.promote_types(x.dtype, torch.float32)
 
 
-def auto_runs_triton(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, pass_: str) -> bool:
-    """Whether ``auto`` runs the fused Triton kernel for this (GPU, dtype, head width, pass): only where it was
-    measured faster (``TRITON_AUTO_MEASURED``; empty today, so never)."""
-    if pass_ not in TRITON_PASSES:
-        raise ValueError(f"pass_={pass_!r} is not allowed; use one of {', '.join(TRITON_PASSES)}")
-    if head_dim not in TRITON_HEAD_DIMS:
-        raise ValueError(f"head_dim={head_dim!r} is not allowed; use one of {TRITON_HEAD_DIMS}")
-    return (tuple(capability), dtype, head_dim, pass_) in TRITON_AUTO_MEASURED
-
-
-def _triton_runs(backend: str, x: torch.Tensor, pass_: str, head_dim: int, value_dim: int) -> bool:
-    on_cuda = x.device.type == "cuda"
-    if backend == "auto":
-        # CPU: sdpa (the Triton interpreter is a test tool, not a fast path); CUDA: only where measured faster
-        if not on_cuda or not triton_importable():
-            return False
-        if not auto_runs_triton(cuda_capability(x.device), attention_dtype(x), head_dim, pass_):
-            return False
-    usable = triton_importable() and (on_cuda or os.environ.get("TRITON_INTERPRET") == "1")
-    if not usable:
-        say_once(f"backend {backend!r}: Triton "
-                 f"{'cannot run on ' + x.device.type if triton_importable() else 'is not installed'}; "
-                 "DIFF attention uses the sdpa path (pip install triton, on a CUDA machine, for the fused kernel)")
-        return False
-    kind = triton_kind(x.device, attention_dtype(x), head_dim, value_dim, pass_)
-    if triton_kind_failed(kind):
-        return False  # failed before in this process (warned then): the PyTorch path
-    if on_cuda and cuda_capability(x.device) < MIN_TRITON_CAPABILITY:
-        major, minor = cuda_capability(x.device)
-        triton_failed(kind, f"compute capability {major}.{minor} is older than "
-                            f"{MIN_TRITON_CAPABILITY[0]}.{MIN_TRITON_CAPABILITY[1]}, the oldest the kernels are "
-                            "built and compile-tested for")
-        return False
-    return True
-
-
-def run_triton(x: torch.Tensor, pass_: str, head_dim: int, value_dim: int,
-               launch: Callable[[], torch.Tensor], fallback: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``launch()`` (a Triton kernel call); if Triton fails to compile or launch a kernel (any exception raised
-    inside Triton: ``launches.is_triton_launch_error``), one warning names the kind and the reason, and this call and
-    every later one of the same ``triton_kind`` run ``fallback()`` (the PyTorch path) instead. Our own argument
-    checks (ValueError, TypeError before the kernel is entered) and any other bug of ours propagate. Under
-    torch.compile the launch is traced as it is (the compiled graph launches it later, outside this frame)."""
-    if torch.compiler.is_compiling():
-        return launch()
-    try:
-        return launch()
-    except Exception as exc:
-        if not is_triton_launch_error(exc):
-            raise
-        triton_failed(triton_kind(x.device, attention_dtype(x), head_dim, value_dim, pass_), exc)
-    return fallback()
-
-
-def key_padding(mask: Optional[torch.Tensor], batch: int, T: int) -> Optional[torch.Tensor]:
-    """The (B, T) real-key mask behind a self-attention mask built by the model (causal & real keys, a row that sees
-    nothing sees itself): the first T keys of its last row, which sees every real key of the T queries (under a KV
-    cache the mask spans the whole cache; a prefill from 0 reads its first T). None stays None (plain causal)."""
+def softmax_maps(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
+                 hook: Optional[LogitsHook] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager softmax(q k^T * scale) in at least float32. q (B, Hq, Tq, d), k (B, Hq, Tk, d) -> (probs, logits)."""
+    acc = eager_dtype(q)
+    logits = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
+    if hook is not None:
+        logits = hook(logits)
     if mask is None:
-        return None
-    return mask[:, 0, -1, :T].expand(batch, -1)
+        tq, tk = logits.shape[-2:]
+        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+    logits = logits.masked_fill(~mask, float("-inf"))
+    return torch.softmax(logits, dim=-1), logits
+
+
+def grouped_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) with R query heads per key head, without repeating the keys (GQA by reshaping).
+
+    q (B, *G, R, T, d), k (B, *G, N, d), mask (B or 1, 1, T, N) bool -> probabilities (B, *G, R, T, N) in at
+    least float32. The R*T query rows of a key head form one matrix, so each cached key is read once: the
+    decode step stays memory-bound on the cache like the baseline's, whatever the grouping.
+    """
+    *lead, R, T, d = q.shape
+    N = k.shape[-2]
+    s = torch.matmul(q.reshape(*lead, R * T, d), k.transpose(-1, -2)).view(*lead, R, T, N)
+    s = s.to(eager_dtype(q)) * scale
+    m = mask.reshape(mask.shape[0], *([1] * len(lead)), T, N)  # broadcast over *G and R
+    return torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Standard GQA attention for the decode step: q (B, Hq, T, d), k/v (B, Hk, N, d|dv) -> (B, Hq, T, dv).
+
+    Query head j reads KV head j // (Hq / Hk), as ``repeat_kv`` orders them, but nothing is repeated.
+    """
+    B, Hq, T, _ = q.shape
+    Hk, N = k.shape[1], k.shape[2]
+    p = grouped_probs(q.view(B, Hk, Hq // Hk, T, -1), k, mask, scale)  # (B, Hk, R, T, N)
+    out = torch.matmul(p.view(B, Hk, -1, N).to(v.dtype), v)  # (B, Hk, R*T, dv)
+    return out.view(B, Hq, T, -1)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """Fused attention, q (B, Hq, T, d), k/v (B, Hk, Tk, d) with Hk dividing Hq: query head j reads KV head
+    j // (Hq / Hk), as ``repeat_kv`` orders them, through SDPA's own GQA (``enable_gqa``), so the KV heads are
+    not copied (nor their gradients summed). On the CPU (torch 2.13, 2 threads, B=2, T=1024, 16 query heads over
+    8) fwd+bwd took the same time as with the copy, with 7 kernels instead of 12 (``bench ops``). With a mask on a
+    GPU the KV heads are repeated, as before: the flash kernel takes no mask, and the memory-efficient kernel's GQA
+    is not in every torch this package supports (>= 2.5)."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1 and mask is not None and q.device.type != "cpu":
+        k, v = repeat_kv(k, rep), repeat_kv(v, rep)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+# ---------------------------------------------------------------------------------------------- plain attention
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
+                    hook: Optional[LogitsHook], out_dtype: torch.dtype,
+                    want_maps: bool) -> tuple[torch.Tensor, Optional[AttentionMaps]]:
+    """softmax(q k^T * scale) v with the maps materialised; k/v already repeated to q's head count."""
+    probs, logits = softmax_maps(q, k, mask, scale, hook)  # (B, H, T, Tk)
+    out = torch.matmul(probs, v.to(torch.promote_types(out_dtype, torch.float32))).to(out_dtype)
+    return out, AttentionMaps(attn=probs, logits=logits) if want_maps else None
+
+
+# ---------------------------------------------------------------------------------------------- differential
+def split_pairs(a: torch.Tensor, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, 2h, ...) -> two (B, h, ...): the first and second member of each differential pair."""
+    if pairing == "interleaved":
+        return a[:, 0::2], a[:, 1::2]
+    h = a.shape[1] // 2
+    return a[:, :h], a[:, h:]  # "halves" (ablation): pairs cross GQA groups
+
+
+def split_keys(k: torch.Tensor, keys: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K1, K2): the two halves of a "paired" layout, or the one "shared" key tensor twice (the same object)."""
+    return (k[:, 0::2], k[:, 1::2]) if keys == "paired" else (k, k)
+
+
+def combine(a1: torch.Tensor, a2: torch.Tensor, lam: Optional[torch.Tensor]) -> torch.Tensor:
+    """a1 - lam * a2 (a1 - a2 without a lambda), in a1's dtype."""
+    return a1 - a2 if lam is None else a1 - lam.to(a1.dtype) * a2
+
+
+class PairCombine(torch.autograd.Function):
+    """``combine(*split_pairs(o, pairing), lam)`` as one kernel forward and one gradient tensor backward.
+
+    Through autograd the slices of ``split_pairs`` cost two zero-filled gradients of o's size, two strided copies
+    into them and their sum, besides the combine's own mul and sub and their backward (9 kernels backward, 2
+    forward). Here: forward ``addcmul`` (a1 + (-1) lam a2, one rounding where mul and sub round twice in bf16);
+    backward, o's gradient written once (g and -lam g joined into the pairs, in SDPA's layout) and lam's as the
+    sum of -g a2 over what lam broadcasts (6 kernels, two of them on lam's small size).
+    """
+
+    @staticmethod
+    def forward(ctx, o: torch.Tensor, lam: Optional[torch.Tensor], pairing: str) -> torch.Tensor:
+        a1, a2 = split_pairs(o, pairing)
+        ctx.pairing = pairing
+        ctx.save_for_backward(o, lam)  # o: SDPA keeps its output for its own backward anyway
+        return torch.sub(a1, a2) if lam is None else torch.addcmul(a1, lam, a2, value=-1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        o, lam = ctx.saved_tensors  # (a grad of o written into o's slices would be an out= that compile refuses)
+        grad_o = grad_lam = None
+        if ctx.needs_input_grad[0]:
+            g2 = g.neg() if lam is None else torch.mul(g, lam.neg())  # g2 takes g's layout
+            if g.dim() == 4 and g.transpose(1, 2).is_contiguous():  # (B, T, h, d) in memory, as SDPA's output
+                grad_o = join_pairs(g.transpose(1, 2), g2.transpose(1, 2), ctx.pairing, dim=2).transpose(1, 2)
+            else:
+                grad_o = join_pairs(g, g2, ctx.pairing, dim=1)
+        if lam is not None and ctx.needs_input_grad[1]:
+            grad_lam = torch.mul(g, split_pairs(o, ctx.pairing)[1]).sum_to_size(lam.shape).neg()
+        return grad_o, grad_lam, None
+
+
+def join_pairs(first: torch.Tensor, second: torch.Tensor, pairing: str, dim: int) -> torch.Tensor:
+    """The inverse of ``split_pairs`` along ``dim``: (..., h, ...) twice -> (..., 2h, ...), one copy."""
+    if pairing == "interleaved":
+        return torch.stack((first, second), dim=dim + 1).flatten(dim, dim + 1)
+    return torch.cat((first, second), dim=dim)
+
+
+def pair_combine(o: torch.Tensor, lam: Optional[torch.Tensor], pairing: str) -> torch.Tensor:
+    """(B, 2h, T, d) -> (B, h, T, d): ``combine(*split_pairs(o, pairing), lam)`` in fewer kernels (``PairCombine``)."""
+    return PairCombine.apply(o, None if lam is None else lam.to(o.dtype), pairing)
+
+
+def eager_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[torch.Tensor],
+               mask: Optional[torch.Tensor], scale: float, hook: Optional[LogitsHook], keys: str, pairing: str,
+               out_dtype: torch.dtype, want_maps: bool) -> tuple[torch.Tensor, Optional[AttentionMaps]]:
+    """(A1 - lam A2) V with both softmax maps materialised (in at least float32); the maps if ``want_maps``, their
+    logits in the projection's order of the 2h query heads."""
+    acc = torch.promote_types(out_dtype, torch.float32)
+    logits: Optional[torch.Tensor] = None
+    if keys == "shared":  # one softmax over the 2h query heads (standard GQA), then the pairs
+        probs, logits = softmax_maps(q, repeat_kv(k, q.shape[1] // k.shape[1]), mask, scale, hook)
+        a1, a2 = split_pairs(probs, pairing)  # (B, h, T, Tk) each
+    else:  # Q1 reads K1, Q2 reads K2: split, then repeat
+        (q1, q2), (k1, k2) = split_pairs(q, pairing), split_keys(k, keys)
+        rep = q1.shape[1] // k1.shape[1]
+        a1, logits1 = softmax_maps(q1, repeat_kv(k1, rep), mask, scale, hook)  # (B, h, T, Tk)
+        a2, logits2 = softmax_maps(q2, repeat_kv(k2, rep), mask, scale, hook)
+        if want_maps:
+            logits = torch.stack((logits1, logits2), dim=2).flatten(1, 2)  # (B, 2h, T, Tk), projection order
+    diff = combine(a1, a2, None if lam is None else lam.to(acc))
+    if keys == "shared" and pairing == "halves":  # the pair's heads read different KV heads: each map its own V
+        v1, v2 = split_pairs(repeat_kv(v, q.shape[1] // v.shape[1]).to(acc), pairing)  # (B, h, Tk, d) each
+        out = combine(torch.matmul(a1, v1), torch.matmul(a2, v2), None if lam is None else lam.to(acc))
+        out = out.to(out_dtype)
+    else:  # both maps of a pair meet the same values: (A1 - lam A2) V
+        out = torch.matmul(diff, repeat_kv(v, a1.shape[1] // v.shape[1]).to(acc)).to(out_dtype)  # (B, h, T, dv)
+    if not want_maps:
+        return out, None
+    assert logits is not None
+    return out, AttentionMaps(attn=diff, logits=logits, attn1=a1, attn2=a2,
+                              lam=None if lam is None else lam.detach())
+
+
+def sdpa_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[torch.Tensor],
+              mask: Optional[torch.Tensor], scale: float, keys: str, pairing: str) -> torch.Tensor:
+    """(A1 - lam A2) V with standard fused attention, as A1 V - lam A2 V.
+
+    "shared" keys: one call over the 2h query heads (DIFF V2: standard kernels, GQA). "paired" keys: A1 V and A2 V
+    in one call too, the two maps stacked along the batch axis; fused CPU/CUDA kernels want value width == query
+    width, so a 2d-wide V is split into its d-wide halves and the four products (A1 Va, A1 Vb, A2 Va, A2 Vb) are
+    stacked (a d-wide V, V1's per_head layout: the two products A1 V and A2 V). Either way the pairs are combined
+    by ``pair_combine``.
+    """
+    if keys == "shared":
+        o = sdpa(q, k, v, mask, scale)  # (B, 2h, T, d), standard GQA without copying the KV heads
+        return pair_combine(o, lam, pairing)
+    B, h2, T, d = q.shape  # "paired" keys pair interleaved heads: Q1, Q2 of head i at 2i, 2i+1
+    hkv2, Tk = k.shape[1], k.shape[2]
+    n = v.shape[-1] // d  # V's d-wide parts: (va, vb), or V itself under per_head
+    # the 2n products stacked along the batch axis in the order (map s, value part j, batch b), each operand
+    # copied once by a broadcast view's reshape (its backward: one sum), not by cat of slices (whose backward
+    # zero-fills, copies and adds); the key heads are not repeated (``sdpa``: GQA)
+    qn = q.reshape(B, h2 // 2, 2, T, d).permute(2, 0, 1, 3, 4)[:, None]  # (2, 1, B, h, T, d)
+    kn = k.reshape(B, hkv2 // 2, 2, Tk, d).permute(2, 0, 1, 3, 4)[:, None]  # (2, 1, B, hkv, Tk, d)
+    vn = v.reshape(B, hkv2 // 2, Tk, n, d).permute(3, 0, 1, 2, 4)[None]  # (1, n, B, hkv, Tk, d)
+    qn = qn.expand(2, n, *qn.shape[2:]).reshape(2 * n * B, h2 // 2, T, d)
+    kn = kn.expand(2, n, *kn.shape[2:]).reshape(2 * n * B, hkv2 // 2, Tk, d)
+    vn = vn.expand(2, n, *vn.shape[2:]).reshape(2 * n * B, hkv2 // 2, Tk, d)
+    if mask is not None and mask.shape[0] > 1:
+        mask = mask.repeat(2 * n, 1, 1, 1)
+    o = sdpa(qn, kn, vn, mask, scale)  # (2nB, h, T, d): A1 V parts, then A2 V parts
+    if lam is not None and lam.dim():  # a lambda per row (B or 1, ...): the same for every value part
+        lam = lam.expand(B, *lam.shape[1:]).repeat(n, *([1] * (lam.dim() - 1)))  # (nB, ...)
+    diff = pair_combine(o.unsqueeze(0), lam, "halves")  # (1, nB, h, T, d): A1 V_j - lam A2 V_j
+    # (B, h, T, n*d) = [(A1 - lam A2) Va, (A1 - lam A2) Vb]; contiguous, as V1's head-wise RMSNorm wants it
+    return diff.view(n, B, h2 // 2, T, d).permute(1, 2, 3, 0, 4).reshape(B, h2 // 2, T, n * d)
+
+
+def decode_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[torch.Tensor], mask: torch.Tensor,
+                scale: float, keys: str, pairing: str) -> torch.Tensor:
+    """The KV-cache decode step, reading each cached key and value once.
+
+    "shared" keys: standard GQA over the 2h query heads (``grouped_attention``), then A1 V - lam A2 V. "paired"
+    keys: half-head 2i+s of the query (i = g*rep + r) meets key half-head 2g+s, so with the queries arranged as
+    (group g, half s, r) both softmax maps of every group come from one batched product with the cache viewed as
+    (B, h_kv, 2, N, d); then (A1 - lam A2) V, as in the blocked kernel.
+    """
+    if keys == "shared":
+        return combine(*split_pairs(grouped_attention(q, k, v, mask, scale), pairing), lam)
+    B, _, T, d = q.shape
+    hkv, N, dv = v.shape[1], k.shape[2], v.shape[-1]
+    rep = q.shape[1] // 2 // hkv
+    q = q.view(B, hkv, rep, 2, T, d).transpose(2, 3)  # (B, hkv, 2, rep, T, d)
+    p = grouped_probs(q, k.view(B, hkv, 2, N, d), mask, scale)  # (B, hkv, 2, rep, T, N)
+    if lam is not None and lam.dim():  # a lambda per row and head (B, h, T, 1): head i = g*rep + r
+        lam = lam.reshape(lam.shape[0], hkv, rep, *lam.shape[2:])
+    diff = combine(p[:, :, 0], p[:, :, 1], lam)  # (B, hkv, rep, T, N)
+    out = torch.matmul(diff.reshape(B, hkv, rep * T, N).to(v.dtype), v)  # (B, hkv, rep*T, dv)
+    return out.view(B, hkv * rep, T, dv)

@@ -621,7 +621,7 @@ class _TritonDiffAttention(torch.autograd.Function):
             except Exception as exc:
                 if not is_triton_launch_error(exc):
                     raise
-                # one warning; later training calls of this kind run sdpa from their forward (dispatch.use_triton)
+                # one warning; later training calls of this kind run sdpa from their forward (hook.use_triton)
                 triton_failed(kind, exc)
         return _TritonDiffAttention._fallback_backward(ctx, dout)
 

@@ -1,9 +1,9 @@
-"""What the Triton kernels (``triton_diff.py``, ``triton_decode.py``) and the dispatcher (``dispatch.py``) share:
-the sizes the kernels are built for, what makes two calls the same *kind* of launch, and the record of the kinds
-whose launch failed in this process (one warning each; their later calls run the PyTorch path).
+"""What the Triton kernels (``triton_diff.py``, ``triton_decode.py``) and the hook (``hook.py``) share: the sizes
+the kernels are built for, what makes two calls the same *kind* of launch, and the record of the kinds whose launch
+failed in this process (one warning each; their later calls run the PyTorch path).
 
-It imports neither triton nor a kernel, so the kernel files import it at their top while the dispatcher imports
-the kernels only when a Triton path runs (no import circle), and an install without triton imports it too.
+It imports neither triton nor a kernel, so the kernel files import it at their top while the hook imports the
+kernels only when a Triton path runs (no import circle), and an install without triton imports it too.
 """
 
 from __future__ import annotations
