@@ -143,7 +143,7 @@ def diff_v2_arm(mod, x, layer_idx: int, pad=None):
                 pair.append(softmax_attn(q, k, vis) @ v)
             lam = scalar if cfg.v2_lambda == "scalar" else torch.sigmoid(x[b] @ mod.wlambda.weight[i])[:, None]
             head = pair[0] - lam * pair[1]
-            if cfg.v2_headwise_norm:
+            if cfg.v2_headwise_norm and (cfg.v2_headwise_norm_layers == "all" or layer_idx > 0):
                 head = (1 - lam_init) * rms(head) * mod.subln.weight
             heads.append(head)
         outs.append(torch.cat(heads, -1) @ mod.wo.weight.T)

@@ -262,6 +262,7 @@ def test_which_path_each_backend_runs_on_cpu():
 
 V2_ARMS = {"separate_keys": {"v2_keys": "separate"}, "lambda_scalar": {"v2_lambda": "scalar"},
            "headwise_norm": {"v2_headwise_norm": True},
+           "norm_after_first": {"v2_headwise_norm": True, "v2_headwise_norm_layers": "after_first"},
            "all_three": {"v2_keys": "separate", "v2_lambda": "scalar", "v2_headwise_norm": True}}
 
 
@@ -307,3 +308,16 @@ def test_v2_diagnostic_switches_shapes_and_parameters():
                     v2_pairing="halves")
     with pytest.raises(ValueError, match="v2_headwise_norm"):
         ModelConfig(vocab_size=16, d_model=32, n_heads=4, attention="diff_v1", v2_headwise_norm=True)
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1])
+def test_v2_norm_after_first_skips_layer_0_only(layer_idx):
+    """``v2_headwise_norm_layers="after_first"``: layer 0 is plain DIFF V2 (no norm, no multiplier), later layers
+    carry the head-wise norm; both against the reference from the equations."""
+    mod = make("diff_v2", 2, layer_idx=layer_idx, v2_headwise_norm=True, v2_headwise_norm_layers="after_first")
+    assert (mod.subln is None) == (layer_idx == 0) and mod.output_scale() == (1.0 if layer_idx == 0 else
+                                                                              1 - (0.8 - 0.6 * math.exp(-0.3)))
+    x = torch.randn(1, T, D_MODEL, dtype=torch.float64)
+    torch.testing.assert_close(run_module(mod, x, None), ref.diff_v2_arm(mod, x, layer_idx), rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="v2_headwise_norm_layers needs v2_headwise_norm=true"):
+        ModelConfig(vocab_size=16, d_model=32, n_heads=4, attention="diff_v2", v2_headwise_norm_layers="after_first")

@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "by --arms; about 25 jobs per arm)")
     p.add_argument("--arms", metavar="ARM,...",
                    help="with --diagnostic v2: the DIFF V2 arms to run, of v2_headwise_norm, v2_lambda_scalar, "
-                        "v2_separate_keys (default v2_headwise_norm)")
+                        "v2_separate_keys, v2_headwise_norm_after_first (default v2_headwise_norm)")
     p.add_argument("--reference", metavar="DIR",
                    help="with --diagnostic: a finished protocol-version-2 sweep (its lm-jobs.jsonl) whose "
                         "configuration, data and lr choices the diagnostic uses, e.g. docs/results/lm-sweep-v2")

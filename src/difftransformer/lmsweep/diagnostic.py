@@ -50,6 +50,7 @@ V2_ARMS: dict[str, dict[str, Any]] = {
     "v2_headwise_norm": {"v2_headwise_norm": True},
     "v2_lambda_scalar": {"v2_lambda": "scalar"},
     "v2_separate_keys": {"v2_keys": "separate"},
+    "v2_headwise_norm_after_first": {"v2_headwise_norm": True, "v2_headwise_norm_layers": "after_first"},
 }
 V2_READINGS = ("costs loss", "lowers the loss", "no detectable effect", "inconclusive")
 

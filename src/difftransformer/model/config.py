@@ -27,6 +27,7 @@ AttentionKind = str
 Backend = Literal["auto", "eager", "sdpa", "blocked", "triton"]
 V2Lambda = Literal["sigmoid", "none", "raw", "scalar"]
 V2Keys = Literal["shared", "separate"]
+V2NormLayers = Literal["all", "after_first"]
 V2Pairing = Literal["interleaved", "halves"]
 V1Layout = Literal["paper", "per_head"]
 
@@ -34,6 +35,7 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 V2_LAMBDA_MODES: tuple[str, ...] = get_args(V2Lambda)
 V2_PAIRINGS: tuple[str, ...] = get_args(V2Pairing)
 V2_KEYS: tuple[str, ...] = get_args(V2Keys)
+V2_NORM_LAYERS: tuple[str, ...] = get_args(V2NormLayers)
 V1_LAYOUTS: tuple[str, ...] = get_args(V1Layout)
 
 
@@ -100,6 +102,8 @@ class ModelConfig:
     # DIFF V1's head-wise norm on each of V2's heads: RMSNorm over the d channels (learnable weight), then times
     # (1 - lambda_init) with lambda_init on the paper's layer schedule (eq. 3)
     v2_headwise_norm: bool = False
+    # with v2_headwise_norm: "all" layers, or "after_first" (every layer but the first: the follow-up arm)
+    v2_headwise_norm_layers: V2NormLayers = "all"
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -120,6 +124,7 @@ class ModelConfig:
         _check_choice("v2_lambda", self.v2_lambda, V2_LAMBDA_MODES)
         _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS)
         _check_choice("v2_keys", self.v2_keys, V2_KEYS)
+        _check_choice("v2_headwise_norm_layers", self.v2_headwise_norm_layers, V2_NORM_LAYERS)
         _check_choice("v1_layout", self.v1_layout, V1_LAYOUTS)
         for name in ("rope_theta", "norm_eps", "init_std"):
             v = getattr(self, name)
@@ -155,6 +160,8 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; "
                                  f"use \"schedule\" or a number in (0, 1)")
             object.__setattr__(self, "lambda_init", float(v))
+        if self.v2_headwise_norm_layers != "all" and not self.v2_headwise_norm:
+            raise ValueError("ModelConfig.v2_headwise_norm_layers needs v2_headwise_norm=true")
         if self.v2_keys == "separate" and self.v2_pairing != "interleaved":
             raise ValueError("ModelConfig.v2_keys='separate' needs v2_pairing='interleaved' (each pair's own keys "
                              "sit in its GQA group)")

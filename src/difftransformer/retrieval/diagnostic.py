@@ -33,6 +33,8 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "v2_headwise_norm": (V2, {"v2_headwise_norm": True}),
     "v2_lambda_scalar": (V2, {"v2_lambda": "scalar"}),
     "v2_separate_keys": (V2, {"v2_keys": "separate"}),
+    # DIAGNOSTIC.md "Deviations", 2026-11-28 05:40 UTC: the follow-up form of item 4, added before any arm was read
+    "v2_headwise_norm_after_first": (V2, {"v2_headwise_norm": True, "v2_headwise_norm_layers": "after_first"}),
 }
 GAP_READINGS = ("closes the gap", "closes part of the gap", "no detectable effect", "widens the gap")
 LEAD_READINGS = ("removes the lead", "reduces the lead", "no detectable effect", "adds to the lead")

@@ -17,7 +17,8 @@ The retrieval diagnostic's one-change arms (each moves one part of DIFF V1 into 
   ``v2_keys="separate"``: W_k: d_model -> 2 H_kv d; query heads 2i and 2i+1 read key heads 2g and 2g+1 of their
       group g (K1 and K2, as DIFF V1), both still weighting the one value head g.
   ``v2_headwise_norm=True``: out_i = (1 - lambda_init) * RMSNorm(attn_2i - lambda_i attn_2i+1) over head i's d
-      channels with a learnable d-wide weight (DIFF V1's eq. 3), lambda_init on the paper's layer schedule.
+      channels with a learnable d-wide weight (DIFF V1's eq. 3), lambda_init on the paper's layer schedule;
+      ``v2_headwise_norm_layers="after_first"``: in every layer but the first (the follow-up arm).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class DiffV2Attention(Attention):
         self.lambda_init = cfg.lambda_init_for(layer_idx)  # the paper's schedule: "scalar" lambda, the norm's factor
         self.lambda_vectors = nn.ParameterList(
             [nn.Parameter(torch.empty(d, dtype=torch.float32)) for _ in range(4)] if cfg.v2_lambda == "scalar" else [])
-        self.subln = RMSNorm(d, eps=1e-5) if cfg.v2_headwise_norm else None
+        normed = cfg.v2_headwise_norm and (cfg.v2_headwise_norm_layers == "all" or layer_idx > 0)
+        self.subln = RMSNorm(d, eps=1e-5) if normed else None
         self.reset_lambda()
 
     def output_scale(self) -> float:
