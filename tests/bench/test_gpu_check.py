@@ -114,8 +114,6 @@ def _parse(step: gpu_check.Step) -> None:
     module, *argv = step.args
     if module == "difftransformer":
         build_parser().parse_args(argv)
-    elif argv[:1] == ["attention-time"]:
-        build_parser().parse_args(["bench", "attention", *argv[1:]])
     elif argv[:1] == ["parts"]:
         gpu_check.build_parser().parse_args(argv)
         for part in step.parts:
@@ -347,8 +345,7 @@ def _shapes_the_plan_runs() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for s in (p for step in gpu_check.gpu_plan() for p in (step.parts or (step,))):
         args = list(s.args)
-        what = "attention" if "attention-time" in args else args[2] if args[:2] == ["difftransformer", "bench"] \
-            else None
+        what = args[2] if args[:2] == ["difftransformer", "bench"] else None
         if what is None or ("triton" not in args and what != "kernels"):
             continue
         shape = args[args.index("--shape") + 1] if "--shape" in args else "bench"

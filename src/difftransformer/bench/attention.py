@@ -14,6 +14,7 @@ default, ``paper-3b`` for the paper's 3B width (d_model 3072, 24 heads of 128; o
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import queue as queue_module
 import statistics
@@ -148,14 +149,16 @@ def run(args: argparse.Namespace) -> int:
           f"({torch.get_num_threads()} threads).\n"
           f"# time: median over {args.repeats} rounds (after a warm-up round) of the ratio to {ref} in the same "
           f"round; cases run round-robin in one process.\n"
-          f"# memory (xM): peak extra memory of one step, each case in a fresh process, relative to {ref}.")
+          + (f"# memory (xM): peak extra memory of one step, each case in a fresh process, relative to {ref}."
+             if not args.no_memory else "# memory: not measured (--no-memory; the MB and xM columns read nan)."))
     widths = (6, *(20 for _ in measured))
     print(table_row(("N", *(c[0] for c in measured)), widths), flush=True)
     for n in args.seq_lens:
         steps = {label: _build(attention, backend, n, args) for label, attention, backend in measured}
         times = paired_times(steps, repeats=args.repeats, warmup=1)
         del steps
-        mems = {label: peak_memory(attention, backend, n, args) for label, attention, backend in measured}
+        mems = {label: math.nan if args.no_memory else peak_memory(attention, backend, n, args)
+                for label, attention, backend in measured}
         t0, m0 = statistics.median(times[ref]), mems[ref]
         cells = [f"{t0 * 1e3:8.1f}ms {m0 / 2**20:7.1f}MB"]
         for label, _, _ in measured[1:]:
@@ -188,4 +191,7 @@ def register(sub) -> None:
                         f"{' '.join(DEFAULT_BACKENDS)}); the baseline always uses sdpa")
     p.add_argument("--eager", action="store_true",
                    help="also time V1's eager path (the official plain computation with materialised maps)")
+    p.add_argument("--no-memory", action="store_true",
+                   help="leave the memory columns out (they read nan): no fresh process per case and length; the "
+                        "time ratios are the same (make gpu-check's attention steps)")
     p.set_defaults(func=run)

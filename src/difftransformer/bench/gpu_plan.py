@@ -82,7 +82,7 @@ def _parts(name: str, limit: float, basis: float, *parts: Step, dry: bool = Fals
 
 def gpu_plan() -> list[Step]:
     """The steps on a GPU, in the order they run (the module's table gives each limit's basis)."""
-    attention = ("--device", "cuda", "--dtype", "bfloat16", "--backends", "sdpa", "triton")
+    attention = ("--no-memory", "--device", "cuda", "--dtype", "bfloat16", "--backends", "sdpa", "triton")
     decode = ("--device", "cuda", "--decode-mode", "cuda-graph", "--batch", "1", "8", "--contexts", "8192",
               "--new-tokens", "64", "--no-hf", "--backend")
     train = ("--device", "cuda", "--precision", "bfloat16", "--backends", "sdpa", "triton", "--in-process")
@@ -92,10 +92,10 @@ def gpu_plan() -> list[Step]:
         Step("candidates", "candidates", (CANDIDATES,), 39, basis_s=32),
         Step("tests", "tests", (TESTS, "--shards", str(TEST_SHARDS), *GPU_TEST_FILES), 48, TESTS_ENV, basis_s=40),
         _parts("attention", 31, 25.7,
-               Step("attention-3b", "attention", (MODULE, "attention-time", "--shape", "paper-3b", *attention,
-                                                  "--seq-lens", "4096", "16384", "--repeats", "3"), 0),
-               Step("attention-bench", "attention", (MODULE, "attention-time", *attention, "--seq-lens", "2048",
-                                                     "8192", "--repeats", "5"), 0),
+               Step("attention-3b", "attention", _bench("attention", "--shape", "paper-3b", *attention,
+                                                        "--seq-lens", "4096", "16384", "--repeats", "3"), 0),
+               Step("attention-bench", "attention", _bench("attention", *attention, "--seq-lens", "2048",
+                                                           "8192", "--repeats", "5"), 0),
                Step("kernels-3b", "kernels", _bench("kernels", "--shape", "paper-3b", "--seq-lens", "16384",
                                                     "--repeats", "5", "--device", "cuda", "--dtype", "bfloat16"), 0)),
         _parts("decode", 27, 22.2,
@@ -115,8 +115,8 @@ def dry_plan() -> list[Step]:
     bench runs Triton's interpreter, a tiny model for each shape, the smoke's commands on the CPU, the tests step's
     shards on the CUDA-only test file (every case skips there). Limits for 2 loaded cores."""
     toy = ("--d-model", "64", "--vocab-size", "256")
-    attention = ("--device", "cpu", "--dtype", "float32", "--backends", "sdpa", "blocked", "--d-model", "64",
-                 "--head-dim", "16", "--repeats", "1")
+    attention = ("--no-memory", "--device", "cpu", "--dtype", "float32", "--backends", "sdpa", "blocked",
+                 "--d-model", "64", "--head-dim", "16", "--repeats", "1")
     decode = ("--device", "cpu", "--batch", "1", "--contexts", "8", "--new-tokens", "2", "--rounds", "1", "--layers",
               "1", "--head-dim", "16", *toy, "--no-hf", "--backend", "sdpa")
     train = ("--device", "cpu", "--backends", "sdpa", "blocked", "--seq-len", "16", "--batch", "2", "--layers", "1",
@@ -127,10 +127,9 @@ def dry_plan() -> list[Step]:
         Step("candidates", "candidates", (CANDIDATES, "--dry-run"), 120),  # 8 candidates: about 10 s on 2 cores
         Step("tests", "tests", (TESTS, "--shards", "2", "tests/model/test_cuda.py"), 120, TESTS_ENV),
         _parts("attention", 180, 0,
-               Step("attention-3b", "attention", (MODULE, "attention-time", "--shape", "paper-3b", *attention,
-                                                  "--seq-lens", "32"), 0),
-               Step("attention-bench", "attention", (MODULE, "attention-time", *attention, "--seq-lens", "16",
-                                                     "32"), 0),
+               Step("attention-3b", "attention", _bench("attention", "--shape", "paper-3b", *attention,
+                                                        "--seq-lens", "32"), 0),
+               Step("attention-bench", "attention", _bench("attention", *attention, "--seq-lens", "16", "32"), 0),
                Step("kernels-3b", "kernels", _bench("kernels", "--shape", "tiny", "--seq-lens", "32", "--repeats",
                                                     "1", "--device", "cpu", "--dtype", "float32"), 0),
                dry=True, env=(("TRITON_INTERPRET", "1"),)),

@@ -21,8 +21,8 @@ On a fresh machine Triton's on-disk cache is empty: without the candidates step,
 bench would compile every candidate serially inside the bench (about a hundred compiles), far past the benches'
 limits; after it, the benches load them from the cache and only time them. Its list of candidates left out (wrong or
 failed on this GPU) is ``OUT/candidates-skip.json``, which every step's tuner reads (``DIFFTRANSFORMER_TRITON_SKIP``).
-Attention runs without its memory columns (``attention-time``: ``bench attention`` with the per-case memory processes
-left out, the time ratios untouched). ``--dry-run`` runs every step on the CPU at toy size (the same commands, readers
+Attention runs without its memory columns (``bench attention --no-memory``: the per-case memory processes left out,
+the time ratios untouched). ``--dry-run`` runs every step on the CPU at toy size (the same commands, readers
 and summary), to check the plumbing without a GPU; ``--steps`` runs a subset (a rerun of one that timed out).
 """
 
@@ -227,38 +227,20 @@ def env_probe() -> int:
     return 0
 
 
-def _no_memory(*_args: Any, **_kwargs: Any) -> float:
-    return float("nan")
-
-
-def attention_time(argv: Sequence[str]) -> int:
-    """``attention-time``: ``difftransformer bench attention ARGV`` with the memory columns left out (each costs a
-    fresh process per case and size; they read ``nan``). The time ratios are the bench's own."""
-    from ..bench import attention
-    from ..cli import main as cli_main
-
-    if not callable(getattr(attention, "peak_memory", None)):
-        raise RuntimeError("bench attention no longer has peak_memory(): update gpu_check.attention_time")
-    attention.peak_memory = _no_memory
-    print("# gpu-check: memory not measured (the MB and xM columns read nan): time ratios only", flush=True)
-    return cli_main(["bench", "attention", *argv])
-
-
 def call_module(args: Sequence[str]) -> int:
-    """``python -m MODULE ARGV`` (``args`` = MODULE, *ARGV) in this process: the module's ``main(argv)``'s status;
-    an exception (a bug, not a refusal) is printed and is status 1."""
-    import importlib
+    """``python -m MODULE ARGV`` (``args`` = MODULE, *ARGV) in this process: ``ENTRIES[MODULE](argv)``'s status;
+    an exception (a bug, not a refusal) is printed and is status 1. A part runs the command line or this module."""
     import traceback
 
+    from ..cli import main as cli_main
+
+    entries: dict[str, Callable[[list[str]], Any]] = {"difftransformer": cli_main, MODULE: main}
     module, *argv = args
+    if module not in entries:
+        print(f"gpu-check: error: a part runs one of {', '.join(entries)}, not {module!r}", file=sys.stderr)
+        return 1
     try:
-        if module == "difftransformer":
-            from ..cli import main as entry
-        elif module == MODULE:
-            entry = main
-        else:
-            entry = importlib.import_module(module).main
-        return int(entry(argv) or 0)
+        return int(entries[module](argv) or 0)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
     except Exception:
@@ -303,16 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
                         allow_abbrev=False)
     pp.add_argument("step", help="the step: " + " ".join(s.name for s in gpu_plan() if s.parts))
     pp.add_argument("--dry-run", action="store_true", help="the step of the dry plan")
-    sub.add_parser("attention-time", add_help=False,
-                   help="bench attention without its memory columns (a step of run); every flag after it is bench "
-                        "attention's")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["attention-time"]:  # the rest is bench attention's, parsed (and refused) by it
-        return attention_time(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "env":
         return env_probe()
