@@ -62,7 +62,7 @@ GPU_HAS_TORCH = $(GPU_PY) -c "import importlib.util as u, sys; sys.exit(0 if u.f
 GPU_CHECK = $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make $@ needs a CUDA device: torch.cuda.is_available() is False')"
 GPU_RUN = bash -o pipefail -c
 
-# The whole check in at most 5 minutes on an H100 (src/difftransformer/bench/gpu_plan.py; docs/gpu.md): each step
+# The whole check in at most 5 minutes on an H100 (src/difftransformer/gpucheck/gpu_plan.py; docs/gpu.md): each step
 # under its own time limit, at least 1.2x its time on an H100 (env 8 s, cuda-smoke 50, candidates 39, tests 48,
 # attention 31, decode 27, train 54, small-jobs 35: 292 s) and all under a 294 s budget; a step that overruns is
 # killed and recorded, the rest still run. Writes runs/gpu/summary.md, summary.json and each step's raw output.

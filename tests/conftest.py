@@ -80,7 +80,7 @@ SERIAL_FILES = {
     "tests/jobs/test_no_orphans.py",  # a pool's driver killed (SIGKILL, SIGTERM) under running jobs
     "tests/jobs/test_ray_cluster.py",  # a two-node Ray cluster on this machine
     "tests/eval/test_report.py",  # headless Chromium
-    "tests/bench/test_gpu_check.py",  # steps under time limits, and a kill timed against the clock
+    "tests/gpucheck/test_gpu_check.py",  # steps under time limits, and a kill timed against the clock
 }
 SERIAL_TESTS = {
     "tests/test_fourth_variant.py::test_spawned_workers_know_it",  # a spawned process pool

@@ -114,7 +114,8 @@ ALLOWED: dict[str, set[str]] = {
                    "bench"},
     "__main__": {"cli"},
     # `make gpu-check` runs the commands (in-process for speed): it stands above the command line it runs
-    "gpucheck": BASE | {"model", "data", "rundir", "jobs", "train", "inference", "eval", "bench", "cli"},
+    "gpucheck": BASE | {"kernels", "model", "data", "rundir", "jobs", "train", "inference", "eval", "retrieval",
+                        "bench", "cli"},
 }
 # Imports the table refuses that the code still has, each with the reason it is still there; empty is the goal.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}

@@ -30,7 +30,7 @@ FLOPs, matmul work of a causal call, B N^2 / 2 (query, key) pairs per head, a pr
   QK^T and PV; V1's value-split tiles recompute the scores, not counted); dK/dV B N^2 (4d + 2dv) (both maps'
   scores again, dP and dV once for both maps, dK1 and dK2); dQ B N^2 (4d + dv) (both scores, dP, dQ1 and dQ2).
 
-Each row is also printed as a ``# kernels row: {json}`` line (``bench/gpu_readers.py`` reads them).
+Each row is also printed as a ``# kernels row: {json}`` line (``gpucheck/gpu_readers.py`` reads them).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ longest: every analysis again, the page and its plots). Each gets ``--device`` (
 where its parser has the flag; one without it runs where the command itself puts it (printed as ``(no --device
 flag)``).
 
-One ``# cuda-smoke: STATUS NAME (S s, cpu C s): reason`` line per command as it ends (``bench/gpu_readers.py`` reads
+One ``# cuda-smoke: STATUS NAME (S s, cpu C s): reason`` line per command as it ends (``gpucheck/gpu_readers.py`` reads
 them; a step stopped by its time limit keeps the lines it printed): ``failed`` with the command's error line or the
 exception, the last lines of its output under it; ``skipped`` where an optional package is missing on this machine
 (the command's own ``pip install 'difftransformer[...]'`` refusal: not a device check). The exit status is 1 where

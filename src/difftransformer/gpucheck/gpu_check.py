@@ -7,12 +7,12 @@ recorded as ``failed``; the next step runs either way), and the whole run under 
 what is left of it). Each step's output is saved as it comes to ``OUT/<step>.txt`` (the command on the first line,
 its status on the last); ``OUT/summary.md`` and ``OUT/summary.json`` hold the pass/fail counts, every ratio, the
 Triton configs the kernels chose, the small-job throughput and the proposed ``TRITON_AUTO_MEASURED`` entries
-(``bench/gpu_summary.py``, the outputs read by ``bench/gpu_readers.py``). Only the repository and the machine's
+(``gpucheck/gpu_summary.py``, the outputs read by ``gpucheck/gpu_readers.py``). Only the repository and the machine's
 PyTorch/Triton are needed: no network, no data.
 
-The steps, their limits and the H100 times the limits are planned from are ``bench/gpu_plan.py``'s (its table):
-a device smoke of every command (``gpucheck/cuda_smoke.py``), the Triton candidates (``bench/gpu_candidates.py``), the
-GPU tests in parallel shards (``bench/gpu_tests.py``), attention fwd+bwd at both shapes and the fused kernel's
+The steps, their limits and the H100 times the limits are planned from are ``gpu_plan.py``'s (its table): a device
+smoke of every command (``cuda_smoke.py``), the Triton candidates (``gpu_candidates.py``), the GPU tests in parallel
+shards (``gpu_tests.py``), attention fwd+bwd at both shapes and the fused kernel's
 breakdown (``bench kernels``), decode and training (every case in one process), the small retrieval jobs. A step
 with parts runs several measurements in one process (``gpu_check parts STEP``, each between ``# gpu-check part:``
 lines; ``gpu_readers.split_parts`` reads each as its own measurement); the rest are one command each.
@@ -43,8 +43,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from ..bench import gpu_readers, gpu_summary
-from ..bench.gpu_plan import (  # noqa: F401  (re-exported: the plan is read through this module too)
+from . import gpu_readers, gpu_summary
+from .gpu_plan import (  # noqa: F401  (re-exported: the plan is read through this module too)
     BUDGET_S,
     CANDIDATES,
     GPU_TEST_FILES,

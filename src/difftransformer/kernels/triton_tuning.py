@@ -135,7 +135,7 @@ def skipped() -> frozenset[tuple[str, Config]]:
     """The (fit key, config) pairs the tuner leaves out: those listed in the JSON file named by ``$SKIP_ENV``
     (``{"skip": [{"key": "sm_90/v1/d128/fwd", "config": [128, 64, 8, 2], ...}]}``), which gpu-check's candidates
     step writes for the candidates that computed a wrong answer or failed to compile on the GPU it ran on
-    (``bench/gpu_candidates.py``). Empty where the variable is unset or the file is absent; read again when the
+    (``gpucheck/gpu_candidates.py``). Empty where the variable is unset or the file is absent; read again when the
     file changes."""
     path = os.environ.get(SKIP_ENV)
     if not path or not os.path.isfile(path):

@@ -47,10 +47,10 @@ MARGIN = 1.2  # each limit >= MARGIN x its basis (the H100 time)
 MIN_STEP_S = 5.0  # a step with less than this left of the budget is skipped, not started
 GPU_TEST_FILES = ("tests/model/test_triton_diff.py", "tests/model/test_triton_fallback.py", "tests/model/test_cuda.py")
 MODULE = "difftransformer.gpucheck.gpu_check"  # the step commands below run it as python -m MODULE
-CANDIDATES = "difftransformer.bench.gpu_candidates"  # the candidates step
+CANDIDATES = "difftransformer.gpucheck.gpu_candidates"  # the candidates step
 SMOKE = "difftransformer.gpucheck.cuda_smoke"
-TESTS = "difftransformer.bench.gpu_tests"
-SMALL_JOBS = "difftransformer.bench.small_jobs"
+TESTS = "difftransformer.gpucheck.gpu_tests"
+SMALL_JOBS = "difftransformer.gpucheck.small_jobs"
 # The GPU tests run the kernels' default tiles (what their tolerances were written for): the candidates step has
 # checked every other config the tuner may pick, and tuning inside the tests would compile them all again.
 TESTS_ENV = (("DIFFTRANSFORMER_TRITON_TUNE", "0"),)

@@ -1,5 +1,5 @@
-"""`python -m difftransformer.bench.small_jobs`: how many of the retrieval benchmark's jobs one GPU trains per minute,
-one job at a time and as P processes sharing the device -- the number that decides how a sweep uses a GPU.
+"""`python -m difftransformer.gpucheck.small_jobs`: how many of the retrieval benchmark's jobs one GPU trains per
+minute, one job at a time and as P processes sharing the device -- the number that decides how a sweep uses a GPU.
 
 A job here is the benchmark's training (``RetrievalConfig``'s defaults: d_model 64, 2 layers, batch 32, 600 steps,
 float32, the last block at the scored rows only), built as the benchmark builds it (``retrieval.train``:
@@ -13,7 +13,7 @@ kernel launches, so its time per step is flat and a few hundred steps give the j
   after their warm-up), so jobs/min = P * 60 / the slowest process's scaled job time; the wall time including the
   processes' start (import, CUDA context, build) is printed beside it.
 
-Every measured row is printed as it is done, with a ``# small-jobs row: {json}`` line that ``bench/gpu_readers.py``
+Every measured row is printed as it is done, with a ``# small-jobs row: {json}`` line that ``gpucheck/gpu_readers.py``
 reads (a run stopped by a time limit keeps its finished rows). One torch thread per process, as a benchmark worker.
 """
 
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m difftransformer.bench.small_jobs", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m difftransformer.gpucheck.small_jobs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="device (default cuda)")
     p.add_argument("--steps", type=int, default=200,

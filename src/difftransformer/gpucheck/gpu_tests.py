@@ -1,11 +1,11 @@
-"""gpu-check's ``tests`` step (``python -m difftransformer.bench.gpu_tests``): the GPU test files as ``--shards`` pytest
-processes at once, each running every ``--shards``-th test of the files (round-robin in collection order), then one
-count over all of them.
+"""gpu-check's ``tests`` step (``python -m difftransformer.gpucheck.gpu_tests``): the GPU test files as ``--shards``
+pytest processes at once, each running every ``--shards``-th test of the files (round-robin in collection order), then
+one count over all of them.
 
 On a fresh GPU machine Triton's on-disk cache is empty and each test case compiles its own kernels (its dtype, head
 width, tiles, padding): the whole files took 63 s on an H100 with the cache warm and did not finish in 75 s with it
 cold (51 passed, 15 skipped of 178 cases). The compiles are single-threaded, so the shards run them on several CPUs
-at once. Each shard is ``python -m pytest -q -p no:cacheprovider -p difftransformer.bench.gpu_tests --durations N
+at once. Each shard is ``python -m pytest -q -p no:cacheprovider -p difftransformer.gpucheck.gpu_tests --durations N
 FILES`` with ``DIFFTRANSFORMER_TEST_SHARD=K/N`` (this module is also the pytest plugin that keeps the shard's tests:
 ``pytest_collection_modifyitems``), its output in a file; when all have ended, each shard's output is printed,
 then one ``# gpu-tests: {json}`` line (counts summed, the failed test ids, finished) and a pytest-style count line.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 SHARD_ENV = "DIFFTRANSFORMER_TEST_SHARD"
-PLUGIN = "difftransformer.bench.gpu_tests"  # this module's import name (``__name__`` is "__main__" under -m)
+PLUGIN = "difftransformer.gpucheck.gpu_tests"  # this module's import name (``__name__`` is "__main__" under -m)
 LINE = "# gpu-tests: "
 
 
@@ -115,7 +115,7 @@ def run(files: list[str], shards: int, durations: int) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m difftransformer.bench.gpu_tests", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m difftransformer.gpucheck.gpu_tests", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("files", nargs="+", help="test files (or node ids)")
     p.add_argument("--shards", type=int, default=8, help="pytest processes at once (default 8)")

@@ -1,4 +1,4 @@
-"""gpu-check's ``candidates`` step (``python -m difftransformer.bench.gpu_candidates``): compile and run every Triton
+"""gpu-check's ``candidates`` step (``python -m difftransformer.gpucheck.gpu_candidates``): compile and run every Triton
 candidate config the tuner may try for the launches of gpu-check's later steps, each against the float64 oracle.
 
 On a fresh GPU machine Triton's on-disk cache is empty, and the first call of each shape in a bench would compile
@@ -59,11 +59,11 @@ from typing import Any, Optional
 
 import torch
 
+from ..bench.common import bench_config, shape_config
 from ..kernels import triton_tuning as tuning
 from ..model import variants
 from ..model.attention import build_attention
 from ..model.config import FLAVOURS
-from .common import bench_config, shape_config
 
 # The kernels each shape's later gpu-check steps run: attention and train run the training kernels at both shapes;
 # bench decode runs at the bench shape only.
@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m difftransformer.bench.gpu_candidates", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m difftransformer.gpucheck.gpu_candidates", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--workers", type=int, default=0,
                    help=f"worker processes (default: the CPU count, at most {MAX_WORKERS})")

@@ -1,5 +1,5 @@
-"""`make gpu-check` (``gpucheck/gpu_check.py``, ``bench/gpu_plan.py``, ``bench/gpu_tests.py``, ``gpucheck/cuda_smoke.py``,
-``bench/small_jobs.py``, ``bench/gpu_candidates.py``) without a GPU: the whole dry plan run once on the CPU at toy
+"""`make gpu-check` (``gpucheck/gpu_check.py``, ``gpucheck/gpu_plan.py``, ``gpucheck/gpu_tests.py``, ``gpucheck/cuda_smoke.py``,
+``gpucheck/small_jobs.py``, ``gpucheck/gpu_candidates.py``) without a GPU: the whole dry plan run once on the CPU at toy
 size (every step a process under its limit, steps with parts in one process, the summary from their outputs), the
 GPU plan's commands parsed by the commands they call, its limits against the H100 times and the budget, the kill of
 a step over its limit (its children too), a sharded test run stopped mid-way, the smoke's statuses, the candidates
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from difftransformer.gpucheck import cuda_smoke, gpu_check
-from difftransformer.bench import gpu_candidates, gpu_plan, gpu_readers, gpu_summary, small_jobs
+from difftransformer.gpucheck import gpu_candidates, gpu_plan, gpu_readers, gpu_summary, small_jobs
 from difftransformer.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -303,7 +303,7 @@ def test_the_tests_step_runs_the_default_tiles_and_every_step_gets_the_skip_list
 PROBE = r"""
 import json, sys
 import torch
-from difftransformer.bench import gpu_candidates as gc
+from difftransformer.gpucheck import gpu_candidates as gc
 from difftransformer.model import variants
 from difftransformer.kernels import triton_tuning as tuning
 from difftransformer.kernels.triton_diff import default_config

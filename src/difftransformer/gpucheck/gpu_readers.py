@@ -1,6 +1,6 @@
 """`make gpu-check`'s readers: each takes one step's printed text (``gpucheck/gpu_check.py``) as it is (the tables of
 ``bench attention|train|decode``, the ``# gpu-tests:`` line or pytest's last line, the row lines of
-``bench/small_jobs.py`` and ``bench kernels``, the candidates' and the smoke's lines, the probe's env line) and keeps
+``gpucheck/small_jobs.py`` and ``bench kernels``, the candidates' and the smoke's lines, the probe's env line) and keeps
 what it finds, so a step stopped by its time limit still gives the rows it printed. ``READERS`` maps a step's kind to
 its reader; ``split_parts`` cuts the output of a step with parts into its parts; ``gpu_summary`` puts the results
 together.
@@ -13,12 +13,12 @@ import re
 from typing import Any
 
 CONFIG_PREFIX = "# triton config:"
-SMALL_JOBS_PREFIX = "# small-jobs row: "  # bench/small_jobs.ROW_PREFIX (not imported: this module needs no torch)
+SMALL_JOBS_PREFIX = "# small-jobs row: "  # small_jobs.ROW_PREFIX (not imported: this module needs no torch)
 ENV_PREFIX = "# gpu-check env: "
-CANDIDATE_PREFIX = "# candidate: "  # bench/gpu_candidates.LINE (not imported: that module needs torch)
+CANDIDATE_PREFIX = "# candidate: "  # gpu_candidates.LINE (not imported: that module needs torch)
 SMOKE_PREFIX = "# cuda-smoke: "  # gpucheck/cuda_smoke.LINE
 KERNELS_PREFIX = "# kernels row: "  # bench/kernels.ROW_PREFIX (needs torch)
-TESTS_PREFIX = "# gpu-tests: "  # bench/gpu_tests.LINE
+TESTS_PREFIX = "# gpu-tests: "  # gpu_tests.LINE
 PART_PREFIX = "# gpu-check part: "  # gpu_check.run_parts' lines around each part
 
 
@@ -35,7 +35,7 @@ def read_env(text: str) -> dict[str, Any]:
 
 
 def read_pytest(text: str) -> dict[str, Any]:
-    """The tests step's ``# gpu-tests: {json}`` line (``bench/gpu_tests.py``: its shards' counts summed), else
+    """The tests step's ``# gpu-tests: {json}`` line (``gpucheck/gpu_tests.py``: its shards' counts summed), else
     pytest -q's counts ("3 failed, 69 passed, 2 skipped, 15 warnings in 64.34s") and the FAILED/ERROR ids."""
     sharded = [ln for ln in text.splitlines() if ln.startswith(TESTS_PREFIX)]
     if sharded:
@@ -193,7 +193,7 @@ def read_decode(text: str) -> dict[str, Any]:
 
 
 def read_small_jobs(text: str) -> dict[str, Any]:
-    """``bench/small_jobs.py``: its row lines, and jobs/min of each P-process row over one job at a time."""
+    """``gpucheck/small_jobs.py``: its row lines, and jobs/min of each P-process row over one job at a time."""
     rows = [json.loads(ln[len(SMALL_JOBS_PREFIX):]) for ln in text.splitlines() if ln.startswith(SMALL_JOBS_PREFIX)]
     one = {r["variant"]: r["jobs_per_min"] for r in rows if r["processes"] == 1}
     for r in rows:

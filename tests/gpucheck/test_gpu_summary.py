@@ -1,4 +1,4 @@
-"""`make gpu-check`'s readers and summary (``bench/gpu_readers.py``, ``bench/gpu_summary.py``) on text alone, no
+"""`make gpu-check`'s readers and summary (``gpucheck/gpu_readers.py``, ``gpucheck/gpu_summary.py``) on text alone, no
 process started: the real outputs of the H200 run (copied below) and made-up ones for the rules (proposals, goals),
 the steps with parts cut into their measurements, the device smoke's and the kernel breakdown's lines, the tests
 step's shard count. Fast: in `make test`'s parallel pass (the steps themselves run in test_gpu_check.py)."""
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from difftransformer.bench import gpu_readers, gpu_summary, gpu_tests, small_jobs
+from difftransformer.gpucheck import gpu_readers, gpu_summary, gpu_tests, small_jobs
 
 # ---------------------------------------------------------------------------------------------- the H200 outputs
 # Printed on an NVIDIA H200 on 2026-11-26 at commit 5fdef50 (torch 2.11.0+cu130, Triton 3.6.0), unedited: the same

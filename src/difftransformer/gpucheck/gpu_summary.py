@@ -1,5 +1,5 @@
 """`make gpu-check`'s summary: the raw outputs of its steps (``gpucheck/gpu_check.py``), read back by
-``bench/gpu_readers.py``, put into one dict, written as ``summary.json`` and ``summary.md``, with the
+``gpucheck/gpu_readers.py``, put into one dict, written as ``summary.json`` and ``summary.md``, with the
 ``TRITON_AUTO_MEASURED`` entries the numbers support.
 
 Ratios are the benches' own, to the baseline's SDPA in the same run; nothing is recomputed from times except the
