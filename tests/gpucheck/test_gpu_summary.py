@@ -13,25 +13,34 @@ import pytest
 from difftransformer.gpucheck import gpu_readers, gpu_summary, gpu_tests, small_jobs
 
 # ---------------------------------------------------------------------------------------------- the H200 outputs
-# Printed on an NVIDIA H200 on 2026-11-26 at commit 5fdef50 (torch 2.11.0+cu130, Triton 3.6.0), unedited: the same
-# numbers as BENCHMARKS.md's "before" row. The attention run was stopped by a 90 s limit after N=8192.
+# Printed on an NVIDIA H200 on 2026-11-26 at commit 5fdef50 (torch 2.11.0+cu130, Triton 3.6.0), the tables unedited:
+# the same numbers as BENCHMARKS.md's "before" row. The attention run was stopped by a 90 s limit after N=8192. The
+# benches now print data lines beside their tables (``# attention setup:`` / ``row:``, what the readers read); those
+# here hold the tables' own numbers, put where the benches print them.
 H200 = {
     "attention-3b": """\
 # attention fwd+bwd, shape paper-3b: d_model=3072 head_dim=128 kv_heads=all batch=1 bfloat16 on cuda (16 threads).
 # time: median over 3 rounds (after a warm-up round) of the ratio to baseline sdpa in the same round; cases run round-robin in one process.
 # memory (xM): peak extra memory of one step, each case in a fresh process, relative to baseline sdpa.
      N        baseline sdpa              V1 sdpa            V1 triton              V2 sdpa            V2 triton
+# attention setup: {"shape": "paper-3b", "overrides": null, "head_dim": 128, "dtype": "bfloat16", "labels": ["V1 sdpa", "V1 triton", "V2 sdpa", "V2 triton"]}
   4096      3.7ms   396.4MB     1.51x     1.49xM     2.55x     1.30xM     1.56x     1.49xM     3.41x     1.24xM
+# attention row: {"n": 4096, "baseline_ms": 3.7, "V1 sdpa": 1.51, "V1 triton": 2.55, "V2 sdpa": 1.56, "V2 triton": 3.41}
  16384     19.7ms  1489.5MB     1.74x     1.52xM     4.93x     1.32xM     1.77x     1.42xM     7.45x     1.26xM
+# attention row: {"n": 16384, "baseline_ms": 19.7, "V1 sdpa": 1.74, "V1 triton": 4.93, "V2 sdpa": 1.77, "V2 triton": 7.45}
 """,
     "attention": """\
 # attention fwd+bwd, shape bench: d_model=512 head_dim=64 kv_heads=all batch=1 bfloat16 on cuda (16 threads).
 # time: median over 5 rounds (after a warm-up round) of the ratio to baseline sdpa in the same round; cases run round-robin in one process.
 # memory (xM): peak extra memory of one step, each case in a fresh process, relative to baseline sdpa.
      N        baseline sdpa              V1 sdpa            V1 triton              V2 sdpa            V2 triton
+# attention setup: {"shape": "bench", "overrides": null, "head_dim": 64, "dtype": "bfloat16", "labels": ["V1 sdpa", "V1 triton", "V2 sdpa", "V2 triton"]}
   2048      3.0ms    87.6MB     1.54x     1.23xM     1.52x     1.09xM     1.15x     1.23xM     1.26x     1.07xM
+# attention row: {"n": 2048, "baseline_ms": 3.0, "V1 sdpa": 1.54, "V1 triton": 1.52, "V2 sdpa": 1.15, "V2 triton": 1.26}
   4096      2.5ms   110.8MB     1.51x     1.36xM     1.59x     1.14xM     1.20x     1.36xM     1.36x     1.11xM
+# attention row: {"n": 4096, "baseline_ms": 2.5, "V1 sdpa": 1.51, "V1 triton": 1.59, "V2 sdpa": 1.2, "V2 triton": 1.36}
   8192      2.9ms   157.0MB     1.47x     1.51xM     1.72x     1.25xM     1.21x     1.51xM     2.05x     1.20xM
+# attention row: {"n": 8192, "baseline_ms": 2.9, "V1 sdpa": 1.47, "V1 triton": 1.72, "V2 sdpa": 1.21, "V2 triton": 2.05}
 /usr/lib/python3.12/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: There appear to be 3 leaked semaphore objects to clean up at shutdown
   warnings.warn('resource_tracker: There appear to be %d '
 """,
@@ -41,10 +50,15 @@ H200 = {
 # median of 3 paired rounds after 1 warm-up round; ratios are medians of per-round tokens/s ratios within the same run
 # load average (1 min) before: 1.89 on 16 CPUs
 batch context baseline tok/s   V1 tok/s  V1/base   V2 tok/s  V2/base HF DiffLlama tok/s  ours V1/HF
+# decode setup: {"shape": null, "overrides": null, "head_dim": 64, "dtype": "bfloat16", "backend": "sdpa", "labels": ["V1", "V2"]}
     1    2048        1,005.8      912.0   0.907x      927.3   0.921x                  -           -
+# decode row: {"batch": 1, "context": 2048, "baseline_tok_s": 1005.8, "V1": 0.907, "V2": 0.921}
     1    8192          901.4      820.7   0.910x      837.1   0.929x                  -           -
+# decode row: {"batch": 1, "context": 8192, "baseline_tok_s": 901.4, "V1": 0.91, "V2": 0.929}
     8    2048        7,197.4    6,582.0   0.914x    6,619.9   0.919x                  -           -
+# decode row: {"batch": 8, "context": 2048, "baseline_tok_s": 7197.4, "V1": 0.914, "V2": 0.919}
     8    8192        5,989.5    5,539.7   0.925x    5,423.8   0.906x                  -           -
+# decode row: {"batch": 8, "context": 8192, "baseline_tok_s": 5989.5, "V1": 0.925, "V2": 0.906}
 # load average (1 min) after: 1.75
 """,
     "decode-triton": """\
@@ -53,32 +67,49 @@ batch context baseline tok/s   V1 tok/s  V1/base   V2 tok/s  V2/base HF DiffLlam
 # median of 3 paired rounds after 1 warm-up round; ratios are medians of per-round tokens/s ratios within the same run
 # load average (1 min) before: 1.63 on 16 CPUs
 batch context baseline tok/s   V1 tok/s  V1/base   V2 tok/s  V2/base HF DiffLlama tok/s  ours V1/HF
+# decode setup: {"shape": null, "overrides": null, "head_dim": 64, "dtype": "bfloat16", "backend": "triton", "labels": ["V1", "V2"]}
     1    2048        1,000.4      939.7   0.938x      970.9   0.971x                  -           -
+# decode row: {"batch": 1, "context": 2048, "baseline_tok_s": 1000.4, "V1": 0.938, "V2": 0.971}
     1    8192          897.1      888.0   0.990x      920.9   1.027x                  -           -
+# decode row: {"batch": 1, "context": 8192, "baseline_tok_s": 897.1, "V1": 0.99, "V2": 1.027}
     8    2048        7,201.2    6,815.8   0.947x    6,695.9   0.930x                  -           -
+# decode row: {"batch": 8, "context": 2048, "baseline_tok_s": 7201.2, "V1": 0.947, "V2": 0.93}
     8    8192        5,982.0    5,650.0   0.945x    5,066.5   0.845x                  -           -
+# decode row: {"batch": 8, "context": 8192, "baseline_tok_s": 5982.0, "V1": 0.945, "V2": 0.845}
 # load average (1 min) after: 1.54
 """,
     "train": """\
 # training step (fwd + bwd + clip + AdamW), shape bench: seq 1024 x batch 8, d_model 512, 8 layers, 8 baseline heads of 64 (kv 8), FFN 1408, vocab 8192; cuda bfloat16, 16 threads; median of 5 steps after 2 warm-up, 1 round(s)
 # load average (1 min) before: 0.88 on 16 CPUs
 case             parameters   ms/step   tokens/s  vs baseline
+# train setup: {"shape": "bench", "overrides": null, "head_dim": 64, "dtype": "bfloat16", "seq": 1024, "batch": 8, "layers": 8}
 baseline sdpa    34,087,424      30.2    271,052       1.000x
+# train row: {"label": "baseline sdpa", "params": 34087424, "ms": 30.2, "tokens_s": 271052.0, "ratio": 1.0}
 V1 sdpa          34,090,496      40.6    201,676       0.744x
+# train row: {"label": "V1 sdpa", "params": 34090496, "ms": 40.6, "tokens_s": 201676.0, "ratio": 0.744}
 V1 triton        34,090,496      37.6    217,642       0.803x
+# train row: {"label": "V1 triton", "params": 34090496, "ms": 37.6, "tokens_s": 217642.0, "ratio": 0.803}
 V2 sdpa          36,217,344      42.0    194,896       0.719x
+# train row: {"label": "V2 sdpa", "params": 36217344, "ms": 42.0, "tokens_s": 194896.0, "ratio": 0.719}
 V2 triton        36,217,344      30.9    264,958       0.978x
+# train row: {"label": "V2 triton", "params": 36217344, "ms": 30.9, "tokens_s": 264958.0, "ratio": 0.978}
 # load average (1 min) after: 2.05; targets: V1 >= 0.92x, V2 >= 0.88x (tokens/s vs baseline)
 """,
     "train-3b": """\
 # training step (fwd + bwd + clip + AdamW), shape paper-3b with --layers 4: seq 4096 x batch 1, d_model 3072, 4 layers, 24 baseline heads of 128 (kv 24), FFN 8192, vocab 100288; cuda bfloat16, 16 threads; median of 5 steps after 2 warm-up, 1 round(s)
 # load average (1 min) before: 1.85 on 16 CPUs
 case             parameters   ms/step   tokens/s  vs baseline
+# train setup: {"shape": "paper-3b", "overrides": "--layers 4", "head_dim": 128, "dtype": "bfloat16", "seq": 4096, "batch": 1, "layers": 4}
 baseline sdpa  1,069,181,952      74.2     55,236       1.000x
+# train row: {"label": "baseline sdpa", "params": 1069181952, "ms": 74.2, "tokens_s": 55236.0, "ratio": 1.0}
 V1 sdpa        1,069,185,024      82.3     49,784       0.901x
+# train row: {"label": "V1 sdpa", "params": 1069185024, "ms": 82.3, "tokens_s": 49784.0, "ratio": 0.901}
 V1 triton      1,069,185,024      97.3     42,084       0.762x
+# train row: {"label": "V1 triton", "params": 1069185024, "ms": 97.3, "tokens_s": 42084.0, "ratio": 0.762}
 V2 sdpa        1,107,225,600      84.8     48,302       0.874x
+# train row: {"label": "V2 sdpa", "params": 1107225600, "ms": 84.8, "tokens_s": 48302.0, "ratio": 0.874}
 V2 triton      1,107,225,600     112.2     36,515       0.661x
+# train row: {"label": "V2 triton", "params": 1107225600, "ms": 112.2, "tokens_s": 36515.0, "ratio": 0.661}
 # load average (1 min) after: 1.16; targets: V1 >= 0.92x, V2 >= 0.88x (tokens/s vs baseline)
 """,
     "tests": """\
@@ -136,7 +167,7 @@ def test_readers_take_the_h200_tables():
 
 
 def test_readers_keep_what_a_stopped_command_printed():
-    cut = H200["attention"].splitlines()[:5]  # the header and N=2048 only, as when the limit hits at N=4096
+    cut = H200["attention"].splitlines()[:7]  # the header and N=2048 only, as when the limit hits at N=4096
     assert sorted(gpu_readers.read_attention("\n".join(cut))["rows"]) == [2048]
     stopped = gpu_readers.read_pytest("$ python3 -m pytest -q\n" + "." * 70 + "F" + "." * 9 + " [ 40%]\n..sE\n")
     assert stopped == {"counts": {"passed": 81, "failed": 1, "skipped": 1, "errors": 1}, "failed": [],
@@ -192,21 +223,26 @@ def test_goals_read_against_item_3():
 
 
 # ---------------------------------------------------------------------------------------------- the proposals rule
+CASES = ("V1 sdpa", "V1 triton", "V2 sdpa", "V2 triton")
+
+
 def _attention(rows: dict[int, tuple[float, float, float, float]], shape: str = "bench", hd: int = 64) -> str:
-    lines = [f"# attention fwd+bwd, shape {shape}: d_model=512 head_dim={hd} kv_heads=all batch=1 bfloat16 on cuda.",
-             "     N        baseline sdpa              V1 sdpa            V1 triton              V2 sdpa            "
-             "V2 triton"]
+    """What ``bench attention`` reads back by: its setup and row lines."""
+    lines = ["# attention setup: " + json.dumps({"shape": shape, "overrides": None, "head_dim": hd, "dtype": "bfloat16",
+                                                 "labels": list(CASES)})]
     for n, r in rows.items():
-        lines.append(f"{n:6d}      3.0ms    87.6MB " + " ".join(f"{x:8.2f}x     1.00xM" for x in r))
+        lines.append("# attention row: " + json.dumps({"n": n, "baseline_ms": 3.0, **dict(zip(CASES, r))}))
     return "\n".join(lines) + "\n"
 
 
 def _train(ratios: tuple[float, float, float, float], shape: str = "bench", hd: int = 64) -> str:
-    rows = [f"{lab:<14} {34_090_496:>12,} {30.0:9.1f} {int(270_000 * r):>10,} {r:11.3f}x"
-            for lab, r in zip(("baseline sdpa", "V1 sdpa", "V1 triton", "V2 sdpa", "V2 triton"), (1.0, *ratios))]
-    return (f"# training step (fwd + bwd + clip + AdamW), shape {shape}: seq 1024 x batch 8, d_model 512, 8 layers, "
-            f"8 baseline heads of {hd} (kv 8), FFN 1408, vocab 8192; cuda bfloat16, 16 threads\n"
-            "case             parameters   ms/step   tokens/s  vs baseline\n" + "\n".join(rows) + "\n")
+    """What ``bench train`` reads back by: its setup and row lines."""
+    rows = ["# train row: " + json.dumps({"label": lab, "params": 34_090_496, "ms": 30.0,
+                                          "tokens_s": float(int(270_000 * r)), "ratio": r})
+            for lab, r in zip(("baseline sdpa", *CASES), (1.0, *ratios))]
+    setup = {"shape": shape, "overrides": None, "head_dim": hd, "dtype": "bfloat16", "seq": 1024, "batch": 8,
+             "layers": 8}
+    return "# train setup: " + json.dumps(setup) + "\n" + "\n".join(rows) + "\n"
 
 
 def _only(**texts: str) -> dict:
@@ -238,7 +274,8 @@ def test_head_dims_are_proposed_apart_and_decode_from_both_decode_runs():
               attention=_attention({2048: (1.5, 1.6, 1.2, 1.1)}), train=_train((0.74, 0.80, 0.72, 0.98)))
     assert [p["entry"] for p in gpu_summary.proposals(s)] == ["((9, 0), torch.bfloat16, 128, 'train')"]
     # V2 at batch 8 now beats sdpa's 0.919x / 0.906x by the margin (it was 1.2% faster at context 2048: within it)
-    tri = H200["decode-triton"].replace("0.930x", "0.960x").replace("0.845x", "0.950x")
+    tri = H200["decode-triton"].replace("0.930x", "0.960x").replace("0.845x", "0.950x")  # the table, and its data
+    tri = tri.replace('"V2": 0.93}', '"V2": 0.96}').replace('"V2": 0.845}', '"V2": 0.95}')
     decode = _only(decode_sdpa=H200["decode-sdpa"], decode_triton=tri)
     assert [p["entry"] for p in gpu_summary.proposals(decode)] == ["((9, 0), torch.bfloat16, 64, 'decode')"]
     assert gpu_summary.proposals(_only(decode_sdpa=H200["decode-sdpa"], decode_triton=H200["decode-triton"])) == []

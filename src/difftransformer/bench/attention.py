@@ -9,6 +9,9 @@ resident-set high-water mark over its first step (reset first); on CUDA ``torch.
 ``--shape`` picks the model shape (d_model, head_dim, KV heads) from ``model.config.FLAVOURS``: ``bench`` by
 default, ``paper-3b`` for the paper's 3B width (d_model 3072, 24 heads of 128; on a GPU, with
 ``--seq-lens 2048 4096 8192 16384``); ``--d-model``, ``--head-dim`` and ``--kv-heads`` override it.
+
+Beside the table: a ``# attention setup: {json}`` line and a ``# attention row: {json}`` line per N (the numbers as
+the table rounds them; ``common.data_line``), which ``make gpu-check`` reads. ``--no-memory`` leaves memory out.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from .common import (
     add_shape_flag,
     bench_cases,
     bench_config,
+    data_line,
     diff_backends,
     hf_diff_variant,
     resolve_shape,
     shape_default_help,
+    shape_fields,
     table_row,
 )
 from .timing import median_ratio, paired_times
@@ -153,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
              if not args.no_memory else "# memory: not measured (--no-memory; the MB and xM columns read nan)."))
     widths = (6, *(20 for _ in measured))
     print(table_row(("N", *(c[0] for c in measured)), widths), flush=True)
+    print(data_line("attention", "setup", {**shape_fields(shape), "head_dim": args.head_dim, "dtype": args.dtype,
+                                           "labels": [c[0] for c in measured[1:]]}), flush=True)
     for n in args.seq_lens:
         steps = {label: _build(attention, backend, n, args) for label, attention, backend in measured}
         times = paired_times(steps, repeats=args.repeats, warmup=1)
@@ -161,9 +168,13 @@ def run(args: argparse.Namespace) -> int:
                 for label, attention, backend in measured}
         t0, m0 = statistics.median(times[ref]), mems[ref]
         cells = [f"{t0 * 1e3:8.1f}ms {m0 / 2**20:7.1f}MB"]
+        row = {"n": n, "baseline_ms": float(f"{t0 * 1e3:.1f}")}
         for label, _, _ in measured[1:]:
-            cells.append(f"{median_ratio(times, label, ref):8.2f}x {mems[label] / max(m0, 1):8.2f}xM")
+            ratio = median_ratio(times, label, ref)
+            cells.append(f"{ratio:8.2f}x {mems[label] / max(m0, 1):8.2f}xM")
+            row[label] = float(f"{ratio:.2f}")
         print(table_row((n, *cells), widths), flush=True)
+        print(data_line("attention", "row", row), flush=True)
     for line in config_lines():  # the Triton tiles chosen on this GPU (timed round-robin in this process)
         print(line)
     return 0

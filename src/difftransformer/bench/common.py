@@ -9,6 +9,7 @@ flags of its command on top, so the commands measure the same models unless told
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -146,3 +147,15 @@ def table_row(cells: Sequence[Any], widths: Sequence[int]) -> str:
     if len(cells) != len(widths):
         raise ValueError(f"table_row: {len(cells)} cells for {len(widths)} widths")
     return " ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, w in zip(cells, widths))
+
+
+def data_line(what: str, kind: str, record: dict[str, Any]) -> str:
+    """A benchmark's setup or one of its rows as data, printed beside its table: ``# WHAT setup|row: {json}``, the
+    numbers as the table rounds them (what ``gpucheck/gpu_readers.py`` reads; nothing parses the table)."""
+    return f"# {what} {kind}: " + json.dumps(record)
+
+
+def shape_fields(description: str) -> dict[str, Optional[str]]:
+    """``resolve_shape``'s description as data: {"shape": NAME, "overrides": "--flag V, ..." or None}."""
+    name, _, flags = description.removeprefix("shape ").partition(" with ")
+    return {"shape": name, "overrides": flags or None}

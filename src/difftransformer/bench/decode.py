@@ -16,7 +16,9 @@ forwards. Ours and HF see the same weights in the same dtype: the prefill logits
 
 The cases run round-robin in one process (each round decodes once with every model), after one untimed warm-up
 round (which also compiles or captures the graph); tokens/s is the median over ``--rounds`` rounds and each ratio
-is the median over rounds of the per-round ratio, so a change of machine load hits all cases alike.
+is the median over rounds of the per-round ratio, so a change of machine load hits all cases alike. Beside the
+table: a ``# decode setup: {json}`` line and a ``# decode row: {json}`` line per row (as the table rounds them;
+``common.data_line``), which ``make gpu-check`` reads.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ..kernels.triton_tuning import config_lines
 from ..model import variants
 from ..model.config import ModelConfig
 from ..model.transformer import DiffTransformerLM
-from .common import SHAPE, bench_config, hf_diff_variant, print_load, table_row
+from .common import SHAPE, bench_config, data_line, hf_diff_variant, print_load, table_row
 from .timing import median_ratio, paired_times
 
 HF_LABEL = "HF DiffLlama"
@@ -266,6 +268,13 @@ def format_row(row: dict) -> str:
             + "".join(f"{t[o]:>10,.1f} {row[f'{o}/base']:>7.3f}x " for o in others) + hf)
 
 
+def data_row(row: dict) -> dict:
+    """The table's row as data, rounded as printed: batch, context, the baseline's tok/s, each variant's ratio."""
+    ref, _, others = _labels()
+    return {"batch": row["batch"], "context": row["context"], "baseline_tok_s": float(f"{row['tok_s'][ref]:.1f}"),
+            **{o: float(f"{row[f'{o}/base']:.3f}") for o in others}}
+
+
 def header() -> str:
     return table_row(columns(), (5, 7, 14, *(w for _ in _labels()[2] for w in (10, 8)), 18, 11))
 
@@ -288,7 +297,11 @@ def run(args: argparse.Namespace) -> int:
           f"tokens/s ratios within the same run", flush=True)
     print_load("before")
     print(header(), flush=True)
-    rows = measure(args, emit=lambda r: print(format_row(r), flush=True))
+    print(data_line("decode", "setup", {"shape": None, "overrides": None, "head_dim": args.head_dim,
+                                        "dtype": str(dtype).removeprefix("torch."), "backend": args.backend,
+                                        "labels": _labels()[2]}), flush=True)
+    rows = measure(args, emit=lambda r: print(format_row(r) + "\n" + data_line("decode", "row", data_row(r)),
+                                              flush=True))
     diffs = [r["hf_logit_diff"] for r in rows if r["hf_logit_diff"] is not None]
     if diffs:
         print(f"# same weights check: max |prefill logits HF - ours V1| = {max(diffs):.2e}")

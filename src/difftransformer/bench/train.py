@@ -18,6 +18,8 @@ the other, each model and optimizer freed before the next is built: one interpre
 for all of them, as gpu-check runs it); the step time is the median of ``--steps`` steps after ``--warmup``
 untimed ones; with ``--rounds R`` the cases are measured R times interleaved and the median
 of the R medians is reported (use it on a shared machine). The 1-minute load average is printed before and after.
+Beside the table: a ``# train setup: {json}`` line and a ``# train row: {json}`` line per case (as the table rounds
+them; ``common.data_line``), which ``make gpu-check`` reads.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from .common import (
     add_model_flags,
     bench_cases,
     bench_config,
+    data_line,
     hf_diff_variant,
     print_load,
     resolve_shape,
     shape_config,
+    shape_fields,
     table_row,
 )
 from .timing import median_time
@@ -256,8 +260,13 @@ def run(args: argparse.Namespace) -> int:
     base = medians[0]
     widths = (-14, 12, 9, 10, 12)  # negative: left-aligned
     print(table_row(("case", "parameters", "ms/step", "tokens/s", "vs baseline"), widths))
+    print(data_line("train", "setup", {**shape_fields(shape), "head_dim": cfgs[0].head_dim,
+                                       "dtype": args.precision if args.precision != "auto" else None,
+                                       "seq": args.seq_len, "batch": args.batch, "layers": args.layers}))
     for label, n, t in zip(labels, params, medians):
         print(table_row((label, f"{n:,}", f"{t * 1e3:.1f}", f"{tokens / t:,.0f}", f"{base / t:.3f}x"), widths))
+        print(data_line("train", "row", {"label": label, "params": n, "ms": float(f"{t * 1e3:.1f}"),
+                                         "tokens_s": float(f"{tokens / t:.0f}"), "ratio": float(f"{base / t:.3f}")}))
     if hf:
         t_hf = medians[-1]
         for (label, attention, _), t in zip(measured, medians):

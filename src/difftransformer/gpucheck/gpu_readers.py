@@ -1,9 +1,9 @@
-"""`make gpu-check`'s readers: each takes one step's printed text (``gpucheck/gpu_check.py``) as it is (the tables of
-``bench attention|train|decode``, the ``# gpu-tests:`` line or pytest's last line, the row lines of
-``gpucheck/small_jobs.py`` and ``bench kernels``, the candidates' and the smoke's lines, the probe's env line) and keeps
-what it finds, so a step stopped by its time limit still gives the rows it printed. ``READERS`` maps a step's kind to
-its reader; ``split_parts`` cuts the output of a step with parts into its parts; ``gpu_summary`` puts the results
-together.
+"""`make gpu-check`'s readers: each takes one step's printed text (``gpucheck/gpu_check.py``) as it is (the data lines
+of ``bench attention|train|decode`` and ``bench kernels``, never their tables; the ``# gpu-tests:`` line or pytest's
+last line, the row lines of ``gpucheck/small_jobs.py``, the candidates' and the smoke's lines, the probe's env
+line) and keeps what it finds, so a step stopped by its time limit still gives the rows it printed. ``READERS`` maps
+a step's kind to its reader; ``split_parts`` cuts the output of a step with parts into its parts; ``gpu_summary``
+puts the results together.
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ KERNELS_PREFIX = "# kernels row: "  # bench/kernels.ROW_PREFIX (needs torch)
 TESTS_PREFIX = "# gpu-tests: "  # gpu_tests.LINE
 PART_PREFIX = "# gpu-check part: "  # gpu_check.run_parts' lines around each part
 
-
-def _float(s: str) -> float:
-    return float(s.replace(",", ""))
 
 
 def read_env(text: str) -> dict[str, Any]:
@@ -117,79 +114,46 @@ def split_parts(text: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _shape(header: str) -> dict[str, Any]:
-    shape = re.search(r"shape (\S+?)(?: with ([^:]+))?:", header)
-    hd = re.search(r"head_dim=(\d+)|heads of (\d+)", header)
-    dtype = re.search(r"\b(bfloat16|float16|float32)\b", header)
-    return {"shape": shape.group(1) if shape else None, "overrides": shape.group(2) if shape else None,
-            "head_dim": int(next(g for g in hd.groups() if g)) if hd else None,
-            "dtype": dtype.group(1) if dtype else None}
+def _data(text: str, what: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A benchmark's data lines (``bench/common.data_line``): its last ``# WHAT setup: {json}`` and every ``# WHAT
+    row: {json}``, the table beside them left unread."""
+    setup_prefix, row_prefix = f"# {what} setup: ", f"# {what} row: "
+    setup: dict[str, Any] = {}
+    rows = []
+    for line in text.splitlines():
+        if line.startswith(setup_prefix):
+            setup = json.loads(line[len(setup_prefix):])
+        elif line.startswith(row_prefix):
+            rows.append(json.loads(line[len(row_prefix):]))
+    return setup, rows
+
+
+def _head(setup: dict[str, Any], *extra: str) -> dict[str, Any]:
+    return {k: setup.get(k) for k in ("shape", "overrides", "head_dim", "dtype", *extra)}
 
 
 def read_attention(text: str) -> dict[str, Any]:
-    """``bench attention``: {shape, head_dim, dtype, labels (the DIFF cases), rows: {N: {"baseline_ms", label:
-    time ratio}}}. The table: "N", the baseline's "3.0ms 87.6MB", then "1.54x 1.23xM" per case."""
-    lines = text.splitlines()
-    header = next((ln for ln in lines if ln.startswith("# attention fwd+bwd")), "")
-    out: dict[str, Any] = {**_shape(header), "labels": [], "rows": {}}
-    for i, line in enumerate(lines):
-        words = line.split()
-        if words[:1] == ["N"] and len(words) >= 3:
-            pairs = [" ".join(words[j:j + 2]) for j in range(1, len(words), 2)]  # "baseline sdpa", "V1 triton"
-            out["labels"] = pairs[1:]
-            for row in lines[i + 1:]:
-                cells = row.split()
-                if not cells or not cells[0].isdigit() or not cells[1].endswith("ms"):
-                    continue
-                ratios = [c for c in cells[3:] if c.endswith("x")]  # time ratios; memory cells end in "xM"
-                rec: dict[str, float] = {"baseline_ms": _float(cells[1][:-2])}
-                rec.update({lab: _float(r[:-1]) for lab, r in zip(out["labels"], ratios)})
-                out["rows"][int(cells[0])] = rec
-            break
-    return out
+    """``bench attention``: {shape, overrides, head_dim, dtype, labels (the DIFF cases), rows: {N: {"baseline_ms",
+    label: time ratio}}}, from its setup and row lines."""
+    setup, rows = _data(text, "attention")
+    return {**_head(setup), "labels": setup.get("labels", []),
+            "rows": {r["n"]: {k: v for k, v in r.items() if k != "n"} for r in rows}}
 
 
 def read_train(text: str) -> dict[str, Any]:
-    """``bench train``: {shape, head_dim, seq, batch, layers, rows: {label: {params, ms, tokens_s, ratio}}}."""
-    header = next((ln for ln in text.splitlines() if ln.startswith("# training step")), "")
-    out: dict[str, Any] = {**_shape(header), "labels": [], "rows": {}}
-    sb = re.search(r"seq (\d+) x batch (\d+)", header)
-    layers = re.search(r"(\d+) layers", header)
-    out.update(seq=int(sb.group(1)) if sb else None, batch=int(sb.group(2)) if sb else None,
-               layers=int(layers.group(1)) if layers else None)
-    row = re.compile(r"^(\S.*?)\s+([\d,]+)\s+([\d.]+)\s+([\d,]+)\s+([\d.]+)x$")
-    for line in text.splitlines():
-        m = row.match(line.strip())
-        if m and not line.startswith("#"):
-            label = m.group(1)
-            out["rows"][label] = {"params": int(_float(m.group(2))), "ms": _float(m.group(3)),
-                                  "tokens_s": _float(m.group(4)), "ratio": _float(m.group(5))}
-    out["labels"] = list(out["rows"])[1:]
-    return out
+    """``bench train``: {shape, overrides, head_dim, dtype, labels, rows: {label: {params, ms, tokens_s, ratio}},
+    seq, batch, layers}, from its setup and row lines."""
+    setup, rows = _data(text, "train")
+    by_label = {r["label"]: {k: v for k, v in r.items() if k != "label"} for r in rows}
+    return {**_head(setup), "labels": list(by_label)[1:], "rows": by_label, "seq": setup.get("seq"),
+            "batch": setup.get("batch"), "layers": setup.get("layers")}
 
 
 def read_decode(text: str) -> dict[str, Any]:
-    """``bench decode``: {backend, head_dim, dtype, labels, rows: [{batch, context, baseline_tok_s, label: ratio}]}.
-    The columns: batch, context, the baseline's tok/s, then "<V> tok/s" and "<V>/base" per variant, then HF's."""
-    lines = text.splitlines()
-    header = next((ln for ln in lines if ln.startswith("# decode tokens/s")), "")
-    backend = re.search(r"DIFF backend (\S+?);", header)
-    out: dict[str, Any] = {**_shape(header), "backend": backend.group(1) if backend else None, "labels": [],
-                           "rows": []}
-    for i, line in enumerate(lines):
-        if line.split()[:2] == ["batch", "context"]:
-            out["labels"] = re.findall(r"(\S+)/base", line)
-            for row in lines[i + 1:]:
-                cells = row.split()
-                if len(cells) < 3 or not (cells[0].isdigit() and cells[1].isdigit()):
-                    continue
-                ratios = [c for c in cells[3:] if c.endswith("x")]
-                rec: dict[str, Any] = {"batch": int(cells[0]), "context": int(cells[1]),
-                                       "baseline_tok_s": _float(cells[2])}
-                rec.update({lab: _float(r[:-1]) for lab, r in zip(out["labels"], ratios)})
-                out["rows"].append(rec)
-            break
-    return out
+    """``bench decode``: {shape, overrides, head_dim, dtype, backend, labels, rows: [{batch, context, baseline_tok_s,
+    label: ratio}]}, from its setup and row lines."""
+    setup, rows = _data(text, "decode")
+    return {**_head(setup, "backend"), "labels": setup.get("labels", []), "rows": rows}
 
 
 def read_small_jobs(text: str) -> dict[str, Any]:
