@@ -7,6 +7,7 @@ step's shard count. Fast: in `make test`'s parallel pass (the steps themselves r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -333,9 +334,9 @@ def test_the_smoke_lines_name_each_failure_in_the_summary():
     assert [(x["name"], x["status"], x["device_flag"]) for x in r["rows"]] == [
         ("train-v1", "ok", True), ("eval-outliers", "failed", False), ("lm-sweep", "skipped", True)]
     assert r["rows"][1]["reason"].startswith("RuntimeError: Expected all tensors") and not r["finished"]
-    done = gpu_readers.read_smoke("\n".join([*lines, "# cuda-smoke: 1 ok, 1 failed, 1 skipped of 3 (9.0 s)"]))
+    done = gpu_readers.read_smoke("\n".join([*lines, cuda_smoke.count_lines({"ok": 1, "failed": 1, "skipped": 1}, 9.0)]))
     assert done["finished"] and len(done["rows"]) == 3 and done["not_run"] == []
-    head = "# cuda-smoke: 4 commands on cuda in /tmp/x: train-v1 eval-outliers lm-sweep report"
+    head = cuda_smoke.head_lines(["train-v1", "eval-outliers", "lm-sweep", "report"], "cuda", Path("/tmp/x"))
     lines = [head, *lines]  # its first line names them all: one has no line (the step's limit came first)
     assert gpu_readers.read_smoke("\n".join(lines))["not_run"] == ["report"]
     s = gpu_summary.summarize([result("env", ENV), {**result("env", "\n".join(lines)), "name": "cuda-smoke",

@@ -12,8 +12,9 @@ longest: every analysis again, the page and its plots). Each gets ``--device`` (
 where its parser has the flag; one without it runs where the command itself puts it (printed as ``(no --device
 flag)``).
 
-One ``# cuda-smoke: STATUS NAME (S s, cpu C s): reason`` line per command as it ends (``gpucheck/gpu_readers.py`` reads
-them; a step stopped by its time limit keeps the lines it printed): ``failed`` with the command's error line or the
+One ``# cuda-smoke: STATUS NAME (S s, cpu C s): reason`` line per command as it ends, with its data line ``# cuda-smoke
+row: {json}`` under it (``gpucheck/gpu_readers.py`` reads those, and the ``setup`` and ``end`` lines around them; a step
+stopped by its time limit keeps the lines it printed): ``failed`` with the command's error line or the
 exception, the last lines of its output under it; ``skipped`` where an optional package is missing on this machine
 (the command's own ``pip install 'difftransformer[...]'`` refusal: not a device check). The exit status is 1 where
 one failed. ``--only NAME ...`` runs a subset (with the trainings they read). On 2 loaded CPU cores here the 17
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import random
 import shutil
 import sys
@@ -192,11 +194,31 @@ def run_one(name: str, argv: list[str]) -> dict[str, Any]:
 
 
 def format_line(r: dict[str, Any], device_flag: bool = True) -> str:
-    """``# cuda-smoke: STATUS NAME (S s, cpu C s)[ (no --device flag)][: reason]``, then the failure's output tail
-    (each line behind ``#   ``)."""
+    """``# cuda-smoke: STATUS NAME (S s, cpu C s)[ (no --device flag)][: reason]``, its data line (``# cuda-smoke
+    row: {json}``, what gpu-check reads), then the failure's output tail (each line behind ``#   ``)."""
     line = (f"{LINE}{r['status']} {r['name']} ({r['seconds']:.1f} s, cpu {r['cpu_s']:.1f} s)"
             + ("" if device_flag else " (no --device flag)") + (f": {r['reason']}" if r["reason"] else ""))
-    return "\n".join([line, *("#   " + ln for ln in r["tail"].splitlines())])
+    row = {"name": r["name"], "status": r["status"], "seconds": float(f"{r['seconds']:.1f}"),
+           "device_flag": device_flag, "reason": r["reason"]}
+    return "\n".join([line, data_line("row", row), *("#   " + ln for ln in r["tail"].splitlines())])
+
+
+def data_line(kind: str, record: dict[str, Any]) -> str:
+    """``# cuda-smoke setup|row|end: {json}`` (this module imports no torch, so not ``bench.common.data_line``)."""
+    return f"# cuda-smoke {kind}: " + json.dumps(record)
+
+
+def head_lines(wanted: list[str], device: str, out: Path) -> str:
+    """The first line (the commands, in order) and its data line."""
+    return (f"{LINE}{len(wanted)} commands on {device} in {out}: " + " ".join(wanted) + "\n"
+            + data_line("setup", {"device": device, "commands": wanted}))
+
+
+def count_lines(counts: dict[str, int], seconds: float) -> str:
+    """The last line (the counts) and its data line."""
+    n = sum(counts.values())
+    return (f"{LINE}{counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped of {n} "
+            f"({seconds:.1f} s)\n" + data_line("end", counts))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -219,8 +241,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     wanted = selected(cmds, args.only)
-    print(f"{LINE}{len(wanted)} commands on {args.device} in {out}: "
-          + " ".join(n for n in names if n in wanted), flush=True)
+    print(head_lines([n for n in names if n in wanted], args.device, out), flush=True)
     results = []
     for name, argv in cmds:
         if name not in wanted:
@@ -230,8 +251,7 @@ def run(args: argparse.Namespace) -> int:
         results.append(r)
         print(format_line(r, has), flush=True)
     counts = {s: sum(r["status"] == s for r in results) for s in ("ok", "failed", "skipped")}
-    print(f"{LINE}{counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped of {len(results)} "
-          f"({time.monotonic() - t0:.1f} s)", flush=True)
+    print(count_lines(counts, time.monotonic() - t0), flush=True)
     if not args.out:
         shutil.rmtree(out, ignore_errors=True)
     return 1 if counts["failed"] else 0

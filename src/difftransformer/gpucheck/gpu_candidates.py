@@ -59,7 +59,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..bench.common import bench_config, shape_config
+from ..bench.common import bench_config, data_line, shape_config
 from ..kernels import triton_tuning as tuning
 from ..model import variants
 from ..model.attention import build_attention
@@ -96,7 +96,15 @@ class Job:
 
     def label(self, arch: int) -> str:
         return f"{tuning.fit_key(arch, self.form, self.d, self.kernel)} {','.join(map(str, self.config))} " \
-               f"({self.shape} {self.attention} hq {self.hq} hk {self.hk} dv {self.dv})"
+               f"({self.where()})"
+
+    def where(self) -> str:
+        return f"{self.shape} {self.attention} hq {self.hq} hk {self.hk} dv {self.dv}"
+
+    def data(self, arch: int) -> dict[str, str]:
+        """What the candidate's data line names: its fit key, its tiles and where the benches launch it."""
+        return {"key": tuning.fit_key(arch, self.form, self.d, self.kernel),
+                "config": ",".join(map(str, self.config)), "where": self.where()}
 
 
 def layer_heads(shape: str, attention: str) -> tuple[int, int, int, int, bool]:
@@ -244,7 +252,7 @@ def check_job(job: Job, arch: int, device: str, t: int, dtype: torch.dtype = DTY
     if job.kernel == "decode":  # two rows: the whole cache, and a shorter one (187 of 256: a multiple of no tile)
         lens = torch.tensor([t, t - t // 4 - 5], device=dev)
         x["key_mask"] = torch.arange(t, device=dev)[None, :] < lens[:, None]
-    res: dict[str, Any] = {"job": asdict(job), "label": job.label(arch)}
+    res: dict[str, Any] = {"job": asdict(job), "label": job.label(arch), **job.data(arch)}
     try:
         got = launch(job, x, arch)
         if dev.type == "cuda":
@@ -274,7 +282,11 @@ def _work(job: Job, arch: int, device: str, t: int, dtype: torch.dtype) -> dict[
 
 
 def format_line(r: dict[str, Any]) -> str:
-    return f"{LINE}{r['status']} {r['label']}: {r.get('reason', '')} ({r['seconds']:.1f} s)"
+    """The candidate's line, then its data line (``# candidates row: {json}``, what gpu-check reads)."""
+    row = {"status": r["status"], "key": r["key"], "config": r["config"], "where": r["where"],
+           "reason": r.get("reason", ""), "seconds": float(f"{r['seconds']:.1f}")}
+    return f"{LINE}{r['status']} {r['label']}: {r.get('reason', '')} ({r['seconds']:.1f} s)\n" \
+           + data_line("candidates", "row", row)
 
 
 def skip_entries(results: Sequence[dict[str, Any]], arch: int) -> list[dict[str, Any]]:
@@ -311,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"# candidates: sm_{arch}, {len(jobs)} candidates of {len(SHAPE_KERNELS)} shapes "
           f"({', '.join(SHAPE_KERNELS)}), {str(dtype).replace('torch.', '')}, T {t}, {workers} worker processes"
           + (" (dry run: interpreter on the CPU)" if args.dry_run else ""), flush=True)
+    print(data_line("candidates", "setup", {"arch": f"sm_{arch}", "dtype": str(dtype).replace("torch.", ""),
+                                            "planned": len(jobs)}), flush=True)
     results = []
     if jobs:
         ctx = mp.get_context("spawn")  # CUDA in the workers: no fork after CUDA init
@@ -322,7 +336,8 @@ def run(args: argparse.Namespace) -> int:
                     r = fut.result()
                 except Exception as exc:  # the worker died (a crash in the compiler): this and its pool's rest
                     job = futures[fut]
-                    r = {"job": asdict(job), "label": job.label(arch), "status": "failed", "seconds": 0.0,
+                    r = {"job": asdict(job), "label": job.label(arch), **job.data(arch), "status": "failed",
+                         "seconds": 0.0,
                          "reason": f"worker process: {type(exc).__name__}: {exc}"[:200], "traceback": ""}
                 results.append(r)
                 print(format_line(r), flush=True)
@@ -331,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
     counts = {s: sum(r["status"] == s for r in results) for s in ("ok", "wrong", "failed")}
     print(f"{COUNT_LINE}{counts['ok']} ok, {counts['wrong']} wrong, {counts['failed']} failed of {len(jobs)} "
           f"(sm_{arch}; {time.monotonic() - t0:.1f} s)", flush=True)
+    print(data_line("candidates", "end", {**counts, "of": len(jobs)}), flush=True)
     if args.skip_file:
         skips = skip_entries(results, arch)
         Path(args.skip_file).write_text(json.dumps({"version": SKIP_VERSION, "skip": skips}, indent=1) + "\n")

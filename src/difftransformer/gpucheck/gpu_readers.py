@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Optional
 
 CONFIG_PREFIX = "# triton config:"
 SMALL_JOBS_PREFIX = "# small-jobs row: "  # small_jobs.ROW_PREFIX (not imported: this module needs no torch)
 ENV_PREFIX = "# gpu-check env: "
-CANDIDATE_PREFIX = "# candidate: "  # gpu_candidates.LINE (not imported: that module needs torch)
-SMOKE_PREFIX = "# cuda-smoke: "  # gpucheck/cuda_smoke.LINE
 KERNELS_PREFIX = "# kernels row: "  # bench/kernels.ROW_PREFIX (needs torch)
 TESTS_PREFIX = "# gpu-tests: "  # gpu_tests.LINE
 PART_PREFIX = "# gpu-check part: "  # gpu_check.run_parts' lines around each part
@@ -54,43 +52,25 @@ def read_pytest(text: str) -> dict[str, Any]:
 
 
 def read_candidates(text: str) -> dict[str, Any]:
-    """The candidates step's lines, ``# candidate: ok|wrong|failed KEY CONFIG (...): reason (S s)``: counts per
-    status, and the wrong and failed ones (key, config, reason). ``finished``: its count line was printed."""
+    """The candidates step's data lines (``gpu_candidates.format_line``): counts per status, and the wrong and failed
+    ones (key, config, where, reason); ``finished``: its end line was printed; the GPU's arch and the dtype."""
+    setup, rows, end = _data(text, "candidates")
     counts = {"ok": 0, "wrong": 0, "failed": 0}
-    bad = []
-    line_re = re.compile(re.escape(CANDIDATE_PREFIX) + r"(ok|wrong|failed) (\S+) (\S+) \(([^)]*)\): (.*?)"
-                         r"(?: \([\d.]+ s\))?$")
-    for line in text.splitlines():
-        m = line_re.match(line)
-        if not m:
-            continue
-        status, key, config, where, reason = m.groups()
-        counts[status] += 1
-        if status != "ok":
-            bad.append({"status": status, "key": key, "config": config, "where": where, "reason": reason})
-    finished = re.search(r"^# candidates: \d+ ok, \d+ wrong, \d+ failed of", text, re.M) is not None
-    head = re.search(r"^# candidates: (sm_\d+), \d+ candidates .*?, (\w+), T (\d+)", text, re.M)
-    arch, dtype = (head.group(1), head.group(2)) if head else (None, None)
-    return {"counts": counts, "bad": bad, "finished": finished, "arch": arch, "dtype": dtype}
+    for r in rows:
+        counts[r["status"]] += 1
+    bad = [{k: r[k] for k in ("status", "key", "config", "where", "reason")} for r in rows if r["status"] != "ok"]
+    return {"counts": counts, "bad": bad, "finished": end is not None, "arch": setup.get("arch"),
+            "dtype": setup.get("dtype")}
 
 
 def read_smoke(text: str) -> dict[str, Any]:
-    """The smoke's ``# cuda-smoke: STATUS NAME (S s, cpu C s)[ (no --device flag)]: reason`` lines: one row per
-    command (name, status, seconds, reason); ``finished`` where its count line was printed; ``not_run``: the
-    commands its first line names that have no line (a step stopped by its limit)."""
-    line_re = re.compile(re.escape(SMOKE_PREFIX) + r"(ok|failed|skipped) (\S+) \(([\d.]+) s[^)]*\)"
-                         r"( \(no --device flag\))?(?:: (.*))?$")
-    rows = []
-    for line in text.splitlines():
-        m = line_re.match(line)
-        if m:
-            rows.append({"name": m.group(2), "status": m.group(1), "seconds": float(m.group(3)),
-                         "device_flag": m.group(4) is None, "reason": m.group(5) or ""})
-    finished = re.search(r"^" + re.escape(SMOKE_PREFIX) + r"\d+ ok, \d+ failed, \d+ skipped of", text, re.M)
-    planned = re.search(r"^" + re.escape(SMOKE_PREFIX) + r"\d+ commands on \S+ in \S+: (.*)$", text, re.M)
+    """The smoke's data lines (``cuda_smoke.format_line``): one row per command (name, status, seconds, device_flag,
+    reason); ``finished`` where its end line was printed; ``not_run``: the commands its setup line names that have
+    no row (a step stopped by its limit)."""
+    setup, rows, end = _data(text, "cuda-smoke")
     done = {r["name"] for r in rows}
-    not_run = [n for n in planned.group(1).split() if n not in done] if planned else []
-    return {"rows": rows, "finished": finished is not None, "not_run": not_run}
+    return {"rows": rows, "finished": end is not None,
+            "not_run": [n for n in setup.get("commands", []) if n not in done]}
 
 
 def read_kernels(text: str) -> dict[str, Any]:
@@ -114,18 +94,22 @@ def split_parts(text: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _data(text: str, what: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A benchmark's data lines (``bench/common.data_line``): its last ``# WHAT setup: {json}`` and every ``# WHAT
-    row: {json}``, the table beside them left unread."""
-    setup_prefix, row_prefix = f"# {what} setup: ", f"# {what} row: "
+def _data(text: str, what: str) -> tuple[dict[str, Any], list[dict[str, Any]], Optional[dict[str, Any]]]:
+    """A command's data lines (``bench/common.data_line`` and the like): its last ``# WHAT setup: {json}``, every
+    ``# WHAT row: {json}`` and its ``# WHAT end: {json}`` (None where it stopped before it); the text beside them
+    left unread."""
+    setup_prefix, row_prefix, end_prefix = f"# {what} setup: ", f"# {what} row: ", f"# {what} end: "
     setup: dict[str, Any] = {}
     rows = []
+    end = None
     for line in text.splitlines():
         if line.startswith(setup_prefix):
             setup = json.loads(line[len(setup_prefix):])
         elif line.startswith(row_prefix):
             rows.append(json.loads(line[len(row_prefix):]))
-    return setup, rows
+        elif line.startswith(end_prefix):
+            end = json.loads(line[len(end_prefix):])
+    return setup, rows, end
 
 
 def _head(setup: dict[str, Any], *extra: str) -> dict[str, Any]:
@@ -135,7 +119,7 @@ def _head(setup: dict[str, Any], *extra: str) -> dict[str, Any]:
 def read_attention(text: str) -> dict[str, Any]:
     """``bench attention``: {shape, overrides, head_dim, dtype, labels (the DIFF cases), rows: {N: {"baseline_ms",
     label: time ratio}}}, from its setup and row lines."""
-    setup, rows = _data(text, "attention")
+    setup, rows, _ = _data(text, "attention")
     return {**_head(setup), "labels": setup.get("labels", []),
             "rows": {r["n"]: {k: v for k, v in r.items() if k != "n"} for r in rows}}
 
@@ -143,7 +127,7 @@ def read_attention(text: str) -> dict[str, Any]:
 def read_train(text: str) -> dict[str, Any]:
     """``bench train``: {shape, overrides, head_dim, dtype, labels, rows: {label: {params, ms, tokens_s, ratio}},
     seq, batch, layers}, from its setup and row lines."""
-    setup, rows = _data(text, "train")
+    setup, rows, _ = _data(text, "train")
     by_label = {r["label"]: {k: v for k, v in r.items() if k != "label"} for r in rows}
     return {**_head(setup), "labels": list(by_label)[1:], "rows": by_label, "seq": setup.get("seq"),
             "batch": setup.get("batch"), "layers": setup.get("layers")}
@@ -152,7 +136,7 @@ def read_train(text: str) -> dict[str, Any]:
 def read_decode(text: str) -> dict[str, Any]:
     """``bench decode``: {shape, overrides, head_dim, dtype, backend, labels, rows: [{batch, context, baseline_tok_s,
     label: ratio}]}, from its setup and row lines."""
-    setup, rows = _data(text, "decode")
+    setup, rows, _ = _data(text, "decode")
     return {**_head(setup, "backend"), "labels": setup.get("labels", []), "rows": rows}
 
 
