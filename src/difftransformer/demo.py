@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     if args.retrieval_seeds is not None and args.retrieval_seeds < 1:
         raise ValueError(f"--retrieval-seeds must be >= 1, got {args.retrieval_seeds}")
     if args.lm_sweep is not None:  # read and its shape checked now, not after the retrieval benchmark
-        from .eval.report.results import read_study
+        from .rundir.studies import read_study
         read_study(args.lm_sweep, "lm-sweep", "--lm-sweep")
     out = Path(args.out)
     config = args.config or ("pretrained" if args.init_from else "demo")

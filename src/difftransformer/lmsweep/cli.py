@@ -139,7 +139,7 @@ def _run_cli(args) -> int:
         raise ValueError("--rounding-scope needs --rounding-of DIR or --rounding-partial REF_DIR")
     other = choices = None
     if args.rounding_of is not None:
-        from ..eval.report.results import read_study
+        from ..rundir.studies import read_study
         other = read_study(args.rounding_of, "lm-sweep", "--rounding-of")  # a finished sweep's sweep.json
         mine = {k: v for k, v in cfg.to_dict().items() if k != "cpu_code_path"}
         if {k: v for k, v in other.get("config", {}).items() if k != "cpu_code_path"} != mine:

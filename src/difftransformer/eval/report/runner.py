@@ -12,11 +12,12 @@ import torch
 from ...fileio import atomic_write
 from ...log import progress_bar
 from ...rundir import RESULTS_NAME
+from ...rundir.studies import read_study
 from ..analyses import MULTI_RUN, PER_RUN
 from ..loading import EvalModel, load_for_eval
 from ..spec import AnalysisSpec
 from .html import analysis_section, image, render_html, table
-from .results import RunResults, Settings, read_study
+from .results import RunResults, Settings
 from .retrieval import retrieval_verdicts
 from .retrieval import section as retrieval_section
 from .training import TRAINING_HEADER, plot_training, training_summary, training_table
