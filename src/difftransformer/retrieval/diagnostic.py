@@ -242,7 +242,7 @@ def plot_lr(cfg: RetrievalConfig, ref: dict[Job, dict[str, Any]], arms: dict[Job
 
     from ..eval.plotting import color, label, pyplot, save_figure
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 4.0), sharey=True)
     for ax, variant in zip(axes, (V1, V2)):
         names = [BASE, variant, *(a for a, (v, _) in ARMS.items() if v == variant)]
         for k, name in enumerate(names):
@@ -250,7 +250,7 @@ def plot_lr(cfg: RetrievalConfig, ref: dict[Job, dict[str, Any]], arms: dict[Job
             lrs = sorted({j.lr for j in done if j.variant == name})
             acc = np.array([[done[Job(name, s, lr)]["conditions"][cfg.primary]["accuracy"] for s in cfg.test_seeds]
                             for lr in lrs])
-            style = "-" if name in (BASE, V1, V2) else ("--", ":", "-.")[k % 3]
+            style = "-" if name in (BASE, V1, V2) else ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))[(k - 2) % 4]
             col = color(name) if name in (BASE, V1, V2) else color(variant)
             ax.errorbar(np.array(lrs) * (1 + 0.03 * (k - 1)), acc.mean(1), yerr=acc.std(1, ddof=1), ls=style,
                         marker="o", ms=3, capsize=2, color=col, label=label(name) if name in (BASE, V1, V2) else name)
@@ -259,7 +259,7 @@ def plot_lr(cfg: RetrievalConfig, ref: dict[Job, dict[str, Any]], arms: dict[Job
         ax.set_xlabel("peak learning rate")
         ax.set_title(f"{label(variant)} and its arms", fontsize=9)
         ax.legend(fontsize=7)
-    axes[0].set_ylabel(f"test accuracy at {cfg.primary} ({len(cfg.test_seeds)} seeds, mean +- sd)")
+    axes[0].set_ylabel(f"test accuracy at {cfg.primary}\n({len(cfg.test_seeds)} seeds, mean +- sd)")
     save_figure(fig, list(axes), path)
     return path
 
