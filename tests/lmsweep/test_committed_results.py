@@ -21,6 +21,7 @@ from difftransformer.rundir import SWEEP_RESULTS_NAME
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
 RESULTS = DOCS / "lm-sweep-v2"
 DIAGNOSTIC = DOCS / "v1-diagnostic"
+V2_DIAGNOSTIC = DOCS / "v2-diagnostic"
 AVX2 = DOCS / "lm-sweep-v2-avx2"
 
 
@@ -111,3 +112,19 @@ def test_the_committed_avx2_journal_rebuilds_the_committed_rounding_check(rebuil
     check = json.loads(json.dumps(compare(reference, res)))  # as write_rounding writes it
     assert_results_close(check, json.loads((AVX2 / ROUNDING_NAME).read_text()))
     assert check["not_run"] == 0
+
+
+def test_the_committed_v2_diagnostic_journal_rebuilds_the_committed_diagnostic(rebuilt_sweep, tmp_path):
+    """The cross-study check's language-model numbers (retrieval/DIAGNOSTIC.md; README's answer table): the committed
+    DIFF V2 diagnostic journal, read against the committed sweep, gives its committed diagnostic.json."""
+    sweep_out, _ = rebuilt_sweep
+    shutil.copy(V2_DIAGNOSTIC / dg.JOURNAL, tmp_path / dg.JOURNAL)
+    shutil.copytree(sweep_out / "data", tmp_path / "data")
+    committed = json.loads((V2_DIAGNOSTIC / dg.RESULTS).read_text())
+    arms = tuple(a for a in committed["arms"] if a in dg.V2_ARMS)
+    res = dg.run_diagnostic(RESULTS, tmp_path, RunOptions(workers=1, progress=False), spec=dg.v2_spec(arms))
+    assert res["timings"]["jobs_run"] == 0
+    rebuilt = json.loads((tmp_path / dg.RESULTS).read_text())
+    for r in (committed, rebuilt):
+        r.pop("timings"), r.pop("reference")
+    assert_results_close(rebuilt, committed)
