@@ -346,13 +346,15 @@ def assess_v2(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], ar
     return out
 
 
+def iv(x: dict[str, Any]) -> str:
+    """An estimate with its interval, as the summaries print it (the estimate alone where there is no interval)."""
+    lo, hi = x["ci"]
+    return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{x['estimate']:+.3f}"
+
+
 def format_v2_diagnostic(res: dict[str, Any]) -> str:
     """The DIFF V2 diagnostic's text summary: one line per arm and the rerun check."""
     a = res["arms"]
-
-    def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{x['estimate']:+.3f}"
 
     lines = [f"DIFF V2 diagnostic at d_model {res['width']} (test-half loss, n = {a[V2]['D']['n']} paired seeds, 95%)",
              f"  DIFF V2 (lr {a[V2]['lr']:g}) minus baseline (lr {a[BASE]['lr']:g}): D {iv(a[V2]['D'])}"]
@@ -395,10 +397,6 @@ def plot_curves(cfg: LMSweepConfig, width: int, arms: dict[Job, dict[str, Any]],
 def format_diagnostic(res: dict[str, Any]) -> str:
     """The text summary: one line per arm and the rerun check."""
     a = res["arms"]
-
-    def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{x['estimate']:+.3f}"
 
     lines = [f"DIFF V1 diagnostic at d_model {res['width']} (n = {a[V1]['D']['n']} paired seeds, 95%)",
              f"  DIFF V1 (lr {a[V1]['lr']:g}) minus baseline (lr {a[BASE]['lr']:g}): D {iv(a[V1]['D'])}"]
