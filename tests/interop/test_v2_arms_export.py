@@ -16,3 +16,9 @@ def test_export_refuses_the_v2_arms(opts, named):
     with pytest.raises(ValueError, match=named):
         config_to_remote(cfg, torch.float32)
     assert config_to_remote(ModelConfig.from_flavour("tiny", attention="diff_v2"), torch.float32)["v2_lambda"] == "sigmoid"
+
+
+def test_export_keeps_fields_the_remote_config_does_not_carry():
+    """Only the diagnostic switches are refused: a backend (not part of the remote config) exports as before."""
+    cfg = ModelConfig.from_flavour("tiny", attention="diff_v2", backend="sdpa")
+    assert config_to_remote(cfg, torch.float32)["attention"] == "diff_v2"

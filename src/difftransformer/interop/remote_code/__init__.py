@@ -65,6 +65,8 @@ REMOTE_DEFAULTS: dict[str, Any] = {
 }
 V1_OPTIONS = ("lambda_init", "headwise_norm", "headwise_norm_weight", "v1_layout")
 V2_OPTIONS = ("v2_lambda", "v2_pairing")
+# DIFF V2's diagnostic switches (retrieval/DIAGNOSTIC.md): the modeling file does not implement them
+V2_DIAGNOSTIC_OPTIONS = ("v2_keys", "v2_headwise_norm", "v2_headwise_norm_layers")
 LLAMA3_OPTIONS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len")
 
 
@@ -85,7 +87,7 @@ def config_to_remote(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                          f"{', '.join(REMOTE_ATTENTION)}); keep it in our format")
     # The diagnostic arms' switches (ModelConfig fields the modeling file does not read) would be dropped: refuse.
     default = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    unread = [f"{n}={getattr(cfg, n)!r}" for n in default if n not in CONFIG_KEYS and getattr(cfg, n) != default[n]]
+    unread = [f"{n}={getattr(cfg, n)!r}" for n in V2_DIAGNOSTIC_OPTIONS if getattr(cfg, n) != default[n]]
     if cfg.v2_lambda == "scalar":
         unread.append("v2_lambda='scalar'")
     if unread:
