@@ -106,6 +106,9 @@ def test_the_v2_diagnostic_reruns_and_reads_its_arm(tmp_path):
     assert again["timings"]["jobs_run"] == 0 and again["arms"] == res["arms"]
     with pytest.raises(ValueError, match="--arms no_such"):
         dg.v2_spec(("no_such",))
+    check = dg.rounding_check(tmp_path / "ref", tmp_path / "diag", "avx2", RunOptions(workers=1, progress=False))
+    assert list(check["rows"]) == ["baseline", "diff_v2", "v2_headwise_norm"] and check["timings"]["jobs_run"] == 6
+    assert check["rows"]["v2_headwise_norm"]["second"]["reading"] in dg.V2_READINGS
 
 
 def test_the_v2_reading_rule():
@@ -113,3 +116,33 @@ def test_the_v2_reading_rule():
     assert dg.v2_reading(_iv(-0.2, -0.01), False) == "lowers the loss"
     assert dg.v2_reading(_iv(-0.1, 0.1), False) == "no detectable effect"
     assert dg.v2_reading(_iv(0.01, 0.2), True) == "inconclusive"
+
+
+def test_the_rounding_check_reruns_the_chosen_lrs_under_another_code_path(runs, capsys):
+    """``lm-sweep --diagnostic v1 --rounding-check avx2``: the two reruns and every arm at the first run's chosen lrs
+    on every seed, under AVX2 kernels, read with the diagnostic's rule (D, C and the reading from those runs alone)."""
+    from difftransformer.cli import main
+    root, res = runs
+    argv = ["lm-sweep", "--diagnostic", "v1", "--reference", str(root / "ref"), "--out", str(root / "diag"),
+            "--rounding-check", "avx2", "--workers", "1", "--no-progress"]
+    assert main(argv) == 0
+    assert "reading(s) differ" in capsys.readouterr().out
+    check = json.loads((root / "diag" / "rounding.json").read_text())
+    assert list(check["rows"]) == ["baseline", "diff_v1", *dg.ARMS] and check["timings"]["jobs_run"] == 12
+    journal = [json.loads(x) for x in (root / "diag" / "rounding-avx2" / dg.JOURNAL).read_text().splitlines()[1:]]
+    assert {r["result"]["cpu_capability"] for r in journal} == {"AVX2"}
+    lr = {"baseline_rerun": res["arms"]["baseline"]["lr"], "diff_v1_rerun": res["arms"]["diff_v1"]["lr"],
+          **{a: res["arms"][a]["lr"] for a in dg.ARMS}}
+    assert {(r["job"][1], r["job"][3]) for r in journal} == set(lr.items())
+    loss = {}
+    for r in sorted(journal, key=lambda r: r["job"][2]):
+        loss.setdefault(r["job"][1], []).append(r["result"]["test_loss"])
+    for arm in dg.ARMS:
+        row = check["rows"][arm]
+        assert row["first"]["reading"] == res["arms"][arm]["reading"]
+        assert row["second"]["C"]["estimate"] == pytest.approx(
+            sum(loss[arm]) / 2 - sum(loss["diff_v1_rerun"]) / 2)
+    assert main(argv) == 0
+    assert json.loads((root / "diag" / "rounding.json").read_text())["timings"]["jobs_run"] == 0
+    assert main(["lm-sweep", "--out", str(root / "x"), "--rounding-check", "avx2"]) == 2
+    assert "goes with --diagnostic" in capsys.readouterr().err

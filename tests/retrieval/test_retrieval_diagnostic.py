@@ -94,3 +94,40 @@ def test_bad_references_are_refused_in_one_line(tmp_path, capsys):
                  "--out", str(tmp_path / "o")]) == 2
     assert "takes its configuration from --reference" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_rounding_check_reruns_the_chosen_lrs_under_another_code_path(runs, capsys):
+    """``--rounding-check avx2`` with ``--diagnostic``: the baseline, both variants and every arm at the first run's
+    chosen lrs on every seed, under AVX2 kernels, read with the diagnostic's own rule; a second call runs nothing."""
+    from difftransformer.studies.rounding import compare_readings
+    root, res = runs
+    argv = ["retrieval", "--diagnostic", "--reference", str(root / "ref"), "--out", str(root / "diag"),
+            "--rounding-check", "avx2", "--workers", "1", "--no-progress"]
+    assert main(argv) == 0
+    assert "reading(s) differ" in capsys.readouterr().out
+    check = json.loads((root / "diag" / "rounding.json").read_text())
+    names = ["baseline", "diff_v1", "diff_v2", *dg.ARMS]
+    assert list(check["rows"]) == names and check["timings"]["jobs_run"] == 2 * len(names)
+    journal = [json.loads(x) for x in (root / "diag" / "rounding-avx2" / dg.JOURNAL).read_text().splitlines()[1:]]
+    assert {(r["job"][0], r["job"][2]) for r in journal} == {(n, res["rows"][n]["lr"]) for n in names}
+    assert {r["result"]["cpu_capability"] for r in journal} == {"AVX2"}
+    acc = {r["job"][0]: [] for r in journal}
+    for r in sorted(journal, key=lambda r: r["job"][1]):
+        acc[r["job"][0]].append(r["result"]["conditions"]["p3c8"]["accuracy"])
+    for name, row in check["rows"].items():
+        assert row["first"]["lr"] == row["second"]["lr"] == res["rows"][name]["lr"]
+        if name != "baseline":  # D from the AVX2 runs alone
+            assert row["second"]["D"]["estimate"] == pytest.approx(statistics.fmean(acc[name])
+                                                                   - statistics.fmean(acc["baseline"]))
+        if name in dg.ARMS:
+            assert row["first"]["reading"] == res["rows"][name]["reading"]
+            assert row["survives"] == (row["first"]["reading"] == row["second"]["reading"])
+    assert main(argv) == 0  # resumed: every job read back
+    assert json.loads((root / "diag" / "rounding.json").read_text())["timings"]["jobs_run"] == 0
+    first = {"a": {"lr": 1.0, "D": _iv(0.1, 0.2), "C": _iv(0.1, 0.2), "reading": "closes the gap"}}
+    moved = compare_readings(first, {"a": {**first["a"], "reading": "no detectable effect"}}, {"a": [0, 2]})
+    assert moved["differ"] == ["a"] and not moved["rows"]["a"]["survives"]
+    assert main([*argv[:5], str(root / "nowhere"), *argv[6:]]) == 2
+    assert "holds no finished diagnostic" in capsys.readouterr().err
+    assert main([*argv[:7], "machine", *argv[8:]]) == 2
+    assert "already ran that CPU code path" in capsys.readouterr().err

@@ -82,6 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", metavar="ARM,...",
                    help="with --diagnostic v2: the DIFF V2 arms to run, of v2_headwise_norm, v2_lambda_scalar, "
                         "v2_separate_keys, v2_headwise_norm_after_first (default v2_headwise_norm)")
+    p.add_argument("--rounding-check", metavar="CODE_PATH", choices=CODE_PATHS,
+                   help="with --diagnostic: OUT holds the finished diagnostic; its reruns and arms at their chosen lrs "
+                        "(every seed) run again under this CPU code path into OUT/rounding-CODE_PATH, and every D, C "
+                        "and reading is printed under both and written to OUT/rounding.json (lr choices not "
+                        "replayed)")
     p.add_argument("--reference", metavar="DIR",
                    help="with --diagnostic: a finished protocol-version-2 sweep (its lm-jobs.jsonl) whose "
                         "configuration, data and lr choices the diagnostic uses, e.g. docs/results/lm-sweep-v2")
@@ -118,17 +123,27 @@ def run_cli(args) -> int:
 def _run_cli(args) -> int:
     options = jobs_cli.options_from_args(args)
     from .sweep import format_sweep, run_lm_sweep
+    if args.rounding_check is not None and args.diagnostic is None:
+        raise ValueError("--rounding-check goes with --diagnostic (the sweep's rounding check: --cpu-code-path with "
+                         "--rounding-of DIR)")
     if args.diagnostic is not None or args.reference is not None or args.arms is not None:
         if args.diagnostic is None or args.reference is None:
             raise ValueError("--diagnostic v1|v2 and --reference DIR go together")
-        from .diagnostic import V1_SPEC, format_diagnostic, format_v2_diagnostic, run_diagnostic, v2_spec
+        from . import diagnostic as dg
+        if args.rounding_check is not None:
+            if args.arms is not None:
+                raise ValueError("--rounding-check reruns the arms the diagnostic in OUT ran: drop --arms")
+            from ..studies.rounding import format_readings
+            check = dg.rounding_check(args.reference, args.out, args.rounding_check, options)
+            write_rounding(args.out, check, format_readings(check, check["study"]))
+            return 0
         if args.diagnostic == "v1":
             if args.arms is not None:
                 raise ValueError("--arms goes with --diagnostic v2 (the V1 diagnostic runs its four arms)")
-            print(format_diagnostic(run_diagnostic(args.reference, args.out, options, spec=V1_SPEC)))
+            print(dg.format_diagnostic(dg.run_diagnostic(args.reference, args.out, options, spec=dg.V1_SPEC)))
             return 0
-        spec = v2_spec(tuple(a.strip() for a in (args.arms or "v2_headwise_norm").split(",") if a.strip()))
-        print(format_v2_diagnostic(run_diagnostic(args.reference, args.out, options, spec=spec)))
+        spec = dg.v2_spec(tuple(a.strip() for a in (args.arms or "v2_headwise_norm").split(",") if a.strip()))
+        print(dg.format_v2_diagnostic(dg.run_diagnostic(args.reference, args.out, options, spec=spec)))
         return 0
     if args.rounding_partial is not None:
         from .rounding import format_partial_rounding, partial_rounding

@@ -68,7 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "did not make numbers equal across CPUs; PROTOCOL.md, 'Reproducibility')")
     p.add_argument("--rounding-check", metavar="CODE_PATH", choices=CODE_PATHS,
                    help="after the benchmark, rerun every job under this CPU code path into OUT/rounding-CODE_PATH and "
-                        "print both verdict tables and the verdicts that differ (written to OUT/rounding.json)")
+                        "print both verdict tables and the verdicts that differ (written to OUT/rounding.json); with "
+                        "--diagnostic: OUT holds the finished diagnostic, and its jobs at the chosen lrs (baseline, "
+                        "DIFF V1, DIFF V2 and every arm, every test seed: 96 jobs) run again under CODE_PATH and "
+                        "every D, C and reading is printed under both (lr choices not replayed)")
     p.add_argument("--diagnostic", action="store_true",
                    help="instead of the benchmark, the retrieval diagnostic (DIAGNOSTIC.md beside PROTOCOL.md): four "
                         "one-change arms of DIFF V1 and V2 (V1 without its head-wise norm; V2 with it, with V1's "
@@ -184,10 +187,16 @@ def _run_cli(args) -> int:
         if not (args.diagnostic and args.reference is not None):
             raise ValueError("--diagnostic and --reference DIR go together")
         others = [f for f, v in (("--sweep-width", args.sweep_width), ("--reuse-jobs", args.reuse_jobs),
-                                 ("--rounding-check", args.rounding_check), ("--quick", args.quick or None)) if v]
+                                 ("--quick", args.quick or None)) if v]
         if others or cfg != RetrievalConfig():
             raise ValueError("--diagnostic takes its configuration from --reference DIR: drop "
                              + (", ".join(others) if others else "the configuration flags"))
+        if args.rounding_check is not None:
+            from ..studies.rounding import format_readings
+            from .diagnostic import rounding_check
+            check = rounding_check(args.reference, args.out, args.rounding_check, options)
+            write_rounding(args.out, check, format_readings(check, "retrieval diagnostic"))
+            return 0
         from .diagnostic import format_diagnostic, run_diagnostic
         print(format_diagnostic(run_diagnostic(args.reference, args.out, options)))
         print(f"wrote {args.out}/diagnostic.json and diagnostic-lr.png")

@@ -71,10 +71,18 @@ def reference(ref_dir: Path) -> tuple[RetrievalConfig, dict[Job, dict[str, Any]]
 def run_arm_job(cfg_d: dict, arm: str, seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
     """One job: the arm's variant with its one change, trained and measured as a benchmark job."""
     from .benchmark import _job
-    variant, overrides = ARMS[arm]
+    variant, overrides = arm_change(arm)
     out = _job(cfg_d, variant, seed, lr, device, overrides)
     out["arm"] = arm
     return out
+
+
+def arm_change(name: str) -> tuple[str, dict[str, Any]]:
+    """An arm's variant and its change; the baseline, DIFF V1 and DIFF V2 themselves (the rounding check reruns
+    them) with none."""
+    if name in (BASE, V1, V2):
+        return name, {}
+    return ARMS[name]
 
 
 def arm_jobs(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]]) -> tuple[list[Job], bool]:
@@ -204,7 +212,6 @@ def summary(rows: dict[str, dict[str, Any]]) -> str:
 def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOptions] = None) -> dict[str, Any]:
     """Run (or resume) every arm job DIAGNOSTIC.md asks for, decide, and write OUT/diagnostic.json and the plot."""
     from ..fileio import atomic_write
-    from .benchmark import job_description
     options = options or RunOptions(workers=2)
     cfg, ref = reference(Path(ref_dir))
     out = Path(out_dir)
@@ -213,13 +220,8 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
     dev, cfg_d = options.device, cfg.to_dict()
     header = {"benchmark": "retrieval diagnostic", "version": VERSION, "config": cfg_d}
 
-    def key(j: Job) -> str:
-        variant, overrides = ARMS[j.variant]
-        return job_key({"diagnostic_version": VERSION, "arm": j.variant, "overrides": overrides,
-                        **job_description(cfg_d, (variant, j.seed, j.lr), dev)})
-
     spec: JobSpec[Job] = JobSpec(needed=lambda d: arm_jobs(cfg, d), run=run_arm_job,
-                                 args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=key,
+                                 args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                  code_path=cfg.cpu_code_path, desc="retrieval diagnostic (jobs)")
     done, ran = run_jobs(spec, Journal(out / JOURNAL, header), options)
     arms = {Job(*j): r for j, r in done.items()}
@@ -233,6 +235,83 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
     atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
     plot_lr(cfg, ref, arms, out / PLOT)
     return res
+
+
+def _key(cfg_d: dict[str, Any], dev: str):
+    from .benchmark import job_description
+
+    def key(j: Job) -> str:
+        variant, overrides = arm_change(j.variant)
+        return job_key({"diagnostic_version": VERSION, "arm": j.variant, "overrides": overrides,
+                        **job_description(cfg_d, (variant, j.seed, j.lr), dev)})
+    return key
+
+
+def first_run(out_dir: str | Path) -> dict[str, Any]:
+    """A finished diagnostic's OUT/diagnostic.json (the rounding check's first run); a ValueError naming the flag."""
+    from ..fileio import read_json
+    path = Path(out_dir) / RESULTS
+    if not path.is_file():
+        raise ValueError(f"--rounding-check: {out_dir} holds no finished diagnostic ({RESULTS}); run the diagnostic "
+                         "there first")
+    res = read_json(path, "--out")
+    if not isinstance(res, dict) or not isinstance(res.get("rows"), dict) or \
+            any(n not in res["rows"] for n in (BASE, V1, V2, *ARMS)):
+        raise ValueError(f"--out {out_dir}: {RESULTS} is not this version's retrieval diagnostic")
+    return res
+
+
+def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
+                   options: Optional[RunOptions] = None) -> dict[str, Any]:
+    """DIAGNOSTIC.md "Rounding": the finished diagnostic in ``out_dir``'s jobs at its chosen lrs (the baseline, DIFF
+    V1, DIFF V2 and every arm, every test seed) again under ``code_path`` into OUT/rounding-CODE_PATH (resumable),
+    and every D, C and reading side by side (``studies.rounding``); the command writes OUT/rounding.json."""
+    from ..studies.rounding import compare_readings
+    options = options or RunOptions(workers=2)
+    cfg, ref = reference(Path(ref_dir))
+    first = first_run(out_dir)
+    if first["config"] != cfg.to_dict():
+        raise ValueError(f"--out {out_dir}: that diagnostic read another reference than --reference {ref_dir}")
+    if code_path == cfg.cpu_code_path:
+        raise ValueError(f"--rounding-check {code_path}: the diagnostic already ran that CPU code path; name another")
+    t0 = time.perf_counter()
+    other = cfg.replace(cpu_code_path=code_path)
+    dev, cfg_d = options.device, other.to_dict()
+    names = (BASE, V1, V2, *ARMS)
+    jobs = [Job(n, s, first["rows"][n]["lr"]) for n in names for s in cfg.test_seeds]
+    header = {"benchmark": "retrieval diagnostic rounding check", "version": VERSION, "config": cfg_d,
+              "scope": "chosen"}
+    spec: JobSpec[Job] = JobSpec(needed=lambda d: (jobs, True), run=run_arm_job,
+                                 args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
+                                 code_path=code_path, desc=f"retrieval diagnostic rounding check ({code_path})")
+    done, ran = run_jobs(spec, Journal(Path(out_dir) / f"rounding-{code_path}" / JOURNAL, header), options)
+    runs = {n: [done[Job(n, s, first["rows"][n]["lr"])] for s in cfg.test_seeds] for n in names}
+    acc = {n: _accuracies(runs[n], cfg.primary) for n in names}
+    n_q = runs[BASE][0]["conditions"][cfg.primary]["n_queries"]
+
+    def row(n: str, accs: dict[str, list[float]]) -> dict[str, Any]:
+        r: dict[str, Any] = {"lr": first["rows"][n]["lr"]}
+        if n != BASE:
+            r["D"] = _interval(accs[BASE], accs[n])
+        if n in ARMS:
+            variant = ARMS[n][0]
+            r["C"] = _interval(accs[variant], accs[n])
+            r["reading"] = reading(r["D"], r["C"], _interval(accs[BASE], accs[variant])["estimate"],
+                                   stats.above_chance(accs[n], n_q, 1.0 / cfg.n_values))
+        return r
+
+    one = {n: first["rows"][n]["accuracy"] for n in names}
+    second = {n: row(n, acc) for n in names}
+    check = compare_readings({n: {k: v for k, v in first["rows"][n].items() if k in ("lr", "D", "C", "reading")}
+                              for n in names}, second,
+                             {n: [sum(a == b for a, b in zip(one[n], acc[n])), len(acc[n])] for n in names})
+    caps = sorted({r.get("cpu_capability") or "?" for r in ref.values()})
+    check.update(study="retrieval diagnostic", reference=str(ref_dir),
+                 code_paths=[f"{cfg.cpu_code_path} ({', '.join(caps)})",
+                             f"{code_path} ({runs[BASE][0].get('cpu_capability')})"],
+                 timings={"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done),
+                          "jobs_run": ran})
+    return check
 
 
 def plot_lr(cfg: RetrievalConfig, ref: dict[Job, dict[str, Any]], arms: dict[Job, dict[str, Any]], path: Path) -> Path:
