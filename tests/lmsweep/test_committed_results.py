@@ -1,9 +1,9 @@
-"""The README's language-model numbers are what this code computes from the committed journals (the sweep, its
-AVX2 rounding check and the DIFF V1 diagnostic): the protocol-v2 `cpu` run's journal (docs/results/lm-sweep-v2/) rebuilt by ``lm-sweep`` without training anything gives the committed
-sweep.json (timings aside). Numbers are compared to ``suite_helpers.REBUILT_REL_TOL`` (1e-9 relative: another CPU's
-BLAS sums in another order; the last digits moved by up to 2e-13 on an AMD EPYC), verdicts and texts exactly. A change
-to the analysis that moves any number fails here, until the results are rebuilt and the README and docs/lm-sweep.md
-say the new numbers."""
+"""The README's language-model numbers are what this code computes from the committed journals (the sweep, its AVX2
+rounding check and the DIFF V1 diagnostic): the protocol-v2 `cpu` run's journal (docs/results/lm-sweep-v2/) rebuilt
+by ``lm-sweep`` without training anything gives the committed sweep.json (timings aside). Numbers are compared to
+``suite_helpers.REBUILT_REL_TOL`` (1e-9 relative: another CPU's BLAS sums in another order; the last digits moved by
+up to 2e-13 on an AMD EPYC), verdicts and texts exactly. A change to the analysis that moves any number fails here,
+until the results are rebuilt and the README and docs/lm-sweep.md say the new numbers."""
 
 import json
 import shutil
@@ -128,3 +128,5 @@ def test_the_committed_v2_diagnostic_journal_rebuilds_the_committed_diagnostic(r
     for r in (committed, rebuilt):
         r.pop("timings"), r.pop("reference")
     assert_results_close(rebuilt, committed)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "lm-sweep.md").read_text()
+    assert dg.v2_markdown_table(rebuilt) in doc  # docs/lm-sweep.md quotes the rebuilt numbers

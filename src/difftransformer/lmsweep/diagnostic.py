@@ -447,6 +447,21 @@ def format_v2_diagnostic(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def v2_markdown_table(res: dict[str, Any]) -> str:
+    """docs/lm-sweep.md's table of the DIFF V2 diagnostic: per row its non-embedding parameters, chosen lr (and the
+    grid's tuning-half losses for an arm), mean test loss, D, C and reading."""
+    a = res["arms"]
+    lines = ["| arm (one change to DIFF V2) | non-embedding params | chosen lr | tuning-half loss over the grid | "
+             "test loss | D (arm - baseline) | C (arm - DIFF V2) | reading |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, x in a.items():
+        grid = " / ".join(f"{g['lr']:g}: {g['tune_loss']:.3f}" for g in x.get("grid") or [])
+        lines.append(f"| {'`' + name + '`' if name not in (BASE, V2) else name} | {x['params_non_embedding']:,} | "
+                     f"{x['lr']:g} | {grid} | {statistics.fmean(x['test_loss']):.3f} | "
+                     f"{iv(x['D']) if 'D' in x else ''} | {iv(x['C']) if 'C' in x else ''} | {x.get('reading', '')} |")
+    return "\n".join(lines)
+
+
 def plot_curves(cfg: LMSweepConfig, width: int, arms: dict[Job, dict[str, Any]],
                 res: dict[str, Any], path: Path) -> Path:
     """The seed-mean test-half curves of the baseline and DIFF V1 (their runs on this machine, ``RERUNS``: the runs D
