@@ -19,7 +19,13 @@ import numpy as np
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
 from ..model import variants as registry
-from ..rundir.files import LM_SWEEP_JOURNAL, SWEEP_RESULTS_NAME
+from ..rundir.files import (
+    LM_SWEEP_JOURNAL,
+    LM_SWEEP_LR_PNG,
+    LM_SWEEP_PARAMS_PNG,
+    LM_SWEEP_TOKENS_PNG,
+    SWEEP_RESULTS_NAME,
+)
 from .analysis import Choices, Job, assemble, needed_jobs, rounding_jobs
 from .config import LMSweepConfig
 
@@ -114,8 +120,8 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: O
 
 # ---------------------------------------------------------------------------------------------- plots
 def plot_all(res: dict[str, Any], out: Path) -> list[Path]:
-    return [plot_params(res, out / "lm-sweep-params.png"), plot_tokens(res, out / "lm-sweep-tokens.png"),
-            plot_lr(res, out / "lm-sweep-lr.png")]
+    return [plot_params(res, out / LM_SWEEP_PARAMS_PNG), plot_tokens(res, out / LM_SWEEP_TOKENS_PNG),
+            plot_lr(res, out / LM_SWEEP_LR_PNG)]
 
 
 def plot_params(res: dict[str, Any], path: Path) -> Path:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, run_jobs
 from ..rundir.files import RESULTS_NAME, RETRIEVAL_JOURNAL
+from ..rundir.studies import RETRIEVAL_BENCHMARK, RUNS_OF, Policy, RetrievalResults, RetrievalRun, TestCondition
 from ..studies.report import protocol_deviations
 from .config import RetrievalConfig
 from .protocol import Job, assemble, needed_jobs
@@ -118,7 +120,9 @@ def job_spec(cfg: RetrievalConfig, device: str = "cpu") -> JobSpec[Job]:
 def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, workers: int = 2,
                   progress: bool = True, quick: bool = False, options: Optional[RunOptions] = None
                   ) -> dict[str, Any]:
-    """Every job of the protocol (resuming from ``out_dir/jobs.jsonl``), then results.json and the plots.
+    """Every job of the protocol (resuming from ``out_dir/jobs.jsonl``), then results.json and the plots; returns
+    results.json's dict, a ``RetrievalResults`` (given as a plain dict while ``retrieval/cli.py``'s ``format_table``
+    and ``demo.py`` take one).
 
     ``options``: how the jobs run (default: ``workers`` local processes, ``progress``). Without ``out_dir`` the
     journal lives in a temporary directory (nothing to resume)."""
@@ -130,25 +134,25 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(Path(out_dir or tmp) / JOURNAL, {**journal_header(cfg), "quick": quick})
         done, ran = run_jobs(job_spec(cfg, options.device), journal, options)
-    done = {Job(*j): r for j, r in done.items()}
-    variants = assemble(cfg, done)
-    caps = sorted({r["cpu_capability"] for r in done.values()})
-    results = {
-        "benchmark": "kv_retrieval",
+    runs = {Job(*j): cast(RetrievalRun, r) for j, r in done.items()}  # what ``_job`` returned, through the journal
+    variants = assemble(cfg, runs)
+    caps = sorted({r["cpu_capability"] for r in runs.values()})
+    results: RetrievalResults = {
+        "benchmark": RETRIEVAL_BENCHMARK,
         "protocol": f"PROTOCOL.md (difftransformer/retrieval), version {PROTOCOL_VERSION}",
         "quick": quick,
-        "config": cfg_d,
+        "config": cast(Any, cfg_d),  # RetrievalConfig.to_dict(): a RetrievalConfigDict
         "primary_endpoint": {"condition": cfg.primary, "metric": "accuracy",
                              "note": "fixed in PROTOCOL.md before any run; per-seed values under variants.*.runs"},
         "chance": 1.0 / cfg.n_values,
         "matched_lr": variants[cfg.matched_lr]["tuned_lr"],
         "deviations": protocol_deviations(PROTOCOL),
-        "conditions": [{**c.to_dict(), "inside_trained_lengths": c.context <= cfg.train_context[1]}
+        "conditions": [cast(TestCondition, {**c.to_dict(), "inside_trained_lengths": c.context <= cfg.train_context[1]})
                        for c in cfg.conditions],
         "variants": variants,
         "cpu": {"code_path": cfg.cpu_code_path, "torch_kernels": caps},
         "timings": {"wall_s": time.perf_counter() - t0, "workers": options.workers, **options.describe(),
-                    "jobs": len(done), "jobs_run": ran,
+                    "jobs": len(runs), "jobs_run": ran,
                     "train_s_per_job": {v: statistics.fmean(r["train_s"] for r in x["grid_runs"])
                                         for v, x in variants.items()},
                     "loadavg_before": load0, "loadavg_after": _load(), "cpu_count": os.cpu_count()},
@@ -156,10 +160,10 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
     results["verdicts"] = verdicts_by_policy(results)  # PROTOCOL.md's "Statistics": the rows the report draws
     if out_dir is not None:
         write_outputs(results, out_dir)
-    return results
+    return cast(dict[str, Any], results)
 
 
-def write_outputs(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
+def write_outputs(results: RetrievalResults, out_dir: str | Path) -> list[Path]:
     import json
 
     from ..fileio import atomic_write
@@ -170,10 +174,11 @@ def write_outputs(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
     return [out / RESULTS_NAME, *plot_all(results, out)]
 
 
-def seed_values(results: dict[str, Any], variant: str, condition: str, key: str = "accuracy",
-                policy: str = "runs") -> list[float]:
-    """Per-seed values of ``key`` at ``condition``, seed order, from ``policy`` ("runs": tuned lr, "matched_runs")."""
-    return [r["conditions"][condition][key] for r in results["variants"][variant][policy]]
+def seed_values(results: Mapping[str, Any], variant: str, condition: str, policy: str = "runs") -> list[float]:
+    """Per-seed accuracies at ``condition``, seed order, from ``policy`` ("runs": tuned lr, "matched_runs") of a
+    ``RetrievalResults``."""
+    res = cast(RetrievalResults, results)
+    return [r["conditions"][condition]["accuracy"] for r in res["variants"][variant][RUNS_OF[cast(Policy, policy)]]]
 
 
 def mean_spread(xs: list[float]) -> tuple[float, float]:

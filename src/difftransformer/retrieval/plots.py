@@ -5,20 +5,29 @@ bars; no verdicts here (the statistics over seeds live elsewhere)."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from ..eval.plotting import color, label
+from ..rundir.files import (
+    ACCURACY_HEATMAP_PNG,
+    ACCURACY_VS_DIFFICULTY_PNG,
+    ACCURACY_VS_LR_PNG,
+    ATTENTION_ROW_PNG,
+    ATTENTION_SHARES_PNG,
+    QUANTIZATION_PNG,
+)
+from ..rundir.studies import RetrievalResults
 from ..studies.report import plt
 from ..studies.report import save as _save
 
 
-def _ms(xs):
+def _ms(xs: Iterable[float]) -> tuple[float, float]:
     xs = list(xs)
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def _acc(results, v, cond):
+def _acc(results: RetrievalResults, v: str, cond: str) -> tuple[float, float]:
     return _ms(r["conditions"][cond]["accuracy"] for r in results["variants"][v]["runs"])
 
 
@@ -27,7 +36,7 @@ def _accuracy_axis(ax, bars: list[tuple[float, float]]) -> None:
     ax.set_ylim(0, max([1.02] + [m + s + 0.03 for m, s in bars]))
 
 
-def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
+def plot_accuracy_heatmap(results: RetrievalResults, path) -> Path:
     """Fig. 5 style: accuracy over (pairs x context length) per variant, random distractors, mean over seeds
     (tuned lr); the trained context lengths end at the dashed line."""
     conds = [c for c in results["conditions"] if c["distractors"] == "random"]
@@ -58,7 +67,7 @@ def plot_accuracy_heatmap(results: dict[str, Any], path) -> Path:
     return Path(path)
 
 
-def plot_accuracy_vs_difficulty(results: dict[str, Any], path) -> Path:
+def plot_accuracy_vs_difficulty(results: RetrievalResults, path) -> Path:
     """Accuracy per condition (ordered by sequence length), mean +- seed sd, chance dashed."""
     conds = sorted(results["conditions"], key=lambda c: (c["context"], c["pairs"], c["name"]))
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(conds)), 3.6))
@@ -77,7 +86,7 @@ def plot_accuracy_vs_difficulty(results: dict[str, Any], path) -> Path:
     return _save(fig, path)
 
 
-def plot_attention_shares(results: dict[str, Any], path, condition: str | None = None) -> Path:
+def plot_attention_shares(results: RetrievalResults, path, condition: str | None = None) -> Path:
     """Table 3 style, per layer: the answering query's scale-free answer share, the best head's (the attention
     endpoint averages these over layers) and the head mean, mean +- seed sd, tuned lr."""
     cond = condition or results["primary_endpoint"]["condition"]
@@ -102,7 +111,7 @@ def plot_attention_shares(results: dict[str, Any], path, condition: str | None =
     return _save(fig, path)
 
 
-def plot_quantization(results: dict[str, Any], path) -> Path:
+def plot_quantization(results: RetrievalResults, path) -> Path:
     """Fig. 8 style: accuracy vs attention-logit bits (full precision first) at the primary condition."""
     cond = results["primary_endpoint"]["condition"]
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
@@ -124,13 +133,13 @@ def plot_quantization(results: dict[str, Any], path) -> Path:
     return _save(fig, path)
 
 
-def retrieval_layer(results: dict[str, Any], variant: str) -> int:
+def retrieval_layer(results: RetrievalResults, variant: str) -> int:
     """The layer whose mean answer share (first seed, primary condition) is highest: where the lookup happens."""
     att = results["variants"][variant]["runs"][0]["conditions"][results["primary_endpoint"]["condition"]]["attention"]
     return max(range(len(att)), key=lambda l: att[l]["answer_share"])  # noqa: E741
 
 
-def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) -> Path:
+def plot_attention_row(results: RetrievalResults, path, layer: int | None = None) -> Path:
     """Fig. 1 style: one query's head-mean attention row per variant (first seed), in ``layer`` or, by default,
     in each variant's retrieval layer (``retrieval_layer``), at the primary condition."""
     vs = list(results["variants"])
@@ -144,7 +153,7 @@ def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) 
                   ("tab:gray" if i < ex["context_end"] else "tab:olive") for i in range(len(row))]
         ax.bar(range(len(row)), row, color=colors, width=1.0)
         ax.axhline(0, color="k", lw=0.5)
-        verdict = {True: "answered right", False: "answered wrong"}.get(ex.get("correct"), "")
+        verdict = ("answered right" if ex["correct"] else "answered wrong") if "correct" in ex else ""
         ax.set_title(f"{label(v)}, layer {shown % len(ex['rows'])} (head mean), {verdict}: answer red, other "
                      f"facts orange, filler gray, earlier questions olive", fontsize=8)
         ax.set_ylabel("attention")
@@ -152,7 +161,7 @@ def plot_attention_row(results: dict[str, Any], path, layer: int | None = None) 
     return _save(fig, path)
 
 
-def plot_accuracy_vs_lr(results: dict[str, Any], path) -> Path:
+def plot_accuracy_vs_lr(results: RetrievalResults, path) -> Path:
     """The learning-rate robustness endpoint's picture: test accuracy at the primary condition against the lr,
     per variant, seed mean +- sd over every test seed (widened values included, marked by the grid); the chosen lr
     circled; the training-distribution accuracy dashed."""
@@ -178,12 +187,12 @@ def plot_accuracy_vs_lr(results: dict[str, Any], path) -> Path:
     return _save(fig, path)
 
 
-def plot_all(results: dict[str, Any], out_dir) -> list[Path]:
+def plot_all(results: RetrievalResults, out_dir) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [plot_accuracy_heatmap(results, out / "accuracy_heatmap.png"),
-            plot_accuracy_vs_difficulty(results, out / "accuracy_vs_difficulty.png"),
-            plot_attention_shares(results, out / "attention_shares.png"),
-            plot_quantization(results, out / "quantization.png"),
-            plot_attention_row(results, out / "attention_row.png"),
-            plot_accuracy_vs_lr(results, out / "accuracy_vs_lr.png")]
+    return [plot_accuracy_heatmap(results, out / ACCURACY_HEATMAP_PNG),
+            plot_accuracy_vs_difficulty(results, out / ACCURACY_VS_DIFFICULTY_PNG),
+            plot_attention_shares(results, out / ATTENTION_SHARES_PNG),
+            plot_quantization(results, out / QUANTIZATION_PNG),
+            plot_attention_row(results, out / ATTENTION_ROW_PNG),
+            plot_accuracy_vs_lr(results, out / ACCURACY_VS_LR_PNG)]

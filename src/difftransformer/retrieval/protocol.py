@@ -10,9 +10,10 @@ validation split (the lr choice) and the test split (the verdicts).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple, cast
 
+from ..rundir.studies import LrRobustnessRow, LrScore, RetrievalRun, VariantResult
 from ..studies.lr import LrChoice, next_lr, replay_lr_choice
 from .config import RetrievalConfig
 
@@ -24,11 +25,11 @@ class Job(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------- "Learning rates"
-def lr_scores(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def lr_scores(runs: Iterable[Mapping[str, Any]]) -> list[LrScore]:
     """Per lr (ascending): the mean over seeds of the validation accuracy and answer loss at the primary condition,
     the lowest validation training-distribution accuracy, and how many of the runs passed the floor (test split)."""
     runs = list(runs)
-    out = []
+    out: list[LrScore] = []
     for lr in sorted({r["lr"] for r in runs}):
         rs = [r for r in runs if r["lr"] == lr]
         out.append({"lr": lr, "seeds": sorted(r["seed"] for r in rs),
@@ -39,20 +40,21 @@ def lr_scores(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def choose_lr(scores: list[dict[str, Any]]) -> float:
+def choose_lr(scores: list[LrScore]) -> float:
     """The pre-registered rule: the highest mean validation accuracy at the primary condition; ties (equal to the
     12th digit) go to the lower mean answer loss, then to the smaller lr."""
     return min(scores, key=lambda s: (-round(s["val_accuracy"], 12), s["val_loss"], s["lr"]))["lr"]
 
 
-def lr_choice(cfg: RetrievalConfig, variant: str, done: dict[Job, dict[str, Any]]) -> LrChoice:
-    """A variant's choice: the highest seed-mean validation accuracy (``choose_lr``) over its grid, widened."""
+def lr_choice(cfg: RetrievalConfig, variant: str, done: Mapping[Job, Any]) -> LrChoice:
+    """A variant's choice: the highest seed-mean validation accuracy (``choose_lr``) over its grid, widened.
+    ``done``: the finished jobs (``RetrievalRun``s)."""
     return replay_lr_choice(cfg.lr_grid, cfg.lr_widen, cfg.test_seeds, lambda lr, s: done.get(Job(variant, s, lr)),
                             lambda runs: choose_lr(lr_scores(runs)))
 
 
 # ---------------------------------------------------------------------------------------------- the jobs
-def needed_jobs(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]]) -> tuple[list[Job], bool]:
+def needed_jobs(cfg: RetrievalConfig, done: Mapping[Job, Any]) -> tuple[list[Job], bool]:
     """Every job the protocol asks for, given the finished ones, and whether that list is final (every lr settled).
 
     The grid on every test seed for every variant; a widened value once a variant's grid is in; the matched lr (the
@@ -70,12 +72,12 @@ def needed_jobs(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]]) -> tuple[
 
 
 # ---------------------------------------------------------------------------------------------- "Endpoints"
-def lr_robustness(cfg: RetrievalConfig, variant: str, done: dict[Job, dict[str, Any]]) -> list[dict[str, Any]]:
+def lr_robustness(cfg: RetrievalConfig, variant: str, done: Mapping[Job, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Secondary 4, per test seed: the mean over the pre-registered grid (``cfg.lr_grid``; widened values excluded,
     so every variant is measured on the same lrs) of the test accuracy at the primary condition, and how many of the
     seed's grid runs passed the floor. Shaped like a run ({'seed', 'conditions': {primary: {'accuracy',
     'n_queries'}}}) so the report judges it as it judges the primary endpoint."""
-    out = []
+    out: list[dict[str, Any]] = []  # LrRobustnessRow's (the diagnostic reads them as plain dicts too)
     for s in cfg.test_seeds:
         rs = [done[Job(variant, s, lr)] for lr in cfg.lr_grid]
         acc = statistics.fmean(r["conditions"][cfg.primary]["accuracy"] for r in rs)
@@ -85,24 +87,25 @@ def lr_robustness(cfg: RetrievalConfig, variant: str, done: dict[Job, dict[str, 
     return out
 
 
-def assemble(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]]) -> dict[str, Any]:
+def assemble(cfg: RetrievalConfig, done: dict[Job, RetrievalRun]) -> dict[str, VariantResult]:
     """results.json's per-variant part from the finished jobs: the choice, the runs under each policy, every grid
     run, the robustness endpoint's per-seed values."""
     choices = {v: lr_choice(cfg, v, done) for v in cfg.variants}
     matched = choices[cfg.matched_lr].lr
-    assert matched is not None and all(c.lr is not None for c in choices.values()), "assemble before every choice"
+    assert matched is not None, "assemble before every choice"
     S = cfg.test_seeds
-    out: dict[str, Any] = {}
+    out: dict[str, VariantResult] = {}
     for v, c in choices.items():
+        assert c.lr is not None, "assemble before every choice"
         grid_runs = sorted((r for j, r in done.items() if j.variant == v), key=lambda r: (r["lr"], r["seed"]))
         out[v] = {
             "params": grid_runs[0]["params"],
             "tuned_lr": c.lr, "chosen_lr": c.lr,
             "lr_grid": lr_scores(r for r in grid_runs if r["lr"] in c.grid), "widened": c.widened,
-            "at_edge": next_lr(c.grid, c.lr) is not None,  # type: ignore[arg-type]
-            "runs": [done[Job(v, s, c.lr)] for s in S],  # type: ignore[arg-type]
+            "at_edge": next_lr(c.grid, c.lr) is not None,
+            "runs": [done[Job(v, s, c.lr)] for s in S],
             "matched_runs": [done[Job(v, s, matched)] for s in S],
-            "lr_robustness": lr_robustness(cfg, v, done),
+            "lr_robustness": cast(list[LrRobustnessRow], lr_robustness(cfg, v, done)),
             "floor_pass_share": statistics.fmean(not done[Job(v, s, lr)]["failed"] for lr in cfg.lr_grid for s in S),
             "grid_runs": grid_runs,
         }

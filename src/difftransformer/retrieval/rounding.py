@@ -9,26 +9,31 @@ variants, and the page says so. ``OUT/rounding.json`` holds both tables; ``OUT/r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from ..jobs import RunOptions
+from ..rundir.studies import RetrievalResults, RetrievalRounding, RoundingDiffer, RoundingVerdict
 from .config import RetrievalConfig
 from .statistics import verdicts
 
 
-def verdict_table(results: dict[str, Any]) -> list[dict[str, Any]]:
+def verdict_table(results: RetrievalResults) -> list[RoundingVerdict]:
     """One row per counted verdict: claim, variant, verdict, estimate, interval, seeds."""
     return [{"claim": r["claim"], "variant": r["variant"], "verdict": r["verdict"],
              "estimate": r["stats"]["estimate"], "ci": r["stats"]["ci"], "n": r["stats"]["n_seeds"][0]}
             for r in verdicts(results)]
 
 
-def compare(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    """Both verdict tables, the verdicts that differ, the chosen lrs and the per-seed numbers that differ."""
+def compare(first_: Mapping[str, Any], second_: Mapping[str, Any]) -> RetrievalRounding:
+    """Both verdict tables (of two ``RetrievalResults``), the verdicts that differ, the chosen lrs and the per-seed
+    numbers that differ."""
+    first, second = cast(RetrievalResults, first_), cast(RetrievalResults, second_)
     a, b = verdict_table(first), verdict_table(second)
-    differ = [{"claim": x["claim"], "variant": x["variant"], "first": x["verdict"], "second": y["verdict"]}
-              for x, y in zip(a, b) if x["verdict"] != y["verdict"]]
+    differ: list[RoundingDiffer] = [
+        {"claim": x["claim"], "variant": x["variant"], "first": x["verdict"], "second": y["verdict"]}
+        for x, y in zip(a, b) if x["verdict"] != y["verdict"]]
     lrs = {v: [first["variants"][v]["tuned_lr"], second["variants"][v]["tuned_lr"]] for v in first["variants"]}
     runs = [(v, r1, r2) for v in first["variants"]
             for r1, r2 in zip(first["variants"][v]["grid_runs"], second["variants"][v]["grid_runs"])]
@@ -38,8 +43,9 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
             "chosen_lr": lrs, "grid_runs_equal_at_primary": [equal, len(runs)]}
 
 
-def rounding_check(first: dict[str, Any], cfg: RetrievalConfig, out_dir: str | Path, workers: int = 2,
-                   progress: bool = True, quick: bool = False, options: Optional[RunOptions] = None) -> dict[str, Any]:
+def rounding_check(first: Mapping[str, Any], cfg: RetrievalConfig, out_dir: str | Path, workers: int = 2,
+                   progress: bool = True, quick: bool = False, options: Optional[RunOptions] = None
+                   ) -> RetrievalRounding:
     """Run the benchmark of ``cfg`` (the first run's configuration under another code path) into
     ``out_dir/rounding-PATH``; the command writes the check to ``out_dir/rounding.json``
     (``studies.cli.write_rounding``)."""
@@ -52,7 +58,9 @@ def rounding_check(first: dict[str, Any], cfg: RetrievalConfig, out_dir: str | P
     return compare(first, second)
 
 
-def format_rounding(check: dict[str, Any]) -> str:
+def format_rounding(check_: Mapping[str, Any]) -> str:
+    """The check's text (a ``RetrievalRounding``)."""
+    check = cast(RetrievalRounding, check_)
     (p1, p2) = (f"{c['code_path']} ({', '.join(c['torch_kernels'])})" for c in check["code_paths"])
     lines = [f"rounding check: the verdicts under CPU code path {p1} and {p2}"]
     for x, y in zip(check["first"], check["second"]):

@@ -10,21 +10,32 @@ verdicts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, cast
 
 from ..eval import stats
 from ..model import variants as registry
+from ..rundir.studies import (
+    COUNTED_POLICY,
+    POLICIES,
+    RUNS_OF,
+    Policy,
+    RetrievalResults,
+    RetrievalRun,
+    SeedRow,
+    VerdictRow,
+)
 
 QUANT_BITS = 4
 MIN_EFFECT = 0.02  # "Statistics": the minimum effect, the same for every endpoint
-POLICIES = ("runs", "matched_runs", "no_failures")  # the tuned lr (counted); the matched lr; failed seeds dropped
 
-Runs = list[dict[str, Any]]
+Runs = Sequence[SeedRow]  # a variant's runs, or the lr-robustness endpoint's per-seed rows: seed, conditions, failed
 
 
-def _runs(results: dict[str, Any], variant: str, key: str) -> Runs:
-    return sorted(results["variants"][variant][key], key=lambda r: r["seed"])
+def _runs(results: RetrievalResults, variant: str, policy: Policy, endpoint: str = "") -> Runs:
+    x = results["variants"][variant]
+    rows: Runs = x["lr_robustness"] if endpoint == "lr" else x[RUNS_OF[policy]]
+    return sorted(rows, key=lambda r: r["seed"])
 
 
 def _no_interval(b: Runs, d: Runs, reason: str) -> stats.Verdict:
@@ -35,24 +46,24 @@ def _accuracy(rs: Runs, cond: str) -> list[float]:
     return [r["conditions"][cond]["accuracy"] for r in rs]
 
 
-def _above_chance_gate(results: dict[str, Any], cond: str, b: Runs, d: Runs) -> bool:
+def _above_chance_gate(results: RetrievalResults, cond: str, b: Runs, d: Runs) -> bool:
     """"Statistics", gates: a variant above chance (its accuracy interval's lower bound) at ``cond``."""
     n = b[0]["conditions"][cond]["n_queries"]
     return any(stats.above_chance(_accuracy(rs, cond), n, results["chance"]) for rs in (b, d))
 
 
-def _compare_accuracy(results: dict[str, Any], cond: str, b: Runs, d: Runs) -> stats.Verdict:
+def _compare_accuracy(results: RetrievalResults, cond: str, b: Runs, d: Runs) -> stats.Verdict:
     """An accuracy endpoint: the gate (above chance) is part of ``stats.compare_accuracy``."""
     n = b[0]["conditions"][cond]["n_queries"]
     return stats.compare_accuracy(_accuracy(b, cond), _accuracy(d, cond), n, results["chance"], MIN_EFFECT)
 
 
-def primary_accuracy(results: dict[str, Any], b: Runs, d: Runs) -> stats.Verdict:
+def primary_accuracy(results: RetrievalResults, b: Runs, d: Runs) -> stats.Verdict:
     """Primary: accuracy at the primary condition."""
     return _compare_accuracy(results, results["config"]["primary"], b, d)
 
 
-def attention_on_the_answer(results: dict[str, Any], b: Runs, d: Runs) -> stats.Verdict:
+def attention_on_the_answer(results: RetrievalResults, b: Runs, d: Runs) -> stats.Verdict:
     """Secondary 1: the attention endpoint at the primary condition, gated on a variant above chance there."""
     cond = results["config"]["primary"]
     if not _above_chance_gate(results, cond, b, d):
@@ -61,31 +72,32 @@ def attention_on_the_answer(results: dict[str, Any], b: Runs, d: Runs) -> stats.
     return stats.compare_seeds(get(b), get(d), True, MIN_EFFECT)
 
 
-def length_extrapolation(results: dict[str, Any], b: Runs, d: Runs) -> stats.Verdict:
+def length_extrapolation(results: RetrievalResults, b: Runs, d: Runs) -> stats.Verdict:
     """Secondary 2: accuracy at the extrapolation condition."""
     return _compare_accuracy(results, results["config"]["extrapolation"], b, d)
 
 
-def _quant_drop(run: dict[str, Any], condition: str, bits: int) -> float:
+def _quant_drop(run: RetrievalRun, condition: str, bits: int) -> float:
     rows = run["quantized"][condition]
     full = next(r["accuracy"] for r in rows if r["bits"] is None)
     return full - next(r["accuracy"] for r in rows if r["bits"] == bits)
 
 
-def quantised_logits(results: dict[str, Any], b: Runs, d: Runs) -> stats.Verdict:
+def quantised_logits(results: RetrievalResults, b: Runs, d: Runs) -> stats.Verdict:
     """Secondary 3: accuracy lost at ``QUANT_BITS``-bit attention logits at the primary condition (lower is better),
     gated on a variant above chance there."""
     cond = results["config"]["primary"]
     if not _above_chance_gate(results, cond, b, d):
         return _no_interval(b, d, f"no model retrieves above chance ({results['chance']:.3g}) at {cond}")
     try:
-        drops = [[_quant_drop(r, cond, QUANT_BITS) for r in rs] for rs in (b, d)]
+        # the runs of an lr policy (only the "lr" endpoint judges the lr-robustness rows)
+        drops = [[_quant_drop(cast(RetrievalRun, r), cond, QUANT_BITS) for r in rs] for rs in (b, d)]
     except (KeyError, StopIteration):
         return _no_interval(b, d, f"{QUANT_BITS}-bit accuracy at {cond} was not measured (see quant_bits)")
     return stats.compare_seeds(drops[0], drops[1], False, MIN_EFFECT)
 
 
-def lr_robustness(results: dict[str, Any], b: Runs, d: Runs) -> stats.Verdict:
+def lr_robustness(results: RetrievalResults, b: Runs, d: Runs) -> stats.Verdict:
     """Secondary 4: per seed the grid-mean test accuracy at the primary condition (``variants.*.lr_robustness``)."""
     return _compare_accuracy(results, results["config"]["primary"], b, d)
 
@@ -95,7 +107,7 @@ class Endpoint(NamedTuple):
     paper: str
     key: str  # results.json's name of the endpoint
     measure: str  # in words; {cond}: the primary condition, {extra}: the extrapolation condition
-    judge: Callable[[dict[str, Any], Runs, Runs], stats.Verdict]
+    judge: Callable[[RetrievalResults, Runs, Runs], stats.Verdict]
 
 
 ENDPOINTS = (
@@ -112,26 +124,24 @@ ENDPOINTS = (
              lr_robustness))
 
 
-def paired(results: dict[str, Any], variant: str, policy: str, endpoint: str = "") -> tuple[Runs, Runs]:
+def paired(results: RetrievalResults, variant: str, policy: Policy, endpoint: str = "") -> tuple[Runs, Runs]:
     """Baseline and ``variant`` runs on the seeds both have, seed order; policy "no_failures" drops the seeds where
-    either run failed its floor ("Seeds, floors and failures": the treatment)."""
-    key = "runs" if policy == "no_failures" else policy
-    if endpoint == "lr":  # one value per seed over the whole grid: no lr policy applies
-        key = "lr_robustness"
-    b, d = _runs(results, registry.reference().name, key), _runs(results, variant, key)
+    either run failed its floor ("Seeds, floors and failures": the treatment). The "lr" endpoint reads one value
+    per seed over the whole grid (``lr_robustness``): no lr policy applies."""
+    b, d = _runs(results, registry.reference().name, policy, endpoint), _runs(results, variant, policy, endpoint)
     seeds = sorted({r["seed"] for r in b} & {r["seed"] for r in d})
     if policy == "no_failures":
-        bad = {r["seed"] for r in b + d if r.get("failed")}
+        bad = {r["seed"] for r in [*b, *d] if r["failed"]}
         seeds = [s for s in seeds if s not in bad]
     return [r for r in b if r["seed"] in seeds], [r for r in d if r["seed"] in seeds]
 
 
-def smoke(results: dict[str, Any]) -> bool:
+def smoke(results: RetrievalResults) -> bool:
     """"Statistics": a quick benchmark, or runs shorter than the library's smoke rule, give no verdicts."""
     return bool(results.get("quick")) or stats.smoke_run(results["config"]["steps"]) is not None
 
 
-def judge(results: dict[str, Any], endpoint: Endpoint, b: Runs, d: Runs) -> stats.Verdict:
+def judge(results: RetrievalResults, endpoint: Endpoint, b: Runs, d: Runs) -> stats.Verdict:
     """One endpoint's verdict on the paired runs; the t-interval over seeds needs two pairs."""
     if smoke(results):
         return stats.Verdict(stats.SMOKE, math.nan, (math.nan, math.nan), (len(b), len(d)), "none",
@@ -141,26 +151,26 @@ def judge(results: dict[str, Any], endpoint: Endpoint, b: Runs, d: Runs) -> stat
     return endpoint.judge(results, b, d)
 
 
-def _diff_variants(results: dict[str, Any]) -> list[str]:
+def _diff_variants(results: RetrievalResults) -> list[str]:
     base = registry.reference().name
     return [v for v in results["variants"] if v != base] if base in results["variants"] else []
 
 
-def verdicts(results: dict[str, Any], policy: str = "runs") -> list[dict[str, Any]]:
+def verdicts(results: RetrievalResults, policy: Policy = COUNTED_POLICY) -> list[VerdictRow]:
     """One row per endpoint and DIFF variant, paired by seed, under ``policy`` ("runs": the tuned lr, the primary
     analysis and the only rows counted as verdicts; "matched_runs"; "no_failures")."""
     cfg = results["config"]
-    out = []
+    out: list[VerdictRow] = []
     for e in ENDPOINTS:
         if e.key == "lr" and not all("lr_robustness" in x for x in results["variants"].values()):
             continue  # a version-2 results.json: no such endpoint
         for v in _diff_variants(results):
             b, d = paired(results, v, policy, e.key)
             measure = e.measure.format(cond=cfg["primary"], extra=cfg["extrapolation"])
-            out.append(stats.verdict_row(e.claim, e.paper, v, measure, judge(results, e, b, d)))
+            out.append(cast(VerdictRow, stats.verdict_row(e.claim, e.paper, v, measure, judge(results, e, b, d))))
     return out
 
 
-def verdicts_by_policy(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def verdicts_by_policy(results: RetrievalResults) -> dict[Policy, list[VerdictRow]]:
     """results.json's ``verdicts``: the rows under every policy (only "runs" counts)."""
     return {p: verdicts(results, p) for p in POLICIES}

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..model import variants as registry
-from ..rundir.files import SWEEP_RESULTS_NAME, WIDTH_SWEEP_JOURNAL
+from ..rundir.files import SWEEP_RESULTS_NAME, WIDTH_SWEEP_JOURNAL, WIDTH_SWEEP_PNG
 from .config import RetrievalConfig
 
 MIN_SLOPE = 1e-6  # a fitted slope at or below this is flat (saturated or untrained curves): no ratio
@@ -160,7 +160,7 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / SWEEP_RESULTS_NAME, json.dumps(res, indent=1) + "\n")
-        plot_sweep(res, out / "sweep.png")
+        plot_sweep(res, out / WIDTH_SWEEP_PNG)
     return res
 
 

@@ -43,11 +43,28 @@ DIAGNOSTIC_RESULTS_NAME = "diagnostic.json"  # a study's diagnostic (retrieval's
 RETRIEVAL_JOURNAL = "jobs.jsonl"
 WIDTH_SWEEP_JOURNAL = "sweep-jobs.jsonl"
 LM_SWEEP_JOURNAL = "lm-jobs.jsonl"
+# The retrieval benchmark's plots beside its results.json (``retrieval.plots`` writes them, the report shows them)
+ACCURACY_HEATMAP_PNG = "accuracy_heatmap.png"
+ACCURACY_VS_DIFFICULTY_PNG = "accuracy_vs_difficulty.png"
+ATTENTION_SHARES_PNG = "attention_shares.png"
+QUANTIZATION_PNG = "quantization.png"
+ACCURACY_VS_LR_PNG = "accuracy_vs_lr.png"
+ATTENTION_ROW_PNG = "attention_row.png"
+RETRIEVAL_PLOTS = (ACCURACY_HEATMAP_PNG, ACCURACY_VS_DIFFICULTY_PNG, ATTENTION_SHARES_PNG, QUANTIZATION_PNG,
+                   ACCURACY_VS_LR_PNG, ATTENTION_ROW_PNG)
+WIDTH_SWEEP_PNG = "sweep.png"  # the retrieval width sweep's plot beside its sweep.json
+# The language-model sweep's plots beside its sweep.json (``lmsweep.sweep`` writes them, the report shows them)
+LM_SWEEP_PARAMS_PNG = "lm-sweep-params.png"
+LM_SWEEP_TOKENS_PNG = "lm-sweep-tokens.png"
+LM_SWEEP_LR_PNG = "lm-sweep-lr.png"
 
 __all__ = ["PathLike", "RUN_CONFIG_NAME", "METRICS_NAME", "DATA_DIR", "TENSORBOARD_DIR", "CHECKPOINTS_DIR",
            "STEP_PREFIX", "STATE_TENSORS", "STATE_JSON", "LOCK_NAME", "ADAPTER_DIR", "ADAPTER_CONFIG_NAME",
            "ADAPTER_WEIGHTS_NAME", "ADAPTER_BASE_DIR", "MODEL_CARD_NAME", "SWEEP_RESULTS_NAME", "RESULTS_NAME",
            "ROUNDING_NAME", "DIAGNOSTIC_RESULTS_NAME", "RETRIEVAL_JOURNAL", "WIDTH_SWEEP_JOURNAL", "LM_SWEEP_JOURNAL",
+           "ACCURACY_HEATMAP_PNG", "ACCURACY_VS_DIFFICULTY_PNG", "ATTENTION_SHARES_PNG", "QUANTIZATION_PNG",
+           "ACCURACY_VS_LR_PNG", "ATTENTION_ROW_PNG", "RETRIEVAL_PLOTS", "WIDTH_SWEEP_PNG", "LM_SWEEP_PARAMS_PNG",
+           "LM_SWEEP_TOKENS_PNG", "LM_SWEEP_LR_PNG",
            "CONFIG_NAME",
            "WEIGHTS_NAME", "MANIFEST_NAME", "TOKENIZER_NAME", "run_config_path", "tokenizer_path", "data_dir",
            "metrics_path", "tensorboard_dir", "checkpoints_dir", "step_dir", "adapter_dir", "adapter_base_dir"]

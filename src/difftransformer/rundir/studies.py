@@ -1,41 +1,498 @@
 """A study's output directory as every reader takes it (the report, ``demo --lm-sweep``, ``lm-sweep --rounding-of``):
-the file, the "benchmark" it names and the keys the readers need with their JSON types, checked before any long
-work, in one line that names the flag, the file and what it lacks."""
+the schema of each study's result file, written once here, and ``read_study``, which checks a file against it before
+any long work, in one line that names the flag, the file and the field it lacks or mistypes.
 
-from __future__ import annotations
+The schemas are ``TypedDict``s: the JSON on disk is exactly what the writers build (``retrieval/benchmark.py``'s
+results.json, ``lmsweep/sweep.py``'s sweep.json), the readers index it with keys mypy checks. A field is required
+(total) where today's writer always writes it and no reader accepts it missing; ``NotRequired`` where an older
+version of the file lacks it and the readers already say so (``.get``, ``in``). Extra keys are allowed (a newer
+writer's). The schema sits in ``rundir`` (not ``studies/``) because the report (``eval/report``), which must import
+no study, reads it too.
 
+``validate(obj, schema, where)`` checks any JSON value against a schema type (TypedDicts, ``list``, ``dict``,
+``Sequence``, ``Literal``, ``Optional``, the JSON scalars; ``Any`` is not looked into), so each file's validator is one
+call (``validate_retrieval_results``, ``validate_lm_sweep``)."""
+
+# no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
+
+import collections.abc
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Optional, Union
+
+# typing_extensions (torch's own dependency): NotRequired and a TypedDict that reads it on Python 3.10 too
+from typing_extensions import NotRequired, TypedDict, is_typeddict
 
 from ..fileio import read_json
 from .files import RESULTS_NAME, SWEEP_RESULTS_NAME
 
-# What the report reads of each study's output (the file in its directory, the "benchmark" it says, the keys and
-# their JSON types), checked before any long work (``read_study``)
-STUDIES: dict[str, tuple[str, str, dict[str, type]]] = {
-    "retrieval": (RESULTS_NAME, "kv_retrieval", {"config": dict, "variants": dict, "conditions": list}),
-    "lm-sweep": (SWEEP_RESULTS_NAME, "lm_sweep", {"config": dict, "table": dict, "diverged_runs": dict}),
+# =========================================================================== the retrieval benchmark's results.json
+RETRIEVAL_BENCHMARK = "kv_retrieval"  # results.json's "benchmark"
+
+# results.json's verdict policies (PROTOCOL.md, "Statistics"): the tuned lr (the only rows counted as verdicts), every
+# variant at the matched lr, the tuned runs without the seeds where either variant failed its floor
+Policy = Literal["runs", "matched_runs", "no_failures"]
+POLICIES: tuple[Policy, ...] = typing.get_args(Policy)
+COUNTED_POLICY: Policy = POLICIES[0]
+# A variant's lists of per-seed runs, one per lr policy ("no_failures" reads the tuned runs)
+RunsKey = Literal["runs", "matched_runs"]
+RUNS_OF: dict[Policy, RunsKey] = {"runs": "runs", "matched_runs": "matched_runs", "no_failures": "runs"}
+
+
+class ConditionSpec(TypedDict):
+    """config.conditions[i]: a test condition (``retrieval.config.Condition``)."""
+    name: str
+    pairs: int
+    context: int
+    distractors: str
+
+
+class TestCondition(ConditionSpec):
+    """results.json's conditions[i]: the condition and whether it lies inside the trained context lengths."""
+    inside_trained_lengths: bool
+
+
+class RetrievalConfigDict(TypedDict):
+    """results.json's config: ``RetrievalConfig.to_dict()`` (the keys every reader needs; a version-2 file had tuning
+    seeds instead of the lr grid on the test seeds)."""
+    train_pairs: list[int]
+    train_context: list[int]
+    queries: int
+    n_values: int
+    steps: int
+    matched_lr: str
+    floor: float
+    conditions: list[ConditionSpec]
+    primary: str
+    extrapolation: str
+    lr_grid: NotRequired[list[float]]
+    tuning_seeds: NotRequired[list[int]]
+    seeds: NotRequired[int]
+    variants: NotRequired[list[str]]
+    cpu_code_path: NotRequired[str]
+
+
+class Measured(TypedDict):
+    """One accuracy at one condition: the per-seed value every accuracy endpoint is judged on."""
+    accuracy: float
+    n_queries: int
+
+
+class AttentionShare(TypedDict):
+    """One layer's scale-free answer share of the answering query (``eval/attention_mass.py``), head mean."""
+    answer_share: float
+
+
+class ConditionMeasures(Measured):
+    """A run's measures at one test condition (``retrieval/evaluate.py``); the attention at the primary one only."""
+    seq_len: NotRequired[int]
+    attention_endpoint: NotRequired[float]
+    best_head_share_per_layer: NotRequired[list[float]]
+    attention: NotRequired[list[AttentionShare]]
+
+
+class QuantRow(TypedDict):
+    """Accuracy with the attention logits quantised to ``bits`` (None: full precision)."""
+    bits: Optional[int]
+    accuracy: float
+
+
+class ExampleRow(TypedDict):
+    """One query's head-mean attention row per layer (the Fig. 1 plot)."""
+    rows: list[list[float]]
+    answer_pos: int
+    context_end: int
+    distractor_fact_pos: NotRequired[list[int]]
+    correct: NotRequired[bool]
+
+
+class RetrievalRun(TypedDict):
+    """One job: a model trained on a seed at an lr and measured (``retrieval.benchmark._job``)."""
+    variant: str
+    seed: int
+    lr: float
+    params: int
+    losses: list[list[float]]
+    final_window_loss: float
+    train_s: float
+    cpu_capability: str
+    val_accuracy: float
+    val_loss: float
+    val_training_distribution: float
+    conditions: dict[str, ConditionMeasures]
+    training_distribution: Measured
+    failed: bool
+    quantized: dict[str, list[QuantRow]]
+    example_row: ExampleRow
+    device: NotRequired[str]  # a GPU job's device
+    loss_thresholds: NotRequired[dict[str, Optional[int]]]
+    dynamics: NotRequired[list[dict[str, Any]]]
+    outliers: NotRequired[dict[str, Any]]
+
+
+class LrScore(TypedDict):
+    """variants.*.lr_grid[i]: one lr's validation scores over the seeds (the lr choice)."""
+    lr: float
+    seeds: list[int]
+    val_accuracy: float
+    val_loss: float
+    min_training_distribution: float
+    passed_floor: NotRequired[int]
+
+
+class LrRobustnessRow(TypedDict):
+    """variants.*.lr_robustness[i]: secondary endpoint 4 for one seed, shaped like a run (seed, conditions)."""
+    seed: int
+    lrs: list[float]
+    conditions: dict[str, Measured]
+    passed_floor: int
+    failed: bool
+
+
+class TuningRun(TypedDict):
+    """A version-2 results.json's tuning runs (what the report reads of them)."""
+    seed: int
+    lr: float
+    val_training_distribution: float
+
+
+class VariantResult(TypedDict):
+    """results.json's variants[v] (``retrieval.protocol.assemble``)."""
+    params: int
+    tuned_lr: float
+    lr_grid: list[LrScore]
+    widened: list[float]
+    at_edge: bool
+    runs: list[RetrievalRun]
+    matched_runs: list[RetrievalRun]
+    chosen_lr: NotRequired[float]
+    lr_robustness: NotRequired[list[LrRobustnessRow]]  # version 3
+    floor_pass_share: NotRequired[float]
+    grid_runs: NotRequired[list[RetrievalRun]]  # version 3: every job of the variant
+    tuning_runs: NotRequired[list[TuningRun]]  # version 2
+
+
+# A run of either kind that the accuracy endpoints judge: a job, or the lr-robustness endpoint's per-seed row
+SeedRow = Union[RetrievalRun, LrRobustnessRow]
+
+
+class VerdictStats(TypedDict):
+    """A verdict's statistics (``eval.stats.Verdict`` as a dict; NaN where there is no interval)."""
+    verdict: str
+    estimate: float
+    ci: collections.abc.Sequence[float]
+    n_seeds: collections.abc.Sequence[int]
+    method: str
+    reason: str
+
+
+class VerdictRow(TypedDict):
+    """One verdict row (``eval.stats.verdict_row``)."""
+    claim: str
+    paper: str
+    variant: str
+    measure: str
+    verdict: str
+    why: str
+    stats: VerdictStats
+
+
+class CpuInfo(TypedDict):
+    code_path: str
+    torch_kernels: list[str]
+
+
+class PrimaryEndpoint(TypedDict):
+    condition: str
+    metric: str
+    note: NotRequired[str]
+
+
+class RetrievalResults(TypedDict):
+    """The retrieval benchmark's results.json (``retrieval.benchmark.run_benchmark``)."""
+    benchmark: str
+    config: RetrievalConfigDict
+    variants: dict[str, VariantResult]
+    conditions: list[TestCondition]
+    chance: float
+    matched_lr: float
+    protocol: NotRequired[str]
+    quick: NotRequired[bool]
+    primary_endpoint: NotRequired[PrimaryEndpoint]
+    deviations: NotRequired[list[str]]
+    cpu: NotRequired[CpuInfo]
+    timings: NotRequired[dict[str, Any]]  # wall time, workers, load: shown, never judged
+    verdicts: NotRequired[dict[Policy, list[VerdictRow]]]  # the benchmark's own rows, one list per policy
+
+
+# ---------------------------------------------------------------------------- the retrieval benchmark's rounding.json
+class RoundingVerdict(TypedDict):
+    """One counted verdict under one code path (``retrieval.rounding.verdict_table``)."""
+    claim: str
+    variant: str
+    verdict: str
+    estimate: float
+    ci: collections.abc.Sequence[float]
+    n: int
+
+
+class RoundingDiffer(TypedDict):
+    claim: str
+    variant: str
+    first: str
+    second: str
+
+
+class RetrievalRounding(TypedDict):
+    """The benchmark's rounding check (``retrieval.rounding.compare``): both verdict tables side by side."""
+    code_paths: list[CpuInfo]
+    first: list[RoundingVerdict]
+    second: list[RoundingVerdict]
+    differ: list[RoundingDiffer]
+    chosen_lr: dict[str, list[float]]
+    grid_runs_equal_at_primary: list[int]
+
+
+# ==================================================================================== the lm-sweep's sweep.json
+LM_SWEEP_BENCHMARK = "lm_sweep"  # sweep.json's "benchmark"
+
+
+class LmSweepConfigDict(TypedDict):
+    """sweep.json's config: ``LMSweepConfig.to_dict()`` (the keys the readers need)."""
+    widths: list[int]
+    n_layers: int
+    seq_len: int
+    lr_grid: list[float]
+    variants: list[str]
+    cpu_code_path: str
+    lr_widen: NotRequired[int]
+    scale: NotRequired[str]
+
+
+class LmLrScore(TypedDict):
+    """table[v][i].grid[j]: one lr's scores at one width (``lmsweep.analysis``)."""
+    lr: float
+    seeds: list[int]
+
+
+class LmWidthRow(TypedDict):
+    """table[v][i]: a variant at one width, at its chosen lr (``lmsweep.analysis``)."""
+    width: int
+    lr: float
+    widened: list[float]
+    params: int
+    params_non_embedding: int
+    test_loss: list[float]
+    diverged: list[Any]
+    floor: float
+    grid: list[LmLrScore]
+    edge: NotRequired[str]
+
+
+class Applicability(TypedDict):
+    """applicability[ratio] (version 2): whether a Fig. 3 ratio's premise holds, and why."""
+    measurable: bool
+    why: str
+
+
+class LmTimings(TypedDict):
+    wall_s: float
+    workers: int
+    jobs: int
+
+
+class LmSweepResults(TypedDict):
+    """The language-model sweep's sweep.json (``lmsweep.sweep``). Its endpoints and curves are the analysis' own
+    (``lmsweep.analysis``, ``lmsweep.fits``), kept as JSON objects here; the report draws the verdict rows the
+    sweep wrote (endpoint, variant, estimate, n, verdict, paper; the sensitivity rows without n and paper)."""
+    benchmark: str
+    protocol_version: int
+    config: LmSweepConfigDict
+    tokens_per_run: int
+    widths: list[int]
+    seeds: list[int]
+    chosen_lr: dict[str, list[float]]
+    table: dict[str, list[LmWidthRow]]
+    endpoints: dict[str, dict[str, Any]]
+    curves: dict[str, Any]
+    diverged_runs: dict[str, int]
+    runs_total: dict[str, int]
+    timings: LmTimings
+    failed_floor_runs: NotRequired[dict[str, int]]
+    applicability: NotRequired[dict[str, Applicability]]  # version 2
+    unresolved_edges: NotRequired[list[dict[str, Any]]]
+    rounding_scope: NotRequired[str]
+    deviations: NotRequired[list[str]]
+    verdict_rows: NotRequired[list[list[str]]]
+    sensitivity_rows: NotRequired[list[list[str]]]
+
+
+class LmSweepRounding(TypedDict):
+    """The sweep's rounding check (``lmsweep.rounding.compare``): per verdict (``RoundingRow``: endpoint, variant,
+    then estimate and verdict under each code path, and "yes"/"NO"/"not run") and the lr choices that differ, per
+    variant [width, reference lr, this lr]."""
+    code_paths: list[str]
+    rows: list[list[str]]
+    verdicts_same: int
+    verdicts: int
+    lr_choices_differ: dict[str, list[list[float]]]
+    not_run: NotRequired[int]
+
+
+# ==================================================================================== validation
+_JSON_NAMES = {dict: "object", list: "list", str: "string", int: "integer", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def _describe(tp: Any) -> str:
+    """A schema type in words (the error's "a JSON ...")."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return "anything"
+    if is_typeddict(tp) or origin in (dict, collections.abc.Mapping):
+        return "object"
+    if origin in (list, tuple, collections.abc.Sequence):
+        return "list"
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    return _JSON_NAMES.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _problem(obj: Any, tp: Any, where: str) -> Optional[str]:
+    """The first place ``obj`` departs from ``tp``, in words ("variants.baseline.runs[0] lacks "seed""); None if
+    it does not."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return None
+    if origin in (Union, types.UnionType):
+        problems = [_problem(obj, a, where) for a in typing.get_args(tp)]
+        if any(p is None for p in problems):
+            return None
+        matching = [p for a, p in zip(typing.get_args(tp), problems) if _problem(obj, _outer(a), where) is None]
+        return matching[0] if len(matching) == 1 else f"{where} is not a JSON {_describe(tp)}"
+    if origin is Literal:
+        return None if obj in typing.get_args(tp) else f"{where} is {obj!r}, not {_describe(tp)}"
+    if is_typeddict(tp):
+        if not isinstance(obj, dict):
+            return f"{where} is a JSON {_JSON_NAMES.get(type(obj), type(obj).__name__)}, not an object"
+        hints = typing.get_type_hints(tp)
+        for key in tp.__required_keys__:  # presence first, in the schema's order: the line names what is missing
+            if key not in obj:
+                return f"{where} lacks \"{key}\""
+        for key, sub in hints.items():
+            if key in obj:
+                p = _problem(obj[key], sub, f"{where}.{key}" if where else key)
+                if p:
+                    return p
+        return None
+    if origin in (dict, collections.abc.Mapping):
+        if not isinstance(obj, dict):
+            return f"{where} is not a JSON object"
+        kt, vt = typing.get_args(tp)
+        for k, v in obj.items():
+            if typing.get_origin(kt) is Literal and k not in typing.get_args(kt):
+                return f"{where} has the key {k!r}, not {_describe(kt)}"
+            p = _problem(v, vt, f"{where}.{k}")
+            if p:
+                return p
+        return None
+    if origin in (list, tuple, collections.abc.Sequence):
+        if not isinstance(obj, (list, tuple)):
+            return f"{where} is a JSON {_JSON_NAMES.get(type(obj), type(obj).__name__)}, not a list"
+        (it,) = typing.get_args(tp)[:1]
+        for i, x in enumerate(obj):
+            p = _problem(x, it, f"{where}[{i}]")
+            if p:
+                return p
+        return None
+    ok = (isinstance(obj, tp) and not (tp is int and isinstance(obj, bool))) or (
+        tp is float and isinstance(obj, int) and not isinstance(obj, bool))
+    return None if ok else (f"{where} is a JSON {_JSON_NAMES.get(type(obj), type(obj).__name__)}, not "
+                            f"{'an' if _describe(tp)[0] in 'aeiou' else 'a'} {_describe(tp)}")
+
+
+def _outer(tp: Any) -> Any:
+    """The JSON kind of a schema type alone (a TypedDict's or list's outside, not its inside)."""
+    origin = typing.get_origin(tp)
+    if is_typeddict(tp) or origin in (dict, collections.abc.Mapping):
+        return dict[str, Any]
+    if origin in (list, tuple, collections.abc.Sequence):
+        return list[Any]
+    return tp
+
+
+T = typing.TypeVar("T")
+
+
+def validate(obj: Any, schema: type[T], where: str) -> T:
+    """``obj`` as ``schema`` (a TypedDict or other schema type), or one ValueError: "``where``: ``field`` lacks
+    "key"" (or is of another JSON type). ``where`` names the file (and the flag that gave it)."""
+    p = _problem(obj, schema, "")
+    if p is not None:
+        # a missing or mistyped top-level key reads "it lacks "variants"", a nested one names its place
+        p = "it " + p[1:] if p.startswith(" ") else p
+        raise ValueError(f"{where}: {p}")
+    return typing.cast(T, obj)
+
+
+def validate_retrieval_results(obj: Any, where: str) -> RetrievalResults:
+    """A retrieval benchmark's results.json, checked whole against ``RetrievalResults``."""
+    return validate(obj, RetrievalResults, where)
+
+
+def validate_retrieval_rounding(obj: Any, where: str) -> RetrievalRounding:
+    """The retrieval benchmark's rounding.json, checked against ``RetrievalRounding``."""
+    return validate(obj, RetrievalRounding, where)
+
+
+def validate_lm_sweep_rounding(obj: Any, where: str) -> LmSweepRounding:
+    """The language-model sweep's rounding.json, checked against ``LmSweepRounding``."""
+    return validate(obj, LmSweepRounding, where)
+
+
+def validate_lm_sweep(obj: Any, where: str) -> LmSweepResults:
+    """A language-model sweep's sweep.json, checked against ``LmSweepResults``."""
+    return validate(obj, LmSweepResults, where)
+
+
+# What each study's output directory holds: its result file, the "benchmark" that file names, its validator
+STUDIES: dict[str, tuple[str, str, Any]] = {
+    "retrieval": (RESULTS_NAME, RETRIEVAL_BENCHMARK, validate_retrieval_results),
+    "lm-sweep": (SWEEP_RESULTS_NAME, LM_SWEEP_BENCHMARK, validate_lm_sweep),
 }
 
 
-def read_study(directory: str | Path, kind: str, flag: str) -> dict[str, Any]:
-    """A study's output as the report reads it: ``kind`` "retrieval" (``difftransformer retrieval``'s results.json)
-    or "lm-sweep" (``difftransformer lm-sweep``'s sweep.json) in ``directory``. A missing file, bad JSON, or JSON of
-    another shape is one ValueError naming ``flag``, the file and what it lacks."""
-    name, benchmark, keys = STUDIES[kind]
+def _read(directory: str | Path, kind: str, flag: str) -> Any:
+    name, benchmark, check = STUDIES[kind]
     path = Path(directory) / name
     if not path.is_file():
         raise ValueError(f"{flag} {directory}: holds no {name} (run `difftransformer {kind} --out {directory}` "
                          "first)")
     res = read_json(path)
+    where = f"{flag}: {path} is not a {kind} result"
     if not isinstance(res, dict):
-        raise ValueError(f"{flag}: {path} is not a {kind} result: a JSON {type(res).__name__}, not an object")
+        raise ValueError(f"{where}: a JSON {type(res).__name__}, not an object")
     if res.get("benchmark") != benchmark:
-        raise ValueError(f"{flag}: {path} is not a {kind} result: its \"benchmark\" is {res.get('benchmark')!r}, "
-                         f"not {benchmark!r}")
-    for key, kind_of in keys.items():
-        if not isinstance(res.get(key), kind_of):
-            what = "lacks" if key not in res else f"has a {type(res[key]).__name__} for"
-            raise ValueError(f"{flag}: {path} is not a {kind} result: it {what} \"{key}\" (a JSON "
-                             f"{'object' if kind_of is dict else 'list'})")
-    return res
+        raise ValueError(f"{where}: its \"benchmark\" is {res.get('benchmark')!r}, not {benchmark!r}")
+    return check(res, where)
+
+
+def read_retrieval(directory: str | Path, flag: str) -> RetrievalResults:
+    """A retrieval benchmark's output directory's results.json, validated (``read_study``)."""
+    return typing.cast(RetrievalResults, _read(directory, "retrieval", flag))
+
+
+def read_lm_sweep(directory: str | Path, flag: str) -> LmSweepResults:
+    """A language-model sweep's output directory's sweep.json, validated (``read_study``)."""
+    return typing.cast(LmSweepResults, _read(directory, "lm-sweep", flag))
+
+
+def read_study(directory: str | Path, kind: str, flag: str) -> Any:
+    """A study's output as every reader takes it: ``kind`` "retrieval" (``difftransformer retrieval``'s results.json,
+    a ``RetrievalResults``) or "lm-sweep" (``difftransformer lm-sweep``'s sweep.json, a ``LmSweepResults``) in
+    ``directory``. A missing file, bad JSON, or JSON of another shape is one ValueError naming ``flag``, the file
+    and the field it lacks or mistypes (``read_retrieval``/``read_lm_sweep`` give the typed result)."""
+    return _read(directory, kind, flag)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ...model.variants import label
+from ...rundir.files import LM_SWEEP_LR_PNG, LM_SWEEP_PARAMS_PNG, LM_SWEEP_TOKENS_PNG
+from ...rundir.studies import LmSweepResults
 from .html import deviations_note
 
 
@@ -28,7 +30,7 @@ def provenance_note(prov: dict[str, Any]) -> str:
             "that sweep here instead.</p></div>")
 
 
-def section(res: dict[str, Any], fig_dir: Path, table, image, slug,
+def section(res: LmSweepResults, fig_dir: Path, table, image, slug,
             provenance: Optional[dict[str, Any]] = None) -> str:
     """The HTML of the sweep's section; ``table``/``image``/``slug`` are the page's own helpers; ``provenance``:
     the committed results' (``lmsweep.committed.provenance``), which the section then shows first and whose timings it
@@ -85,9 +87,9 @@ def section(res: dict[str, Any], fig_dir: Path, table, image, slug,
     t = (provenance or res)["timings"]  # a rebuild's own timings say how long reading the journal took
     parts.append(f"<p class='note'>Diverged runs over the whole sweep: {html.escape(div)}. Wall time "
                  f"{t['wall_s'] / 60:.0f} min for {t['jobs']} jobs on {t['workers']} workers.</p>")
-    for name, alt in (("lm-sweep-params.png", "Loss against non-embedding parameters (Fig. 3a)"),
-                      ("lm-sweep-tokens.png", "Loss against training tokens (Fig. 3b)"),
-                      ("lm-sweep-lr.png", "Loss against learning rate")):
+    for name, alt in ((LM_SWEEP_PARAMS_PNG, "Loss against non-embedding parameters (Fig. 3a)"),
+                      (LM_SWEEP_TOKENS_PNG, "Loss against training tokens (Fig. 3b)"),
+                      (LM_SWEEP_LR_PNG, "Loss against learning rate")):
         if (fig_dir / name).is_file():
             parts.append(f"<h3>{html.escape(alt)}</h3>" + image(fig_dir / name, alt))
     return "".join(parts)

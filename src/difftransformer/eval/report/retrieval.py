@@ -16,35 +16,56 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ...fileio import read_json
 from ...model.variants import label as vlabel
-from ...rundir import ROUNDING_NAME
+from ...rundir.files import (
+    ACCURACY_HEATMAP_PNG,
+    ACCURACY_VS_DIFFICULTY_PNG,
+    ACCURACY_VS_LR_PNG,
+    ATTENTION_ROW_PNG,
+    ATTENTION_SHARES_PNG,
+    QUANTIZATION_PNG,
+    ROUNDING_NAME,
+)
+from ...rundir.studies import (
+    COUNTED_POLICY,
+    POLICIES,
+    Policy,
+    RetrievalResults,
+    RetrievalRounding,
+    RetrievalRun,
+    RoundingVerdict,
+    RunsKey,
+    VerdictRow,
+    validate_retrieval_rounding,
+)
 from .. import stats
 from .html import deviations_note, inline
 
-# results.json's verdict policies (the benchmark's ``statistics.POLICIES``) and how the page names them
-POLICY_LABELS = {"runs": "tuned lr", "matched_runs": "matched lr", "no_failures": "tuned lr, failed seeds dropped"}
-FIGURES = (("accuracy_heatmap.png", "Accuracy by facts x context length per variant (Fig. 5 style), seed mean"),
-           ("accuracy_vs_difficulty.png", "Accuracy per condition, seed mean and standard deviation"),
-           ("attention_shares.png", "Scale-free answer share of the answering query per layer"),
-           ("quantization.png", "Accuracy with attention logits quantised (Fig. 8)"),
-           ("accuracy_vs_lr.png", "Accuracy against learning rate per variant (every test seed), seed mean and sd"),
-           ("attention_row.png", "One query's attention row per variant (Fig. 1)"))
+# How the page names results.json's verdict policies (``rundir.studies.POLICIES``, the benchmark's)
+POLICY_LABELS: dict[Policy, str] = dict(zip(POLICIES, ("tuned lr", "matched lr", "tuned lr, failed seeds dropped")))
+FIGURES = ((ACCURACY_HEATMAP_PNG, "Accuracy by facts x context length per variant (Fig. 5 style), seed mean"),
+           (ACCURACY_VS_DIFFICULTY_PNG, "Accuracy per condition, seed mean and standard deviation"),
+           (ATTENTION_SHARES_PNG, "Scale-free answer share of the answering query per layer"),
+           (QUANTIZATION_PNG, "Accuracy with attention logits quantised (Fig. 8)"),
+           (ACCURACY_VS_LR_PNG, "Accuracy against learning rate per variant (every test seed), seed mean and sd"),
+           (ATTENTION_ROW_PNG, "One query's attention row per variant (Fig. 1)"))
 NO_VERDICTS = ("This results.json holds no verdict rows (written before the benchmark wrote its own): rerun "
                "`difftransformer retrieval --out DIR` with the same options to add them (it resumes from its journal "
                "and runs no job).")
 
 
-def _runs(results: dict[str, Any], variant: str, policy: str = "runs") -> list[dict[str, Any]]:
-    return sorted(results["variants"][variant][policy], key=lambda r: r["seed"])
+def _runs(results: RetrievalResults, variant: str, key: RunsKey = "runs") -> list[RetrievalRun]:
+    return sorted(results["variants"][variant][key], key=lambda r: r["seed"])
 
 
-def retrieval_verdicts(results: dict[str, Any], policy: str = "runs") -> list[dict[str, Any]]:
+def retrieval_verdicts(results: RetrievalResults, policy: Policy = COUNTED_POLICY) -> list[VerdictRow]:
     """The benchmark's verdict rows under ``policy`` ("runs": the tuned lr, the only rows counted as verdicts;
     "matched_runs"; "no_failures"), as its results.json holds them; none from a results.json that predates them."""
     return list(results.get("verdicts", {}).get(policy, []))
 
 
-def sensitivity_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def sensitivity_table(results: RetrievalResults) -> tuple[list[str], list[list[Any]]]:
     """Every verdict under the three policies side by side, and whether the sensitivity rows agree with it."""
     by = {p: retrieval_verdicts(results, p) for p in POLICY_LABELS}
     rows = []
@@ -62,7 +83,7 @@ def sensitivity_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any
     return ["claim", "variant", *POLICY_LABELS.values(), "all agree"], rows
 
 
-def failures(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def failures(results: RetrievalResults) -> dict[str, dict[str, Any]]:
     """Per variant: runs below the floor on the training distribution (test split) under each lr policy, and the
     tuning runs below it on the validation split."""
     floor = results["config"]["floor"]
@@ -83,7 +104,7 @@ def _interval(xs: Sequence[float], n: int) -> str:
     return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def models_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def models_table(results: RetrievalResults) -> tuple[list[str], list[list[Any]]]:
     fl = failures(results)
     rows = [[vlabel(v), x["params"], f"{x['tuned_lr']:g}", f"{results['matched_lr']:g}", len(x["runs"]),
              f"{len(fl[v]['tuned'])} of {fl[v]['n']}" + (f" (seeds {fl[v]['tuned']})" if fl[v]["tuned"] else ""),
@@ -93,11 +114,11 @@ def models_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
             "failed (matched lr)"], rows
 
 
-def accuracy_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def accuracy_table(results: RetrievalResults) -> tuple[list[str], list[list[Any]]]:
     """One row per test condition (pairs, context, model input length), one column per variant (tuned lr)."""
     cfg = results["config"]
     variants = list(results["variants"])
-    rows = []
+    rows: list[list[Any]] = []
     first = _runs(results, variants[0])[0]
     td = first["training_distribution"]["n_queries"]
     rows.append(["training distribution (floor)", "{}-{}".format(*cfg["train_pairs"]),
@@ -115,17 +136,18 @@ def accuracy_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]
     return ["condition", "facts", "context", "input length"] + [vlabel(v) for v in variants], rows
 
 
-def shares_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def shares_table(results: RetrievalResults) -> tuple[list[str], list[list[Any]]]:
     """The attention endpoint at the primary condition per variant and lr policy, and the best head's answer share
     in each layer (one column per layer, numbered from 0 at the input, as in the figures)."""
     cond = results["config"]["primary"]
     rows = []
     n_layers = 0
     for v in results["variants"]:
-        for policy in ("runs", "matched_runs"):
-            policy_label = POLICY_LABELS[policy]
-            xs = [r["conditions"][cond]["attention_endpoint"] for r in _runs(results, v, policy)]
-            per_layer = [r["conditions"][cond]["best_head_share_per_layer"] for r in _runs(results, v, policy)]
+        key: RunsKey
+        for key in ("runs", "matched_runs"):
+            policy_label = POLICY_LABELS[key]
+            xs = [r["conditions"][cond]["attention_endpoint"] for r in _runs(results, v, key)]
+            per_layer = [r["conditions"][cond]["best_head_share_per_layer"] for r in _runs(results, v, key)]
             n_layers = max(n_layers, len(per_layer[0]))
             rows.append([vlabel(v), policy_label, f"{statistics.fmean(xs):.3f}",
                          f"{statistics.stdev(xs) if len(xs) > 1 else 0:.3f}",
@@ -134,7 +156,7 @@ def shares_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
             + [f"layer {i}: best head's answer share" for i in range(n_layers)], rows)
 
 
-def lr_table(results: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def lr_table(results: RetrievalResults) -> tuple[list[str], list[list[Any]]]:
     rows = [[vlabel(v), f"{g['lr']:g}", f"{g['val_accuracy']:.3f}", f"{g['val_loss']:.3f}",
              f"{g['min_training_distribution']:.3f}",
              f"{g['passed_floor']} of {len(g['seeds'])}" if "passed_floor" in g else "",
@@ -152,17 +174,18 @@ TABLES = (("The models: parameters, learning rates, training failures", models_t
           ("The learning-rate grid (validation split; the lr choice)", lr_table))
 
 
-def rounding_tables(check: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def rounding_tables(check: RetrievalRounding) -> tuple[list[str], list[list[Any]]]:
     """The rounding check's two verdict tables side by side (``retrieval/rounding.py``'s rounding.json)."""
-    cell = lambda r: (f"{r['verdict']}: {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] n={r['n']}"  # noqa: E731
-                      if all(math.isfinite(c) for c in r["ci"]) else f"{r['verdict']}: no interval")
+    def cell(r: RoundingVerdict) -> str:
+        return (f"{r['verdict']}: {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] n={r['n']}"
+                if all(math.isfinite(c) for c in r["ci"]) else f"{r['verdict']}: no interval")
     names = [f"{c['code_path']} ({', '.join(c['torch_kernels'])})" for c in check["code_paths"]]
     rows = [[x["claim"], vlabel(x["variant"]), cell(x), cell(y), "yes" if x["verdict"] == y["verdict"] else "NO"]
             for x, y in zip(check["first"], check["second"])]
     return ["claim", "variant", f"CPU code path {names[0]}", f"CPU code path {names[1]}", "same verdict"], rows
 
 
-def _intro(results: dict[str, Any]) -> str:
+def _intro(results: RetrievalResults) -> str:
     """The benchmark in words: the task, the training, the lr choice, the seeds and the endpoints."""
     cfg = results["config"]
     seeds = [r["seed"] for r in _runs(results, next(iter(results["variants"])))]
@@ -187,7 +210,7 @@ def _intro(results: dict[str, Any]) -> str:
             f"mean [95% interval].")
 
 
-def _failures_notes(results: dict[str, Any]) -> list[str]:
+def _failures_notes(results: RetrievalResults) -> list[str]:
     """The training failures per variant and policy, and a caution where half or more of the test seeds failed."""
     fl = failures(results)
     fails = "; ".join(f"{vlabel(v)} {len(f['tuned'])} of {f['n']} (tuned lr), {len(f['matched'])} of {f['n']} "
@@ -210,8 +233,7 @@ def _rounding_part(fig_dir: Path, table) -> str:
     rounding = fig_dir / ROUNDING_NAME
     if not rounding.is_file():
         return ""
-    import json
-    check = json.loads(rounding.read_text(encoding="utf-8"))
+    check = validate_retrieval_rounding(read_json(rounding), f"--retrieval: {rounding} is not a rounding check")
     head, rows = rounding_tables(check)
     differ = [f"{r[1]}: {r[0]}" for r in rows if r[-1] == "NO"]
     eq, n = check["grid_runs_equal_at_primary"]
@@ -224,7 +246,7 @@ def _rounding_part(fig_dir: Path, table) -> str:
                 + f" Grid runs with bitwise the same primary accuracy: {eq} of {n}.") + "</p>")
 
 
-def section(results: dict[str, Any], fig_dir: Path, table, image) -> str:
+def section(results: RetrievalResults, fig_dir: Path, table, image) -> str:
     """The HTML of the lead section; ``table``/``image`` are the page's own helpers."""
     parts = [f"<p>{html.escape(_intro(results))}</p>", *_failures_notes(results),
              deviations_note(results.get("deviations"))]

@@ -12,7 +12,7 @@ import torch
 from ...fileio import atomic_write
 from ...log import progress_bar
 from ...rundir import RESULTS_NAME
-from ...rundir.studies import read_study
+from ...rundir.studies import read_lm_sweep, read_retrieval
 from ..analyses import MULTI_RUN, PER_RUN
 from ..loading import EvalModel, load_for_eval
 from ..spec import AnalysisSpec
@@ -91,8 +91,8 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     if not run_dirs:
         raise ValueError("report: give at least one RUN_DIR")
     # the studies' outputs first: a file of the wrong shape is one line before any model is read
-    bench = read_study(retrieval_dir, "retrieval", "--retrieval") if retrieval_dir is not None else None
-    sweep = read_study(lm_sweep_dir, "lm-sweep", "--lm-sweep") if lm_sweep_dir is not None else None
+    bench = read_retrieval(retrieval_dir, "--retrieval") if retrieval_dir is not None else None
+    sweep = read_lm_sweep(lm_sweep_dir, "--lm-sweep") if lm_sweep_dir is not None else None
     evs = [load_for_eval(p, device) for p in run_dirs]
     vocab = {ev.tokenizer.get_vocab_size() for ev in evs}
     if len(vocab) > 1:

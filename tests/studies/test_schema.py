@@ -1,0 +1,129 @@
+"""The study results' schema (``rundir/studies.py``): every committed result file validates against its study's
+schema, and a file that departs from it is refused by every command that takes a study's directory, in one line that
+names the field (exit 2), before any model is read."""
+
+from __future__ import annotations
+
+import copy
+import json
+import typing
+from pathlib import Path
+
+import pytest
+
+from difftransformer.cli import main
+from difftransformer.rundir import files
+from difftransformer.rundir.studies import (
+    POLICIES,
+    LmSweepResults,
+    Policy,
+    RetrievalResults,
+    read_lm_sweep,
+    read_retrieval,
+    validate,
+    validate_lm_sweep,
+    validate_lm_sweep_rounding,
+    validate_retrieval_results,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RETRIEVAL = DOCS / "retrieval-v3"
+SWEEPS = [DOCS / "lm-sweep-v2", DOCS / "lm-sweep-v2-avx2"]
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict:
+    return json.loads((RETRIEVAL / files.RESULTS_NAME).read_text())
+
+
+def test_every_committed_result_file_validates(committed):
+    res = validate_retrieval_results(committed, str(RETRIEVAL))
+    assert set(res["verdicts"]) == set(POLICIES)
+    assert read_retrieval(RETRIEVAL, "--retrieval")["variants"].keys() == res["variants"].keys()
+    for d in SWEEPS:
+        assert read_lm_sweep(d, "--lm-sweep")["benchmark"] == "lm_sweep"
+        validate_lm_sweep(json.loads((d / files.SWEEP_RESULTS_NAME).read_text()), str(d))
+    validate_lm_sweep_rounding(json.loads((DOCS / "lm-sweep-v2-avx2" / files.ROUNDING_NAME).read_text()), "x")
+
+
+def test_policies_are_the_schemas():
+    assert POLICIES == typing.get_args(Policy) == ("runs", "matched_runs", "no_failures")
+    # a reader's key that the schema does not hold is a key mypy refuses: the schemas name what the readers read
+    hints = typing.get_type_hints(RetrievalResults)
+    assert {"config", "variants", "conditions", "verdicts"} <= set(hints)
+    assert {"table", "verdict_rows", "timings"} <= set(typing.get_type_hints(LmSweepResults))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["variants"]["diff_v1"]["runs"][3]["conditions"]["p48c48"].pop("accuracy"),
+     'variants.diff_v1.runs[3].conditions.p48c48 lacks "accuracy"'),
+    (lambda r: r.pop("variants"), 'it lacks "variants"'),
+    (lambda r: r.update(chance="1/8"), "chance is a JSON string, not a number"),
+    (lambda r: r["verdicts"].update(tuned=[]), "verdicts has the key 'tuned', not 'runs' or 'matched_runs'"),
+    (lambda r: r["variants"]["baseline"]["lr_grid"][0].update(lr=None), "variants.baseline.lr_grid[0].lr is a JSON"),
+    (lambda r: r["config"].pop("primary"), 'config lacks "primary"'),
+])
+def test_a_departure_is_named(committed, change, message):
+    bad = copy.deepcopy(committed)
+    change(bad)
+    with pytest.raises(ValueError, match="^F: " + message.replace("[", r"\[").replace("]", r"\]")
+                       .replace("(", r"\(").replace(")", r"\)")):
+        validate(bad, RetrievalResults, "F")
+
+
+def test_report_refuses_a_results_json_with_a_field_removed(committed, tmp_path, capsys):
+    """``report --retrieval DIR``: one line naming the file and the field, exit 2, before any run is read."""
+    bad = copy.deepcopy(committed)
+    del bad["variants"]["diff_v2"]["matched_runs"][0]["seed"]
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / files.RESULTS_NAME).write_text(json.dumps(bad))
+    assert main(["report", str(tmp_path / "no-run"), "--retrieval", str(tmp_path / "bench"),
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        f"--retrieval: {tmp_path / 'bench' / files.RESULTS_NAME} is not a retrieval result: "
+        'variants.diff_v2.matched_runs[0] lacks "seed"')
+
+
+def test_every_command_taking_a_sweep_refuses_a_mistyped_one(tmp_path, capsys):
+    """``report --lm-sweep`` and ``demo --lm-sweep`` (``lm-sweep --rounding-of`` reads through the same
+    ``read_study``): the same check, the same line."""
+    bad = json.loads((SWEEPS[0] / files.SWEEP_RESULTS_NAME).read_text())
+    bad["table"]["diff_v1"][0]["test_loss"] = "3.9"
+    (tmp_path / "sweep").mkdir()
+    path = tmp_path / "sweep" / files.SWEEP_RESULTS_NAME
+    path.write_text(json.dumps(bad))
+    what = "table.diff_v1[0].test_loss is a JSON string, not a list"
+    for argv, flag in ((["report", str(tmp_path / "no-run"), "--lm-sweep", str(path.parent), "--out",
+                         str(tmp_path / "o")], "--lm-sweep"),
+                       (["demo", "--lm-sweep", str(path.parent), "--out", str(tmp_path / "o")], "--lm-sweep")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].endswith(f"{flag}: {path} is not a lm-sweep result: {what}"), err
+
+
+def _path_constants(path: Path) -> list[str]:
+    """String literals of a module that are paths, docstrings and messages left out (as tests/test_architecture.py
+    finds a run's file names)."""
+    import ast
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_study_file_names_are_spelled_once():
+    """Each plot a study writes beside its results, and the results' files, is one constant of rundir/files.py:
+    the writer (the study's plots) and the reader (the report) import it."""
+    src = Path(files.__file__).resolve().parents[1]
+    names = [*files.RETRIEVAL_PLOTS, files.WIDTH_SWEEP_PNG, files.LM_SWEEP_PARAMS_PNG, files.LM_SWEEP_TOKENS_PNG,
+             files.LM_SWEEP_LR_PNG, files.RESULTS_NAME, files.SWEEP_RESULTS_NAME, files.ROUNDING_NAME]
+    where: dict[str, list[str]] = {n: [] for n in names}
+    for path in sorted(src.rglob("*.py")):
+        for s in _path_constants(path):
+            for n in names:
+                if s == n or s.endswith("/" + n):
+                    where[n].append(path.relative_to(src).as_posix())
+    assert where == {n: ["rundir/files.py"] for n in names}
