@@ -32,7 +32,11 @@ def cli_fails(capsys, argv: list[str], *expected: str, stdout_empty: bool = Fals
     """``difftransformer <argv>`` exits 2 with one ``difftransformer CMD: error:`` line holding every ``expected``
     text and no traceback; ``stdout_empty``: nothing was printed before the error. Returns the line."""
     capsys.readouterr()
-    assert main(argv) == 2
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # the parser's own refusals (a flag's type or choices) exit from inside argparse
+        rc = e.code
+    assert rc == 2
     out = capsys.readouterr()
     lines = out.err.strip().splitlines()
     assert len(lines) == 1, out.err

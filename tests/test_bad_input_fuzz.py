@@ -248,7 +248,7 @@ CASES: list[tuple[list[str], str]] = [
     (["demo", "--out", "{ws}/o", "--lm-sweep", "{ws}/nothing"], "holds no sweep.json"),
     (["lm-sweep", "--out", "{ws}/o", "--widths", "32,32"], "two distinct"),
     (["lm-sweep", "--out", "{ws}/o", "--seeds", "0"], "seeds must be"),
-    (["lm-sweep", "--out", "{ws}/o", "--diagnostic", "v1"], "--diagnostic v1|v2 and --reference DIR go together"),
+    (["lm-sweep", "--out", "{ws}/o", "--diagnostic", "v1"], "--diagnostic v1 needs --reference DIR"),
     (["lm-sweep", "--out", "{ws}/o", "--diagnostic", "v1", "--reference", "{ws}/nothing"], "no lm-jobs.jsonl there"),
     (["lm-sweep", "--out", "{ws}/o", "--lr-grid", "1e-3,-1"], "lr_grid"),
     (["lm-sweep", "--out", "{ws}/o", "--steps", "10", "--warmup-steps", "10"], "warmup_steps"),

@@ -101,7 +101,7 @@ def test_the_chosen_scope_end_to_end_then_the_full_check_from_the_same_journal(t
     assert res["timings"]["jobs"] == 16 and res["timings"]["jobs_run"] == 16 - n_scoped
     assert "rounding_scope" not in res and "verdicts the same" in p.stdout
     p = _sweep(tmp_path / "x", "--rounding-scope", "chosen")
-    assert p.returncode == 2 and "needs --rounding-of" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "goes with --rounding-partial or --rounding-of" in p.stderr and "Traceback" not in p.stderr
 
 
 def _ref_choices(ref: Path):

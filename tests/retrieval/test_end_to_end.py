@@ -132,7 +132,10 @@ def test_reproducible_across_process_layouts(tmp_path):
                                   ["--train-pairs", "4"], ["--seed-base", "-1"], ["--primary", "p16c128"],
                                   ["--sweep-width", "64"]])
 def test_cli_bad_input_one_line(tmp_path, capsys, argv):
-    rc = main(["retrieval", "--out", str(tmp_path / "o"), "--no-progress", *argv])
+    try:
+        rc = main(["retrieval", "--out", str(tmp_path / "o"), "--no-progress", *argv])
+    except SystemExit as e:  # a flag's type or choices: argparse's own one line
+        rc = e.code
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("difftransformer retrieval: error:")
     assert not (tmp_path / "o").exists()

@@ -89,7 +89,7 @@ def test_bad_references_are_refused_in_one_line(tmp_path, capsys):
     assert main(["retrieval", "--diagnostic", "--reference", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no jobs.jsonl there" in capsys.readouterr().err
     assert main(["retrieval", "--diagnostic", "--out", str(tmp_path / "o")]) == 2
-    assert "go together" in capsys.readouterr().err
+    assert "--diagnostic needs --reference DIR" in capsys.readouterr().err
     assert main(["retrieval", "--diagnostic", "--reference", str(tmp_path), "--steps", "5",
                  "--out", str(tmp_path / "o")]) == 2
     assert "takes its configuration from --reference" in capsys.readouterr().err

@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..model import variants as registry
-from ..studies.config import as_tuples, check_int, check_lr_grid, from_dict, to_dict
+from ..studies.config import as_tuples, check_int, check_lr_grid, flag, from_dict, to_dict
 
 if TYPE_CHECKING:
     from ..jobs.codepath import CodePath
@@ -29,25 +29,30 @@ Scale = Literal["cpu", "gpu"]  # the pre-registered scales (``SCALES``)
 
 @dataclass(frozen=True)
 class LMSweepConfig:
-    widths: tuple[int, ...] = (32, 64, 96)  # d_model; parameters matched across variants by the library
-    n_layers: int = 4
-    n_heads: int = 4  # the baseline's heads at every width (DIFF V1: 2 differential heads, DIFF V2: 8 query heads);
-    # head_dim = d_model / n_heads grows with the width (8, 16, 24 at the cpu scale)
-    preset: str = "demo"  # its [data] section: the tokens and the tokenizer; its [model] section's other options
-    seq_len: int = 128
-    batch: int = 16  # windows per optimizer step (one micro-batch)
-    steps: int = 300
-    warmup_steps: int = 30
+    widths: tuple[int, ...] = flag((32, 64, 96), "d_model values (parameters matched across variants by the library), "
+                                                 "each divisible by 2 x n_heads; gpu scale 32,64,96,128")
+    n_layers: int = flag(4, "layers at every width")
+    n_heads: int = flag(4, "the baseline's heads at every width, even (DIFF V1: 2 differential heads, DIFF V2: 8 "
+                           "query heads); head_dim = d_model / n_heads")
+    preset: str = flag("demo", "the preset whose [data] section (tokens, tokenizer) and other [model] options are used")
+    seq_len: int = flag(128, "training and validation window, tokens")
+    batch: int = flag(16, "windows per optimizer step (one micro-batch); gpu scale 64")
+    steps: int = flag(300, "optimizer steps per run; gpu scale 600")
+    warmup_steps: int = flag(30, "linear warmup steps; gpu scale 60")
     min_lr_ratio: float = 0.1  # the cosine ends at this share of the peak lr
-    lr_grid: tuple[float, ...] = (4e-3, 8e-3, 16e-3)
-    lr_widen: int = 2  # the most times a variant's grid grows past a chosen edge (per width); then "unresolved edge"
-    seeds: int = 5
-    seed_base: int = 5000
-    eval_every: int = 25  # optimizer steps between points of the test-half validation curve
+    lr_grid: tuple[float, ...] = flag((4e-3, 8e-3, 16e-3), "peak learning rates, each run on every seed at every width")
+    lr_widen: int = flag(2, "the most times a variant's grid grows past a chosen edge (per width); then "
+                            "'unresolved edge'")
+    seeds: int = flag(5, "paired seeds; gpu scale 6")
+    seed_base: int = flag(5000, "the first seed: SEED_BASE..SEED_BASE+N-1")
+    eval_every: int = flag(25, "optimizer steps between points of the test-half validation curve; gpu scale 50")
     outlier_windows: int = 8  # test-half windows for the activation-outlier measure
-    variants: tuple[str, ...] = field(default_factory=registry.names)
-    scale: Scale = "cpu"  # which pre-registered scale these values start from; a label in sweep.json
-    cpu_code_path: CodePath = "machine"
+    variants: tuple[str, ...] = flag(factory=registry.names, help="a subset of the registered variants; the "
+                                     "reference (every ratio's) is added when not named")
+    scale: Scale = flag("cpu",  # noqa: RUF009 (flag is a dataclasses.field) "the pre-registered scale the other values start from: cpu (99 minutes on 2 cores, "
+                               "measured once) or gpu (wider, 8x the tokens, 6 seeds; for --device cuda)")
+    cpu_code_path: CodePath = flag("machine",  # noqa: RUF009 (flag is a dataclasses.field) "the CPU kernels every job runs: machine, or a pinned instruction set "
+                                              "(rerun under another to check the verdicts against rounding)")
 
     def __post_init__(self) -> None:
         as_tuples(self, "widths", "variants")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..jobs import Incomplete
 from ..jobs import cli as jobs_cli
 from ..jobs.codepath import CODE_PATHS
 from ..jobs.outcome import EXIT_CODES_HELP
-from ..model import variants as registry
-from ..studies.cli import floats, ints, write_rounding
+from ..studies.cli import Mode, Modes, add_config_flags, config_changes, ints, write_rounding
 from .config import RetrievalConfig, quick_config
 
 HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md, version 3): baseline vs DIFF V1/V2, "
@@ -25,91 +24,54 @@ HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md,
         "path; --sweep-width: accuracy vs parameters")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+# What the command does, picked by its flags (the first that matches), and the flags each takes ("config": every
+# RetrievalConfig field's flag, "jobs": where the jobs run); any other flag given is refused in one line
+MODES = (
+    Mode("--diagnostic", ("diagnostic",), ("rounding_check", "jobs"), ("reference",),
+         " (it takes its configuration from --reference DIR)"),
+    Mode("--sweep-width", ("sweep_width",), ("config", "quick", "reuse_jobs", "jobs")),
+    Mode("the benchmark", (), ("config", "quick", "rounding_check", "jobs")),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> Modes:
     p.add_argument("--out", required=True, help="output directory for results.json and the plots")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run (about two minutes): 150 steps, a 2-value lr grid, 2 test seeds, 16 contexts per "
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    m = p.add_argument_group("modes (default: the benchmark)")
+    m.add_argument("--quick", action="store_true",
+                   help="a smoke run (about two minutes): 150 steps, a 2-value lr grid, 2 test seeds, 16 contexts per "
                         "condition; its numbers are not a measurement and the report gives no verdicts")
-    p.add_argument("--seeds", type=int, help="test seeds per variant, paired across variants (default 12)")
-    p.add_argument("--seed-base", type=int, help="the first test seed: seeds SEED_BASE..SEED_BASE+N-1 (default 3000)")
-    p.add_argument("--steps", type=int, help="training steps per model (default 600)")
-    p.add_argument("--batch", type=int, help="contexts per training step (default 32)")
-    p.add_argument("--lr-grid",
-                   help="comma-separated learning rates, each run on every test seed; each variant's lr is chosen on "
-                        "the validation split (default 1e-3,2e-3,4e-3)")
-    p.add_argument("--lr-widen", type=int, help="times a grid grows past an edge that was chosen (default 1)")
-    p.add_argument("--train-pairs", help="LO,HI facts per training context, drawn per example (default 8,24)")
-    p.add_argument("--train-context", help="LO,HI training context length (facts + filler), drawn per batch "
-                                           "(default 24,48)")
-    p.add_argument("--queries", type=int, help="keys asked per context, training and test (default 8)")
-    p.add_argument("--n-keys", type=int, help="key vocabulary size (default 64)")
-    p.add_argument("--distractors", help="training distractor kind: random | near")
-    p.add_argument("--d-model", type=int, help="model width (all variants; parameters matched by the library)")
-    p.add_argument("--n-layers", type=int, help="transformer layers")
-    p.add_argument("--variants", help=f"comma-separated subset of {', '.join(registry.names())}")
-    p.add_argument("--eval-contexts", type=int, help="test contexts per condition, and validation contexts for the "
-                                                     "lr choice (default 128)")
-    p.add_argument("--primary", help="primary endpoint condition, inside the trained lengths (default p48c48); "
-                                     "PROTOCOL.md fixes it: changing it is a deviation to report")
-    p.add_argument("--extrapolation", help="length-extrapolation endpoint condition, longer than any trained "
-                                           "(default p48c96)")
-    p.add_argument("--sweep-width", metavar="W1,W2,...",
-                   help="instead of the benchmark: the scaling sweep (paper Fig. 3) at these widths, every variant x "
-                        "test seed x lr of the grid, each variant at its lr per width (chosen on validation); accuracy "
-                        "at the primary condition against parameters, and the parameter ratio DIFF/baseline at the "
-                        "baseline's default-width accuracy, bootstrapped; resumable (OUT/sweep-jobs.jsonl)")
-    p.add_argument("--reuse-jobs", metavar="JOURNAL",
-                   help="with --sweep-width: read finished jobs from another run's journal (e.g. the benchmark's "
-                        "OUT/jobs.jsonl: its jobs are the sweep's at the default width) where everything that "
-                        "determines a job is the same (its key); they are copied, not run")
-    p.add_argument("--cpu-code-path", choices=CODE_PATHS,
-                   help="the CPU kernels every job runs: 'machine' lets each library pick them for this CPU; "
-                        "'avx2'/'avx512' pin PyTorch's, MKL's and oneDNN's instruction set (default machine: pinning "
-                        "did not make numbers equal across CPUs; PROTOCOL.md, 'Reproducibility')")
-    p.add_argument("--rounding-check", metavar="CODE_PATH", choices=CODE_PATHS,
-                   help="after the benchmark, rerun every job under this CPU code path into OUT/rounding-CODE_PATH and "
-                        "print both verdict tables and the verdicts that differ (written to OUT/rounding.json); with "
-                        "--diagnostic: OUT holds the finished diagnostic, and its jobs at the chosen lrs (baseline, "
-                        "DIFF V1, DIFF V2 and every arm, every test seed: 96 jobs) run again under CODE_PATH and "
-                        "every D, C and reading is printed under both (lr choices not replayed)")
-    p.add_argument("--diagnostic", action="store_true",
-                   help="instead of the benchmark, the retrieval diagnostic (DIAGNOSTIC.md beside PROTOCOL.md): four "
-                        "one-change arms of DIFF V1 and V2 (V1 without its head-wise norm; V2 with it, with V1's "
-                        "scalar lambda, with separate keys), each with the lr grid on the 12 test seeds, read against "
-                        "the baseline and its own variant; needs --reference; takes its configuration from there; "
-                        "writes OUT/diagnostic.json, OUT/diagnostic-lr.png, OUT/diag-jobs.jsonl (resumable); about "
-                        "150 jobs of 20-30 CPU-seconds")
-    p.add_argument("--reference", metavar="DIR",
+    m.add_argument("--rounding-check", metavar="CODE_PATH", choices=CODE_PATHS,
+                   help="after the benchmark, every job again under this CPU code path into OUT/rounding-CODE_PATH, "
+                        "both verdict tables and the verdicts that differ (OUT/rounding.json); with --diagnostic: OUT "
+                        "holds the finished diagnostic, its jobs at the chosen lrs (96) run again and every D, C and "
+                        "reading is printed under both (lr choices not replayed)")
+    m.add_argument("--sweep-width", metavar="W1,W2,...",
+                   help="instead of the benchmark, the scaling sweep (paper Fig. 3) at these widths: every variant x "
+                        "test seed x lr, each variant's lr per width chosen on validation; accuracy against "
+                        "parameters and the bootstrapped parameter ratio DIFF/baseline (OUT/sweep-jobs.jsonl)")
+    m.add_argument("--reuse-jobs", metavar="JOURNAL",
+                   help="with --sweep-width: copy the finished jobs of another run's journal (e.g. the benchmark's "
+                        "OUT/jobs.jsonl: the sweep's jobs at the default width) whose key is the same")
+    m.add_argument("--diagnostic", action="store_true",
+                   help="instead of the benchmark, the retrieval diagnostic (DIAGNOSTIC.md beside PROTOCOL.md): "
+                        "one-change arms of DIFF V1 and V2, each with the lr grid on the test seeds, read against the "
+                        "baseline and its own variant (OUT/diagnostic.json, OUT/diagnostic-lr.png, "
+                        "OUT/diag-jobs.jsonl; about 150 jobs of 20-30 CPU-seconds); needs --reference")
+    m.add_argument("--reference", metavar="DIR",
                    help="with --diagnostic: a finished benchmark run ON THIS MACHINE (its jobs.jsonl), whose "
                         "configuration, lr choices and baseline, DIFF V1 and DIFF V2 runs the diagnostic reads")
-    jobs_cli.add_arguments(p)  # --workers, --executor, --ray-address, --cpus-per-job, --gpus-per-job, --device,
-    # --time-limit
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    config = add_config_flags(p, RetrievalConfig, "configuration (the benchmark and --sweep-width; PROTOCOL.md fixes "
+                                                  "it; defaults: the protocol's, --quick's smaller)")
+    before = {a.dest for a in p._actions}
+    jobs_cli.add_arguments(cast(argparse.ArgumentParser, p.add_argument_group("where the jobs run")))
+    jobs = [a.dest for a in p._actions if a.dest not in before]
+    return Modes(p, MODES, {"config": config, "jobs": jobs})
 
 
 def config_from_args(args) -> RetrievalConfig:
+    ch = config_changes(args, RetrievalConfig)
     cfg = quick_config() if args.quick else RetrievalConfig()
-    ch: dict[str, Any] = {}
-    for flag, key in (("seeds", "seeds"), ("steps", "steps"), ("batch", "batch"), ("lr_widen", "lr_widen"),
-                      ("queries", "queries"), ("n_keys", "n_keys"), ("distractors", "distractors"),
-                      ("d_model", "d_model"), ("n_layers", "n_layers"), ("eval_contexts", "eval_contexts"),
-                      ("primary", "primary"), ("extrapolation", "extrapolation")):
-        if getattr(args, flag) is not None:
-            ch[key] = getattr(args, flag)
-    if args.eval_contexts is not None:
-        ch["val_contexts"] = args.eval_contexts
-    if args.lr_grid is not None:
-        ch["lr_grid"] = floats(args.lr_grid, "--lr-grid")
-    if args.seed_base is not None:
-        ch["seed_base"] = args.seed_base
-    if args.cpu_code_path is not None:
-        ch["cpu_code_path"] = args.cpu_code_path
-    if args.train_pairs is not None:
-        ch["train_pairs"] = ints(args.train_pairs, "--train-pairs", 2)
-    if args.train_context is not None:
-        ch["train_context"] = ints(args.train_context, "--train-context", 2)
-    if args.variants is not None:
-        ch["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     return cfg.replace(**ch) if ch else cfg
 
 
@@ -181,28 +143,21 @@ def run_cli(args) -> int:
 
 
 def _run_cli(args) -> int:
+    mode = args.modes.select(args)  # a flag this mode does not take, or one it needs missing: one line, no work
     options = jobs_cli.options_from_args(args)
     cfg = config_from_args(args)
-    if args.diagnostic or args.reference is not None:
-        if not (args.diagnostic and args.reference is not None):
-            raise ValueError("--diagnostic and --reference DIR go together")
-        others = [f for f, v in (("--sweep-width", args.sweep_width), ("--reuse-jobs", args.reuse_jobs),
-                                 ("--quick", args.quick or None)) if v]
-        if others or cfg != RetrievalConfig():
-            raise ValueError("--diagnostic takes its configuration from --reference DIR: drop "
-                             + (", ".join(others) if others else "the configuration flags"))
+    if mode.name == "--diagnostic":
+        from . import diagnostic as dg
         if args.rounding_check is not None:
             from ..studies.rounding import format_readings
-            from .diagnostic import rounding_check
-            check = rounding_check(args.reference, args.out, args.rounding_check, options)
+            check = dg.rounding_check(args.reference, args.out, args.rounding_check, options)
             write_rounding(args.out, check, format_readings(check, "retrieval diagnostic"))
             return 0
-        from .diagnostic import format_diagnostic, run_diagnostic
-        print(format_diagnostic(run_diagnostic(args.reference, args.out, options)))
+        print(dg.format_diagnostic(dg.run_diagnostic(args.reference, args.out, options)))
         print(f"wrote {args.out}/diagnostic.json and diagnostic-lr.png")
         return 0
-    if args.reuse_jobs is not None and (args.sweep_width is None or not Path(args.reuse_jobs).is_file()):
-        raise ValueError(f"--reuse-jobs {args.reuse_jobs}: needs --sweep-width and an existing journal file")
+    if args.reuse_jobs is not None and not Path(args.reuse_jobs).is_file():
+        raise ValueError(f"--reuse-jobs {args.reuse_jobs}: not a journal file")
     if args.sweep_width is not None:
         from .sweep import format_sweep, run_sweep
         widths = ints(args.sweep_width, "--sweep-width")
@@ -216,13 +171,18 @@ def _run_cli(args) -> int:
     print(f"wrote {args.out}/results.json and plots")
     if args.rounding_check is not None:
         from .rounding import format_rounding, rounding_check
-        check = rounding_check(results, cfg.replace(cpu_code_path=args.rounding_check), args.out, quick=args.quick,
-                               options=options)
-        write_rounding(args.out, check, format_rounding(check))
+        bench_check = rounding_check(results, cfg.replace(cpu_code_path=args.rounding_check), args.out,
+                                     quick=args.quick, options=options)
+        write_rounding(args.out, bench_check, format_rounding(bench_check))
     return 0
 
 
+USAGE = """%(prog)s --out DIR [--quick] [--rounding-check CODE_PATH] [configuration] [where the jobs run]
+       %(prog)s --out DIR --sweep-width W1,W2,... [--reuse-jobs JOURNAL] [--quick] [configuration] [...]
+       %(prog)s --out DIR --diagnostic --reference DIR [--rounding-check CODE_PATH] [where the jobs run]"""
+
+
 def register(sub) -> None:
-    p = sub.add_parser("retrieval", help=HELP, description=HELP, epilog=EXIT_CODES_HELP, allow_abbrev=False)
-    add_arguments(p)
-    p.set_defaults(func=run_cli)
+    p = sub.add_parser("retrieval", help=HELP, description=HELP, epilog=EXIT_CODES_HELP, allow_abbrev=False,
+                       usage=USAGE)
+    p.set_defaults(func=run_cli, modes=add_arguments(p))

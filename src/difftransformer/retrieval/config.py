@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..model import variants as registry
-from ..studies.config import as_tuples, check_int, check_lr_grid, from_dict, to_dict
+from ..studies.config import as_tuples, check_int, check_lr_grid, flag, from_dict, to_dict
 
 if TYPE_CHECKING:
     from ..jobs.codepath import CodePath
@@ -97,45 +97,51 @@ class Layout:
 @dataclass(frozen=True)
 class RetrievalConfig:
     # --- task ---
-    train_pairs: tuple[int, int] = (8, 24)  # facts per training context, drawn per example (inclusive range)
-    train_context: tuple[int, int] = (24, 48)  # training context length (facts + filler), drawn per batch
-    distractors: Distractors = "random"  # training distractor kind
-    queries: int = 8  # keys asked per context (training and test)
-    n_keys: int = 64  # key vocabulary (>= the most pairs of any condition)
+    train_pairs: tuple[int, int] = flag((8, 24), "facts per training context, drawn per example (inclusive range)")
+    train_context: tuple[int, int] = flag((24, 48), "training context length (facts + filler), drawn per batch")
+    distractors: Distractors = flag("random", "training distractor kind")  # noqa: RUF009 (flag is a field)
+    queries: int = flag(8, "keys asked per context (training and test)")
+    n_keys: int = flag(64, "key vocabulary (>= the most facts of any condition)")
     n_values: int = 8  # value vocabulary: chance is 1 / n_values
     n_filler: int = 64  # filler vocabulary
     key_group: int = 32  # keys per near-duplicate group
     # --- model (ModelConfig fields; the library parameter-matches the variants) ---
-    d_model: int = 64
-    n_layers: int = 2
+    d_model: int = flag(64, "model width, every variant (parameters matched by the library)")
+    n_layers: int = flag(2, "transformer layers")
     n_heads: int = 4
     # --- training ---
-    steps: int = 600
-    batch: int = 32
+    steps: int = flag(600, "training steps per model")
+    batch: int = flag(32, "contexts per training step")
     warmup: int = 50
     weight_decay: float = 0.0
     backend: RetrievalBackend = "eager"  # the attention path: "eager" (explicit maps; fastest at these lengths)
     fused_adamw: bool = True  # PyTorch's fused CPU AdamW (one kernel over every tensor) instead of its for-loop one
     # --- learning rates (PROTOCOL.md, "Learning rates"): the grid runs on every test seed, chosen on validation ---
-    lr_grid: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
-    lr_widen: int = 1  # times the grid may grow by one value past an edge that was chosen
+    lr_grid: tuple[float, ...] = flag((1e-3, 2e-3, 4e-3), "learning rates, each run on every test seed; each "
+                                                          "variant's lr is chosen on the validation split")
+    lr_widen: int = flag(1, "times the grid may grow by one value past an edge that was chosen")
     # the sensitivity row: every variant at this variant's tuned lr (default: the reference, the baseline)
     matched_lr: str = field(default_factory=lambda: registry.reference().name)
     # --- test ---
-    seeds: int = 12  # test seeds seed_base .. seed_base+seeds-1 per variant (paired across variants)
-    seed_base: int = 3000  # version 3's fresh block (PROTOCOL.md, "Seeds"); versions 1-2 used 0..7
-    variants: tuple[str, ...] = field(default_factory=registry.names)  # every registered variant
+    seeds: int = flag(12, "test seeds per variant, paired across variants")
+    seed_base: int = flag(3000, "the first test seed: SEED_BASE..SEED_BASE+N-1 (version 3's fresh block; versions "
+                                "1-2 used 0..7)")
+    variants: tuple[str, ...] = flag(factory=registry.names, help="a subset of the registered variants")
     floor: float = 0.9  # accuracy on the training distribution below which a run is a training failure
-    eval_contexts: int = 128  # test contexts per condition (``queries`` asked in each)
-    val_contexts: int = 128  # validation contexts (its own generator seed) for the lr choice
+    eval_contexts: int = flag(128, "test contexts per condition, and validation contexts for the lr choice")
+    # validation contexts (their own generator seed) for the lr choice: --eval-contexts sets them too
+    val_contexts: int = field(default=128, metadata={"follows": "eval_contexts"})
     conditions: tuple[Condition, ...] = field(default_factory=default_conditions)
-    primary: str = "p48c48"  # the primary endpoint: accuracy here (inside the trained lengths, twice the facts)
-    extrapolation: str = "p48c96"  # the secondary length-extrapolation endpoint (twice the longest trained)
+    primary: str = flag("p48c48", "the primary endpoint's condition, inside the trained lengths; PROTOCOL.md fixes "
+                                  "it: changing it is a deviation to report")
+    extrapolation: str = flag("p48c96", "the length-extrapolation endpoint's condition, longer than any trained")
     # Fig. 8's widths, plus 3: at this scale the top |logit| is ~8-12 (measured), so 4 bits barely hurt
     quant_bits: tuple[int, ...] = (8, 6, 4, 3)
     data_seed: int = 1234  # training stream; validation uses data_seed + 1, test data_seed + 2
-    # the CPU kernels every job runs (jobs/codepath.py): pinned so that numbers agree across CPUs
-    cpu_code_path: CodePath = "machine"
+    # the CPU kernels every job runs (jobs/codepath.py)
+    cpu_code_path: CodePath = flag("machine",  # noqa: RUF009 (flag is a dataclasses.field) "the CPU kernels every job runs: machine lets each library pick them; "
+                                              "avx2/avx512 pin PyTorch's, MKL's and oneDNN's (PROTOCOL.md, "
+                                              "'Reproducibility')")
 
     def __post_init__(self) -> None:
         as_tuples(self, "train_pairs", "train_context", "variants", "quant_bits")

@@ -5,10 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Optional, TypeVar
 
 C = TypeVar("C")
+
+
+def flag(default: Any = dataclasses.MISSING, help: str = "", *, factory: Optional[Callable[[], Any]] = None,
+         follows: Optional[str] = None) -> Any:
+    """A study config field that is also a command-line flag ``--field-name`` (``studies.cli.add_config_flags``):
+    ``help`` is its one line of ``--help`` (the default is appended). ``follows``: a field whose value this one takes
+    when only that one's flag is given (``--eval-contexts`` sets the validation contexts too). A field declared
+    without ``flag`` is fixed by the protocol, not a flag."""
+    meta = {"help": help, "follows": follows}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def check_int(name: str, v: Any, low: int = 1) -> None:
