@@ -137,7 +137,7 @@ def test_rounding_check_lines_up_the_verdicts_and_names_what_differs():
     assert check["code_paths"] == ["machine", "avx2"]
     row = next(r for r in check["rows"] if r[0] == "(a) loss, d=32 (primary)")
     assert (row[3], row[5], row[6]) == (stats.HELD, stats.NOT_HELD, "NO")
-    assert check["lr_choices_differ"] == {"baseline": [(16, 4e-3, 8e-3)]}
+    assert check["lr_choices_differ"] == {"baseline": [[16, 4e-3, 8e-3]]}  # as rounding.json holds it
     assert "lr choices that differ: baseline at d=16: 0.004 vs 0.008" in format_rounding(check)
     with pytest.raises(ValueError, match="another configuration"):
         compare(a, {**b, "config": {**b["config"], "steps": 7}})

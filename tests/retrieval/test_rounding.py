@@ -10,6 +10,7 @@ from difftransformer.eval.report.retrieval import section
 from difftransformer.retrieval.benchmark import run_benchmark
 from difftransformer.retrieval.config import Condition, RetrievalConfig
 from difftransformer.retrieval.rounding import compare, format_rounding, rounding_check
+from difftransformer.rundir.studies import RoundingRow, validate_rounding
 
 
 def _cfg(**kw) -> RetrievalConfig:
@@ -24,7 +25,8 @@ def test_compare_names_the_verdicts_that_differ_and_the_page_shows_both(tmp_path
     first = run_benchmark(_cfg(steps=3), None, workers=1, progress=False)
     first["config"]["steps"] = 600  # judged as a full run (3 steps would be a smoke run: no verdicts to compare)
     same = compare(first, copy.deepcopy(first))
-    assert not same["differ"] and same["grid_runs_equal_at_primary"] == [12, 12]
+    assert same["verdicts_same"] == same["verdicts"] == len(same["rows"]) > 0 and same["not_run"] == 0
+    assert same["grid_runs_equal_at_primary"] == [12, 12] and same["lr_choices_differ"] == {}
     assert "every verdict survives" in format_rounding(same)
     second = copy.deepcopy(first)
     for i, r in enumerate(second["variants"]["diff_v1"]["runs"]):  # DIFF V1 far ahead at the primary endpoint
@@ -32,10 +34,13 @@ def test_compare_names_the_verdicts_that_differ_and_the_page_shows_both(tmp_path
     for i, r in enumerate(second["variants"]["baseline"]["runs"]):
         r["conditions"]["p3c8"]["accuracy"] = 0.3 + 0.01 * i
     check = compare(first, second)
-    primary = [d for d in check["differ"] if d["claim"].startswith("retrieves better among")]
-    assert primary and primary[0]["variant"] == "diff_v1" and primary[0]["second"] == "held"
+    primary = [RoundingRow._make(r) for r in check["rows"] if r[0].startswith("retrieves better among")]
+    assert primary[0].variant == "diff_v1" and primary[0].other_verdict == "held" and primary[0].same == "NO"
+    assert check["verdicts_same"] == check["verdicts"] - 1
     assert "DIFFERS" in format_rounding(check) and "1 verdict(s) differ" in format_rounding(check)
-    (tmp_path / "rounding.json").write_text(json.dumps(check))
+    (tmp_path / "rounding.json").write_text(json.dumps(check))  # one shape for both studies' rounding.json
+    back = validate_rounding(json.loads(json.dumps(check)), "rounding.json")
+    assert back["rows"][0][:2] == list(check["rows"][0][:2])
     page = section(first, tmp_path, lambda head, rows, left=1: f"<table>{head}{rows}</table>", lambda p, t: "")
     assert "The rounding check" in page and "1 verdict(s) differ between the two code paths" in page
 

@@ -22,8 +22,8 @@ from difftransformer.rundir.studies import (
     read_retrieval,
     validate,
     validate_lm_sweep,
-    validate_lm_sweep_rounding,
     validate_retrieval_results,
+    validate_rounding,
 )
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -43,7 +43,7 @@ def test_every_committed_result_file_validates(committed):
     for d in SWEEPS:
         assert read_lm_sweep(d, "--lm-sweep")["benchmark"] == "lm_sweep"
         validate_lm_sweep(json.loads((d / files.SWEEP_RESULTS_NAME).read_text()), str(d))
-    validate_lm_sweep_rounding(json.loads((DOCS / "lm-sweep-v2-avx2" / files.ROUNDING_NAME).read_text()), "x")
+    validate_rounding(json.loads((DOCS / "lm-sweep-v2-avx2" / files.ROUNDING_NAME).read_text()), "x")
 
 
 def test_policies_are_the_schemas():

@@ -6,49 +6,38 @@ the reference's lr choices."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional, cast
 
 from ..model import variants as registry
+from ..rundir.studies import RoundingCheck, RoundingRow, VerdictCells, compare_verdicts, rounding_counts
 from .analysis import Choices, Job, assemble, lr_choice
 from .config import LMSweepConfig
 from .sweep import JOURNAL, verdict_rows
 
 
-class RoundingRow(NamedTuple):
-    """One verdict under two CPU code paths, as rounding.json's ``rows`` holds it."""
-
-    endpoint: str
-    variant: str
-    estimate: str  # the reference code path's
-    verdict: str
-    other_estimate: str
-    other_verdict: str
-    same: str  # "yes" | "NO"
-
-
 def compare(other: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
-    """The rounding check's comparison (as ``retrieval.rounding.compare``: the reference first): the same sweep under
-    two CPU code paths (``other`` the reference run's sweep.json, ``res`` this run): both verdict tables side by
-    side, the verdicts and lr choices that differ."""
+    """The rounding check's comparison (``rundir.studies.compare_verdicts``, the retrieval benchmark's too: the
+    reference first): the same sweep under two CPU code paths (``other`` the reference run's sweep.json, ``res`` this
+    run): both verdict tables side by side, the verdicts and lr choices that differ."""
     if {k: v for k, v in res["config"].items() if k != "cpu_code_path"} != \
             {k: v for k, v in other["config"].items() if k != "cpu_code_path"}:
         raise ValueError("--rounding-of: that sweep ran another configuration (only the CPU code path may differ)")
-    b = {(y.endpoint, y.variant): y for y in verdict_rows(res)}
-    rows = [RoundingRow(x.endpoint, x.variant, x.estimate, x.verdict, y.estimate, y.verdict,
-                        "yes" if x.verdict == y.verdict else "NO")
-            if (y := b.get((x.endpoint, x.variant))) is not None else
-            RoundingRow(x.endpoint, x.variant, x.estimate, x.verdict, "not run", "not run", "not run")
-            for x in verdict_rows(other)]  # by name: a row whose jobs the other run lacks reads "not run"
-    lrs = {v: [(w, x, y) for w, x, y in zip(res["widths"], other["chosen_lr"][v], res["chosen_lr"][v]) if x != y]
+    def cells(r: dict[str, Any]) -> list[VerdictCells]:
+        return [VerdictCells(x.endpoint, x.variant, x.estimate, x.verdict) for x in verdict_rows(r)]
+    lrs = {v: [[w, x, y] for w, x, y in zip(res["widths"], other["chosen_lr"][v], res["chosen_lr"][v]) if x != y]
            for v in res["chosen_lr"]}
-    return {"code_paths": [other["config"]["cpu_code_path"], res["config"]["cpu_code_path"]], "rows": rows,
-            "verdicts_same": sum(r.same == "yes" for r in rows), "verdicts": sum(r.same != "not run" for r in rows),
-            "not_run": sum(r.same == "not run" for r in rows),
-            "lr_choices_differ": {v: d for v, d in lrs.items() if d}}
+    # matched by name: a row whose jobs the other run lacks reads "not run"
+    check = compare_verdicts(cells(other), cells(res), [other["config"]["cpu_code_path"],
+                                                         res["config"]["cpu_code_path"]],
+                             {v: d for v, d in lrs.items() if d})
+    return cast(dict[str, Any], check)  # a RoundingCheck (a plain dict while lmsweep/cli.py holds it as one)
 
 
-def format_rounding(check: dict[str, Any]) -> str:
+def format_rounding(check_: Mapping[str, Any]) -> str:
+    """The check's text (a ``RoundingCheck``, or ``partial_rounding``'s, which holds one)."""
+    check = cast(RoundingCheck, check_)
     p, q = check["code_paths"]
     lines = [f"rounding check: the same sweep under CPU code path {p!r} (reference) and {q!r}",
              f"{'endpoint':<36} {'variant':<8} {p + ': estimate':<30} {'verdict':<26} {q + ': estimate':<30} "
@@ -140,15 +129,15 @@ def partial_rounding(ref_dir: str | Path, other_dir: str | Path, scope: str = "a
     res_b = {"config": cb.to_dict(), **assemble(cb, db, cap, widths, ref_ch and {w: ref_ch[w] for w in widths})}
     check = compare(res_a, res_b)
     every = len(widths) == len(ca.widths)
-    rows = [r for r in check["rows"] if every or not r.endpoint.startswith("(b)")]  # a fit over a subset: not ours
+    rows = [r for r in check["rows"] if every or not RoundingRow._make(r).endpoint.startswith("(b)")]  # a fit over
+    # a subset of the widths: not the protocol's
     note = ("" if every else "the Fig. 3a ratio is left out: its fit needs every width; the rows at the largest "
             f"width finished by both stand for the protocol's largest-width endpoints only when it is d_model "
             f"{ca.largest}")
     if scope == "chosen":
         note = ("; ".join(x for x in (note, "the lr choices are the reference run's (not replayed under the other "
                                       "code path: a choice that rounding would move is not checked)") if x))
-    out.update(code_paths=check["code_paths"], rows=rows, verdicts_same=sum(r.same == "yes" for r in rows),
-               verdicts=sum(r.same != "not run" for r in rows), not_run=sum(r.same == "not run" for r in rows),
+    out.update(code_paths=check["code_paths"], rows=rows, **rounding_counts(rows),
                lr_choices_differ=check["lr_choices_differ"], note=note)
     return out
 

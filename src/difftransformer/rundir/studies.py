@@ -18,8 +18,9 @@ call (``validate_retrieval_results``, ``validate_lm_sweep``)."""
 import collections.abc
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, NamedTuple, Optional, Union
 
 # typing_extensions (torch's own dependency): NotRequired and a TypedDict that reads it on Python 3.10 too
 from typing_extensions import NotRequired, TypedDict, is_typeddict
@@ -226,34 +227,6 @@ class RetrievalResults(TypedDict):
     verdicts: NotRequired[dict[Policy, list[VerdictRow]]]  # the benchmark's own rows, one list per policy
 
 
-# ---------------------------------------------------------------------------- the retrieval benchmark's rounding.json
-class RoundingVerdict(TypedDict):
-    """One counted verdict under one code path (``retrieval.rounding.verdict_table``)."""
-    claim: str
-    variant: str
-    verdict: str
-    estimate: float
-    ci: collections.abc.Sequence[float]
-    n: int
-
-
-class RoundingDiffer(TypedDict):
-    claim: str
-    variant: str
-    first: str
-    second: str
-
-
-class RetrievalRounding(TypedDict):
-    """The benchmark's rounding check (``retrieval.rounding.compare``): both verdict tables side by side."""
-    code_paths: list[CpuInfo]
-    first: list[RoundingVerdict]
-    second: list[RoundingVerdict]
-    differ: list[RoundingDiffer]
-    chosen_lr: dict[str, list[float]]
-    grid_runs_equal_at_primary: list[int]
-
-
 # ==================================================================================== the lm-sweep's sweep.json
 LM_SWEEP_BENCHMARK = "lm_sweep"  # sweep.json's "benchmark"
 
@@ -328,16 +301,78 @@ class LmSweepResults(TypedDict):
     sensitivity_rows: NotRequired[list[list[str]]]
 
 
-class LmSweepRounding(TypedDict):
-    """The sweep's rounding check (``lmsweep.rounding.compare``): per verdict (``RoundingRow``: endpoint, variant,
-    then estimate and verdict under each code path, and "yes"/"NO"/"not run") and the lr choices that differ, per
-    variant [width, reference lr, this lr]."""
-    code_paths: list[str]
-    rows: list[list[str]]
+# ==================================================================== both studies' rounding check: rounding.json
+class RoundingRow(NamedTuple):
+    """One verdict under two CPU code paths, as rounding.json's ``rows`` holds it (a list when read back)."""
+    endpoint: str  # the claim or endpoint, in the study's words
+    variant: str
+    estimate: str  # the first (reference) code path's, in words: "+0.063 [+0.032, +0.093]"
+    verdict: str
+    other_estimate: str
+    other_verdict: str
+    same: str  # "yes" | "NO" | "not run"
+
+
+NOT_RUN = "not run"
+
+
+class VerdictCells(NamedTuple):
+    """What the rounding check compares of one verdict row of either study."""
+    endpoint: str
+    variant: str
+    estimate: str
+    verdict: str
+
+
+class RoundingCounts(TypedDict):
     verdicts_same: int
     verdicts: int
+    not_run: NotRequired[int]  # rows the other run lacks
+
+
+class RoundingCheck(RoundingCounts):
+    """rounding.json of either study (``compare_verdicts``): both code paths' verdicts side by side (``rows``: each a
+    ``RoundingRow``, a list of its seven strings when read back), how many are the same, and the lr choices that
+    differ (per variant, lists ending [reference lr, other lr]; the sweep's begin with the width). The retrieval
+    benchmark adds its CPU kernels, its chosen lrs and how many grid runs kept bitwise the same primary accuracy."""
+    code_paths: list[str]
+    rows: list[Sequence[str]]
     lr_choices_differ: dict[str, list[list[float]]]
-    not_run: NotRequired[int]
+    torch_kernels: NotRequired[list[list[str]]]  # retrieval: the kernels torch ran under each code path
+    chosen_lr: NotRequired[dict[str, list[float]]]  # retrieval: per variant [reference lr, other lr]
+    grid_runs_equal_at_primary: NotRequired[list[int]]  # retrieval: [bitwise equal, grid runs]
+
+
+def rounding_counts(rows: Sequence[Sequence[str]]) -> RoundingCounts:
+    """rounding.json's counts over its rows: verdicts the same, verdicts compared, rows not run."""
+    same = [RoundingRow._make(r).same for r in rows]
+    return {"verdicts_same": same.count("yes"), "verdicts": sum(x != NOT_RUN for x in same),
+            "not_run": same.count(NOT_RUN)}
+
+
+def compare_verdicts(first: Sequence[VerdictCells], second: Sequence[VerdictCells], code_paths: Sequence[str],
+                     lr_choices_differ: dict[str, list[list[float]]]) -> RoundingCheck:
+    """The rounding check of either study: ``first`` (the reference code path's verdict rows) and ``second`` (the same
+    study under the other code path) matched by (endpoint, variant), in ``first``'s order; a row the second run lacks
+    reads "not run"."""
+    by = {(y.endpoint, y.variant): y for y in second}
+    rows: list[Sequence[str]] = [
+        RoundingRow(x.endpoint, x.variant, x.estimate, x.verdict, y.estimate, y.verdict,
+                    "yes" if x.verdict == y.verdict else "NO")
+        if (y := by.get((x.endpoint, x.variant))) is not None else
+        RoundingRow(x.endpoint, x.variant, x.estimate, x.verdict, NOT_RUN, NOT_RUN, NOT_RUN) for x in first]
+    return {"code_paths": list(code_paths), "rows": rows, **rounding_counts(rows),
+            "lr_choices_differ": lr_choices_differ}
+
+
+def validate_rounding(obj: Any, where: str) -> RoundingCheck:
+    """Either study's rounding.json, checked against ``RoundingCheck`` (each row its seven strings)."""
+    check = validate(obj, RoundingCheck, where)
+    for i, r in enumerate(check["rows"]):
+        if len(r) != len(RoundingRow._fields):
+            raise ValueError(f"{where}: rows[{i}] holds {len(r)} values, not {len(RoundingRow._fields)} "
+                             f"({', '.join(RoundingRow._fields)})")
+    return check
 
 
 # ==================================================================================== validation
@@ -379,8 +414,8 @@ def _problem(obj: Any, tp: Any, where: str) -> Optional[str]:
         if not isinstance(obj, dict):
             return f"{where} is a JSON {_JSON_NAMES.get(type(obj), type(obj).__name__)}, not an object"
         hints = typing.get_type_hints(tp)
-        for key in tp.__required_keys__:  # presence first, in the schema's order: the line names what is missing
-            if key not in obj:
+        for key in hints:  # presence first, in the schema's order: the line names what is missing
+            if key in tp.__required_keys__ and key not in obj:
                 return f"{where} lacks \"{key}\""
         for key, sub in hints.items():
             if key in obj:
@@ -441,16 +476,6 @@ def validate(obj: Any, schema: type[T], where: str) -> T:
 def validate_retrieval_results(obj: Any, where: str) -> RetrievalResults:
     """A retrieval benchmark's results.json, checked whole against ``RetrievalResults``."""
     return validate(obj, RetrievalResults, where)
-
-
-def validate_retrieval_rounding(obj: Any, where: str) -> RetrievalRounding:
-    """The retrieval benchmark's rounding.json, checked against ``RetrievalRounding``."""
-    return validate(obj, RetrievalRounding, where)
-
-
-def validate_lm_sweep_rounding(obj: Any, where: str) -> LmSweepRounding:
-    """The language-model sweep's rounding.json, checked against ``LmSweepRounding``."""
-    return validate(obj, LmSweepRounding, where)
 
 
 def validate_lm_sweep(obj: Any, where: str) -> LmSweepResults:

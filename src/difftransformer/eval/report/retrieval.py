@@ -32,12 +32,12 @@ from ...rundir.studies import (
     POLICIES,
     Policy,
     RetrievalResults,
-    RetrievalRounding,
     RetrievalRun,
-    RoundingVerdict,
+    RoundingCheck,
+    RoundingRow,
     RunsKey,
     VerdictRow,
-    validate_retrieval_rounding,
+    validate_rounding,
 )
 from .. import stats
 from .html import deviations_note, inline
@@ -174,14 +174,12 @@ TABLES = (("The models: parameters, learning rates, training failures", models_t
           ("The learning-rate grid (validation split; the lr choice)", lr_table))
 
 
-def rounding_tables(check: RetrievalRounding) -> tuple[list[str], list[list[Any]]]:
-    """The rounding check's two verdict tables side by side (``retrieval/rounding.py``'s rounding.json)."""
-    def cell(r: RoundingVerdict) -> str:
-        return (f"{r['verdict']}: {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] n={r['n']}"
-                if all(math.isfinite(c) for c in r["ci"]) else f"{r['verdict']}: no interval")
-    names = [f"{c['code_path']} ({', '.join(c['torch_kernels'])})" for c in check["code_paths"]]
-    rows = [[x["claim"], vlabel(x["variant"]), cell(x), cell(y), "yes" if x["verdict"] == y["verdict"] else "NO"]
-            for x, y in zip(check["first"], check["second"])]
+def rounding_tables(check: RoundingCheck) -> tuple[list[str], list[list[Any]]]:
+    """The rounding check's two verdict tables side by side (rounding.json, ``rundir.studies.RoundingCheck``)."""
+    kernels = check["torch_kernels"] if "torch_kernels" in check else [[] for _ in check["code_paths"]]
+    names = [f"{c} ({', '.join(k)})" for c, k in zip(check["code_paths"], kernels)]
+    rows = [[r.endpoint, vlabel(r.variant), f"{r.verdict}: {r.estimate}", f"{r.other_verdict}: {r.other_estimate}",
+             r.same] for r in map(RoundingRow._make, check["rows"])]
     return ["claim", "variant", f"CPU code path {names[0]}", f"CPU code path {names[1]}", "same verdict"], rows
 
 
@@ -233,10 +231,10 @@ def _rounding_part(fig_dir: Path, table) -> str:
     rounding = fig_dir / ROUNDING_NAME
     if not rounding.is_file():
         return ""
-    check = validate_retrieval_rounding(read_json(rounding), f"--retrieval: {rounding} is not a rounding check")
+    check = validate_rounding(read_json(rounding), f"--retrieval: {rounding} is not a rounding check")
     head, rows = rounding_tables(check)
     differ = [f"{r[1]}: {r[0]}" for r in rows if r[-1] == "NO"]
-    eq, n = check["grid_runs_equal_at_primary"]
+    eq, n = check.get("grid_runs_equal_at_primary", [0, 0])
     return ("<h3>The rounding check: every job rerun under another CPU code path</h3>"
             + table(head, rows, left=len(head))
             + "<p class='note'>" + html.escape(
