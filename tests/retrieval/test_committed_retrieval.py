@@ -63,3 +63,19 @@ def test_the_readme_and_the_docs_quote_the_committed_answer():
     assert table in (ROOT / "README.md").read_text()
     assert table in (ROOT / "docs" / "retrieval.md").read_text()
     assert dg.markdown_table(json.loads((DIAG / dg.RESULTS).read_text())) in (ROOT / "docs" / "retrieval.md").read_text()
+
+
+def test_the_committed_rounding_check_rebuilds(rebuilt, tmp_path):
+    """The diagnostic's AVX2 rounding check (DIAGNOSTIC.md "Deviations", 2026-11-28 13:40): its committed journal,
+    read against the committed diagnostic, gives the committed rounding.json, and every reading survives."""
+    out, _ = rebuilt
+    shutil.copy(DIAG / dg.RESULTS, tmp_path / dg.RESULTS)
+    (tmp_path / "rounding-avx2").mkdir()
+    shutil.copy(DIAG / "rounding-avx2" / dg.JOURNAL, tmp_path / "rounding-avx2" / dg.JOURNAL)
+    check = json.loads(json.dumps(dg.rounding_check(out, tmp_path, "avx2", RunOptions(workers=1, progress=False))))
+    assert check["timings"]["jobs_run"] == 0
+    committed = json.loads((DIAG / "rounding.json").read_text())
+    assert_results_close(_strip(check), _strip(committed))
+    assert committed["differ"] == [] and committed["equal_runs"] == [48, 96]
+    from difftransformer.studies.rounding import format_readings
+    assert format_readings(committed, "retrieval diagnostic") in (ROOT / "docs" / "retrieval.md").read_text()

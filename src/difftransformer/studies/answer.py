@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..fileio import read_json
-from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RESULTS_NAME
+from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RESULTS_NAME, ROUNDING_NAME
 
 # src/difftransformer/studies/ -> the repository root; an installed package has no docs/ (see ``available``)
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
@@ -32,6 +32,8 @@ CELLS: dict[tuple[str, bool], tuple[tuple[str, str], tuple[str, str]]] = {
     ("diff_v2", True): (("retrieval_diagnostic", "v2_headwise_norm"), ("lm_v2", "v2_headwise_norm")),
     ("diff_v2", False): (("retrieval_diagnostic", "diff_v2"), ("lm_v2", "diff_v2")),
 }
+# The diagnostics' rounding checks (studies/rounding.py): each arm's reading again under AVX2 kernels, at its chosen lr
+ROUNDING = {k: (FILES[k][0], ROUNDING_NAME) for k in ("retrieval_diagnostic", "lm_v1", "lm_v2")}
 LABELS = {"diff_v1": "DIFF V1", "diff_v2": "DIFF V2"}
 AS_PUBLISHED = {("diff_v1", True), ("diff_v2", False)}
 
@@ -42,7 +44,22 @@ def available(source: Path = RESULTS) -> bool:
 
 
 def load(source: Path = RESULTS) -> dict[str, dict[str, Any]]:
-    return {k: read_json(source / d / f) for k, (d, f) in FILES.items()}
+    """Every results file the table reads, and each diagnostic's rounding check where one is committed (key
+    ``NAME_rounding``)."""
+    out = {k: read_json(source / d / f) for k, (d, f) in FILES.items()}
+    out.update({f"{k}_rounding": read_json(source / d / f) for k, (d, f) in ROUNDING.items()
+                if (source / d / f).is_file()})
+    return out
+
+
+def _rounding(results: dict[str, Any], where: str, name: str) -> Optional[dict[str, Any]]:
+    """An arm's row of its diagnostic's rounding check: the reading under the other code path and whether it is the
+    same; None when that check is not committed or the name has no reading."""
+    check = results.get(f"{where}_rounding")
+    row = check["rows"].get(name) if check else None
+    if not row or "reading" not in row["second"]:
+        return None
+    return {"reading": row["second"]["reading"], "survives": row["survives"]}
 
 
 def _row(results: dict[str, Any], where: str, name: str) -> dict[str, Any]:
@@ -56,8 +73,10 @@ def cells(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for (variant, norm), (ret, lm) in CELLS.items():
         r, m = _row(results, *ret), _row(results, *lm)
         out.append({"variant": variant, "headwise_norm": norm, "as_published": (variant, norm) in AS_PUBLISHED,
-                    "retrieval": {**r["D"], "reading": r.get("reading"), "name": ret[1]},
-                    "language_model": {**m["D"], "reading": m.get("reading"), "name": lm[1]}})
+                    "retrieval": {**r["D"], "reading": r.get("reading"), "name": ret[1],
+                                  "rounding": _rounding(results, *ret)},
+                    "language_model": {**m["D"], "reading": m.get("reading"), "name": lm[1],
+                                       "rounding": _rounding(results, *lm)}})
     return out
 
 
@@ -67,7 +86,9 @@ def _iv(d: dict[str, Any], digits: int = 3) -> str:
 
 
 def _cell(d: dict[str, Any]) -> str:
-    return _iv(d) + (f", {d['reading']}" if d.get("reading") else "")
+    r = d.get("rounding")
+    rounding = "" if not r else " (survives AVX2)" if r["survives"] else f" (AVX2: {r['reading']})"
+    return _iv(d) + (f", {d['reading']}{rounding}" if d.get("reading") else "")
 
 
 def markdown(results: Optional[dict[str, dict[str, Any]]] = None) -> str:
