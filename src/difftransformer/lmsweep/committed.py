@@ -16,6 +16,7 @@ from typing import Any, Optional
 from ..fileio import read_json
 from ..jobs import job_key, read_journal
 from ..rundir import SWEEP_RESULTS_NAME
+from ..rundir.studies import LmSweepResults, validate_lm_sweep
 from .config import LMSweepConfig
 from .sweep import JOURNAL, job_description, run_lm_sweep
 
@@ -42,13 +43,19 @@ def _check_keys(journal: Path) -> None:
                          f"compute (first: {stale[0]}); rebuilding would train them")
 
 
+def _committed(source: Path) -> LmSweepResults:
+    """The committed sweep.json, checked against the schema every reader takes."""
+    path = source / SWEEP_RESULTS_NAME
+    return validate_lm_sweep(read_json(path), f"{path} is not a lm-sweep result")
+
+
 def provenance(source: Path = RESULTS) -> dict[str, Any]:
     """Where the committed results come from: provenance.json, the original run's timings (the rebuilt sweep.json
     has the rebuild's) and the CPU kernels its jobs ran (as each job recorded them)."""
 
     _, records = read_journal(source / JOURNAL)
     kernels = sorted({str(r["result"].get("cpu_capability", "unknown")) for r in records.values()})
-    return {**read_json(source / PROVENANCE), "timings": read_json(source / SWEEP_RESULTS_NAME)["timings"],
+    return {**read_json(source / PROVENANCE), "timings": _committed(source)["timings"],
             "cpu_kernels": kernels, "folder": REPO_PATH}
 
 
@@ -62,7 +69,7 @@ def rebuild(out: Path, source: Path = RESULTS) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source / JOURNAL, out / JOURNAL)
     _check_keys(out / JOURNAL)
-    cfg = LMSweepConfig.from_dict(read_json(source / SWEEP_RESULTS_NAME)["config"])
+    cfg = LMSweepConfig.from_dict(dict(_committed(source)["config"]))
     res = run_lm_sweep(cfg, out, workers=1, progress=False)
     if res["timings"]["jobs_run"]:  # _check_keys makes this impossible; say so loudly if it ever is not
         raise ValueError(f"rebuilding {source} trained {res['timings']['jobs_run']} job(s)")

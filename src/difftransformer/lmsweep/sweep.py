@@ -26,6 +26,7 @@ from ..rundir.files import (
     LM_SWEEP_TOKENS_PNG,
     SWEEP_RESULTS_NAME,
 )
+from ..rundir.studies import LM_SWEEP_BENCHMARK, validate_lm_sweep
 from .analysis import Choices, Job, assemble, needed_jobs, rounding_jobs
 from .config import LMSweepConfig
 
@@ -102,8 +103,8 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: O
                                  key=lambda j: job_key(job_description(cfg, fp, j, dev)), code_path=cfg.cpu_code_path,
                                  desc="language-model sweep (jobs)")
     done, ran = run_jobs(spec, journal, options, ex)
-    res: dict[str, Any] = {"benchmark": "lm_sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
-                           "tokens_per_run": cfg.steps * cfg.batch * cfg.seq_len,
+    res: dict[str, Any] = {"benchmark": LM_SWEEP_BENCHMARK, "protocol_version": PROTOCOL_VERSION,
+                           "config": cfg.to_dict(), "tokens_per_run": cfg.steps * cfg.batch * cfg.seq_len,
                            **assemble(cfg, done, cap, choices=choices)}
     if choices is not None:
         res["rounding_scope"] = "chosen: the reference run's lr choices, not replayed (PROTOCOL.md, Clarifications)"
@@ -113,7 +114,9 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: O
     from ..studies.report import protocol_deviations
     res["deviations"] = protocol_deviations(Path(__file__).with_name("PROTOCOL.md"))
     res["verdict_rows"], res["sensitivity_rows"] = verdict_rows(res), sensitivity_rows(res)  # what the report draws
-    atomic_write(out / SWEEP_RESULTS_NAME, json.dumps(res, indent=1) + "\n")
+    text = json.dumps(res, indent=1) + "\n"
+    validate_lm_sweep(json.loads(text), f"{out / SWEEP_RESULTS_NAME} (as written)")  # the schema the readers take
+    atomic_write(out / SWEEP_RESULTS_NAME, text)
     plot_all(res, out)
     return res
 

@@ -23,7 +23,15 @@ from typing import Any, Optional, cast
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, run_jobs
 from ..rundir.files import RESULTS_NAME, RETRIEVAL_JOURNAL
-from ..rundir.studies import RETRIEVAL_BENCHMARK, RUNS_OF, Policy, RetrievalResults, RetrievalRun, TestCondition
+from ..rundir.studies import (
+    RETRIEVAL_BENCHMARK,
+    RUNS_OF,
+    Policy,
+    RetrievalResults,
+    RetrievalRun,
+    TestCondition,
+    validate_retrieval_results,
+)
 from ..studies.report import protocol_deviations
 from .config import RetrievalConfig
 from .protocol import Job, assemble, needed_jobs
@@ -170,7 +178,9 @@ def write_outputs(results: RetrievalResults, out_dir: str | Path) -> list[Path]:
     from .plots import plot_all
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / RESULTS_NAME, json.dumps(results, indent=1) + "\n")
+    text = json.dumps(results, indent=1) + "\n"
+    validate_retrieval_results(json.loads(text), f"{out / RESULTS_NAME} (as written)")  # the schema the readers take
+    atomic_write(out / RESULTS_NAME, text)
     return [out / RESULTS_NAME, *plot_all(results, out)]
 
 
