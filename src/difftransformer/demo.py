@@ -262,7 +262,8 @@ def run(args: argparse.Namespace) -> int:
     if args.lm_sweep is not None:  # read and its shape checked now, not after the retrieval benchmark
         from .rundir.studies import read_study
         read_study(args.lm_sweep, "lm-sweep", "--lm-sweep")
-    out = Path(args.out)
+    from .fileio import check_out_dir as check_out
+    out = check_out(args.out)  # a file in the way: one line before anything runs
     config = args.config or ("pretrained" if args.init_from else "demo")
     from .train.config import load_config
     cfg = load_config(config)  # a bad --config fails here, in one line, before minutes of retrieval benchmark

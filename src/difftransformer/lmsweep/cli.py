@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import cast
 
+from ..fileio import check_out_dir as check_out
 from ..jobs import Incomplete
 from ..jobs import cli as jobs_cli
 from ..jobs.codepath import CODE_PATHS
@@ -87,6 +88,15 @@ def config_from_args(args) -> LMSweepConfig:
     return cfg.replace(**ch) if ch else cfg
 
 
+def _check_preset(preset: str) -> None:
+    """The preset the jobs read their [data] and [model] from: a missing one refused before OUT is touched."""
+    from ..train.config import load_config
+    try:
+        load_config(preset)  # a missing file or preset, TOML that does not parse or a config it refuses
+    except (ValueError, OSError) as e:
+        raise ValueError(str(e).replace(f"--config {preset}", f"--preset {preset}", 1)) from None
+
+
 def run_cli(args) -> int:
     try:
         return _run_cli(args)
@@ -97,9 +107,15 @@ def run_cli(args) -> int:
 def _run_cli(args) -> int:
     mode = args.modes.select(args)  # a flag this mode does not take, or one it needs missing: one line, no work
     options = jobs_cli.options_from_args(args)
+    check_out(args.out)
     from .sweep import format_sweep, run_lm_sweep
     if mode.name.startswith("--diagnostic"):
+        from pathlib import Path
+
+        from ..rundir.studies import read_study
         from . import diagnostic as dg
+        dg.reference(Path(args.reference))  # its journal: a protocol-version-2 sweep
+        read_study(args.reference, "lm-sweep", "--reference")  # and finished (its sweep.json), before OUT is made
         if args.rounding_check is not None:
             from ..studies.rounding import format_readings
             check = dg.rounding_check(args.reference, args.out, args.rounding_check, options)
@@ -115,6 +131,7 @@ def _run_cli(args) -> int:
         print(format_partial_rounding(partial_rounding(args.rounding_partial, args.out, args.rounding_scope)))
         return 0
     cfg = config_from_args(args)
+    _check_preset(cfg.preset)
     other = choices = None
     if args.rounding_of is not None:
         from ..rundir.studies import read_study

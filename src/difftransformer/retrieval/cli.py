@@ -11,11 +11,12 @@ import argparse
 from pathlib import Path
 from typing import Any, cast
 
+from ..fileio import check_out_dir as check_out
 from ..jobs import Incomplete
 from ..jobs import cli as jobs_cli
 from ..jobs.codepath import CODE_PATHS
 from ..jobs.outcome import EXIT_CODES_HELP
-from ..studies.cli import Mode, Modes, add_config_flags, config_changes, ints, write_rounding
+from ..studies.cli import Mode, Modes, add_config_flags, check_pin, config_changes, ints, write_rounding
 from .config import RetrievalConfig, quick_config
 
 HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md, version 3): baseline vs DIFF V1/V2, "
@@ -146,8 +147,17 @@ def _run_cli(args) -> int:
     mode = args.modes.select(args)  # a flag this mode does not take, or one it needs missing: one line, no work
     options = jobs_cli.options_from_args(args)
     cfg = config_from_args(args)
+    check_out(args.out)
+    if args.rounding_check is not None and mode.name == "the benchmark":  # its second stage, checked before the first
+        if args.rounding_check == cfg.cpu_code_path:
+            raise ValueError(f"--rounding-check {args.rounding_check}: the benchmark runs that CPU code path itself "
+                             "(--cpu-code-path); name another")
+        check_pin(args.rounding_check, options, "--rounding-check")
     if mode.name == "--diagnostic":
+        from ..rundir.studies import read_study
         from . import diagnostic as dg
+        dg.reference(Path(args.reference))  # its journal: a protocol-version-3 benchmark, not a smoke run
+        read_study(args.reference, "retrieval", "--reference")  # and finished (its results.json), before OUT is made
         if args.rounding_check is not None:
             from ..studies.rounding import format_readings
             check = dg.rounding_check(args.reference, args.out, args.rounding_check, options)

@@ -179,3 +179,15 @@ class Modes:
             if dest not in given:
                 raise ValueError(f"{mode.name} needs {self.flag[dest]} {self.metavar[dest] or ''}".rstrip())
         return mode
+
+
+# ---------------------------------------------------------------------------------------------- inputs, up front
+def check_pin(code_path: str, options: Any, flag: str) -> None:
+    """A CPU code path a later stage of the command runs (``--rounding-check``): one this CPU cannot run refused now,
+    as the first stage's own is (local workers; a Ray task checks on its node)."""
+    from ..jobs.codepath import refuse_unsupported_code_path
+    if options.executor == "local":
+        try:
+            refuse_unsupported_code_path(code_path)
+        except ValueError as e:
+            raise ValueError(str(e).replace(f"--cpu-code-path {code_path}", f"{flag} {code_path}", 1)) from None

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
         if dest.startswith(OVERRIDE_PREFIX) and raw is not None:
             section, key = dest[len(OVERRIDE_PREFIX):].split(".", 1)
             overrides.setdefault(section, {})[key] = parse_value(raw)
-    out = Path(args.out)
+    from ..fileio import check_out_dir as check_out
+    out = check_out(args.out)  # a file in the way: one line before the data is read or a model built
     if args.config is None:
         saved = rundir.read_run_config(out) if args.resume else {}
         if not saved:
