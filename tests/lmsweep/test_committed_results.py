@@ -130,3 +130,27 @@ def test_the_committed_v2_diagnostic_journal_rebuilds_the_committed_diagnostic(r
     assert_results_close(rebuilt, committed)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "lm-sweep.md").read_text()
     assert dg.v2_markdown_table(rebuilt) in doc  # docs/lm-sweep.md quotes the rebuilt numbers
+
+
+@pytest.mark.parametrize("where", ["v2-diagnostic", "v1-diagnostic"])
+def test_the_committed_diagnostic_rounding_checks_rebuild(rebuilt_sweep, tmp_path, where):
+    """Each language-model diagnostic's AVX2 rounding check (retrieval/DIAGNOSTIC.md "Deviations", 2026-11-28 13:40):
+    its committed journal, read against the committed diagnostic, gives the committed rounding.json; docs/lm-sweep.md
+    quotes it."""
+    from difftransformer.studies.rounding import format_readings
+    src = DOCS / where
+    if not (src / "rounding.json").is_file():
+        pytest.skip(f"no rounding check committed in docs/results/{where}")
+    sweep_out, _ = rebuilt_sweep
+    shutil.copy(src / dg.RESULTS, tmp_path / dg.RESULTS)
+    shutil.copytree(src / "rounding-avx2", tmp_path / "rounding-avx2")
+    shutil.copytree(sweep_out / "data", tmp_path / "rounding-avx2" / "data")
+    check = json.loads(json.dumps(dg.rounding_check(RESULTS, tmp_path, "avx2", RunOptions(workers=1,
+                                                                                              progress=False))))
+    assert check["timings"]["jobs_run"] == 0
+    committed = json.loads((src / "rounding.json").read_text())
+    for r in (check, committed):
+        r.pop("timings"), r.pop("reference")
+    assert_results_close(check, committed)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "lm-sweep.md").read_text()
+    assert format_readings(committed, committed["study"]) in doc
