@@ -331,8 +331,8 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
         raise ValueError(f"--rounding-check: {out_dir} holds no finished diagnostic ({RESULTS}); run the diagnostic "
                          "there first")
     first = read_json(path, "--out")
-    kind = {"v1_diagnostic": "v1", "v2_diagnostic": "v2"}.get(first.get("benchmark") if isinstance(first, dict)
-                                                              else None)
+    kind = {"v1_diagnostic": "v1", "v2_diagnostic": "v2"}.get(str(first.get("benchmark")) if isinstance(first, dict)
+                                                              else "")
     if kind is None:
         raise ValueError(f"--out {out_dir}: {RESULTS} is not a language-model diagnostic's")
     cfg, fp, _ = reference(Path(ref_dir))
