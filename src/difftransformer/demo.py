@@ -87,10 +87,13 @@ def _parameters(model_cfg) -> int:
 
 
 def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Optional[int] = None,
-                   preset: str = "demo", init_from: Optional[Path] = None, device: Optional[str] = None) -> list[Path]:
+                   preset: str = "demo", init_from: Optional[Path] = None, device: Optional[str] = None,
+                   check_only: bool = False) -> list[Path]:
     """Train (or reuse / resume) every variant x seed into ``out``; returns the run directories.
 
     With ``init_from`` every variant continues that (baseline) model: DIFF V1 and V2 start from its conversions.
+    ``check_only``: train nothing; every variant's config is built (a value it refuses raises) and a complete run in
+    ``out`` that would be reused is checked against it, so that the demo refuses before its retrieval stage.
     """
     import shutil
 
@@ -126,6 +129,10 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
             name = kind if seeds == 1 else f"{kind}-seed{seed}"
             run_dir = out / name
             state = _run_state(run_dir, cfg.train.steps)
+            if check_only:
+                if state == "done":
+                    _check_same_run(run_dir, cfg, out)
+                continue
             if state == "new-over-empty":  # a run stopped before its first checkpoint: nothing to keep
                 from .rundir import lock_run
                 with lock_run(run_dir):  # never under another demo still training it
@@ -143,7 +150,8 @@ def train_variants(out: Path, seeds: int, quick: bool, progress: bool, steps: Op
             tps, val = _final_metrics(run_dir)
             rows.append((name, params, tps, val))
             runs.append(run_dir)
-    print_table(rows)
+    if not check_only:
+        print_table(rows)
     return runs
 
 
@@ -275,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
     if args.device is not None:
         from .jobs.codepath import check_device
         check_device(args.device)  # "cuda" without a GPU: one error line, before anything is written
+    if not (args.no_retrieval or args.init_from):  # the models' configs and the runs to reuse, before the benchmark
+        train_variants(out, args.seeds, args.quick, False, args.steps, config, device=args.device, check_only=True)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     source = pretrained_source(args.init_from, out) if args.init_from else None

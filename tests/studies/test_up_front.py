@@ -78,3 +78,28 @@ def test_bad_input_is_refused_before_any_job_or_file(ws, capsys, argv, text):
     assert "Traceback" not in out.err + out.out
     assert sorted(p.name for p in ws.iterdir()) == before  # no OUT, nothing written
     assert (ws / "afile").read_text() == "x"
+
+
+def test_demo_refuses_a_run_to_reuse_of_other_options_before_its_retrieval_stage(tmp_path, capsys, monkeypatch):
+    """A complete language-model run in OUT trained with other options (here another preset) was refused when the
+    demo reached its language models, after the retrieval benchmark (21 minutes); now before it."""
+    import difftransformer.demo as demo
+    from difftransformer.train.config import load_config
+    from difftransformer.train.trainer import train
+
+    out = tmp_path / "d"
+    train(load_config("tiny", {"data": {"max_chars": 30000, "prepared_dir": str(out / "data")},
+                               "train": {"steps": 2, "eval_every": 2}, "checkpoint": {"every": 2},
+                               "log": {"tensorboard": False}}), out / "baseline", progress=False)
+
+    def no_benchmark(*a, **k):
+        raise AssertionError("the retrieval benchmark started before the bad input was refused")
+
+    monkeypatch.setattr(demo, "retrieval_benchmark", no_benchmark)
+    monkeypatch.delenv("DIFFTRANSFORMER_DEBUG", raising=False)
+    capsys.readouterr()
+    assert main(["demo", "--config", "demo", "--quick", "--steps", "2", "--no-report", "--no-progress",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out}/baseline was trained with other model or data options" in err[0], err
+    assert not (out / "retrieval").exists()
