@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Pinned: a plain `torch` could pull a multi-GB CUDA build; 2.13.0 is the CPU wheel on disk.
 TORCH := torch==2.13.0
 
-.PHONY: install chromium demo test test-fast bench gpu-check gpu-check-dry gpu-test gpu-bench clean
+.PHONY: install chromium demo test test-fast bench gpu-check gpu-check-dry gpu-slot gpu-test gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,14 @@ gpu-check:
 
 gpu-check-dry: install
 	PYTHONPATH=src $(PY) -m difftransformer.gpucheck.gpu_check run --dry-run --out runs/gpu-dry
+
+# One GPU slot (docs/gpu.md "One GPU slot"): gpu-check, then the language-model sweep's `gpu` scale for the time
+# left (SLOT_S, default 540 s in all), both folders returned as ONE archive, SLOT_OUT/gpu-slot.tar.gz, beside
+# slot.log (a slot returns at most 8 files). On the machine: make gpu-slot GPU_PY=python3 GPU_CHECK_ARGS="--commit
+# <sha>" SLOT_OUT="$$OUT". SLOT_DRY=1: the plumbing on the CPU. Flags: src/difftransformer/gpucheck/slot.sh.
+gpu-slot:
+	@$(GPU_HAS_TORCH)
+	@GPU_PY="$(GPU_PY)" GPU_CHECK_ARGS="$(GPU_CHECK_ARGS)" bash src/difftransformer/gpucheck/slot.sh
 
 # Only the GPU tests (gpu-check's "tests" step: its files in 8 pytest shards, its 48 s limit): runs/gpu/tests.txt.
 gpu-test:
