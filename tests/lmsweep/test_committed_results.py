@@ -139,8 +139,7 @@ def test_the_committed_diagnostic_rounding_checks_rebuild(rebuilt_sweep, tmp_pat
     quotes it."""
     from difftransformer.studies.rounding import format_readings
     src = DOCS / where
-    if not (src / "rounding.json").is_file():
-        pytest.skip(f"no rounding check committed in docs/results/{where}")
+    assert (src / "rounding.json").is_file(), f"no rounding check committed in docs/results/{where}"
     sweep_out, _ = rebuilt_sweep
     shutil.copy(src / dg.RESULTS, tmp_path / dg.RESULTS)
     shutil.copytree(src / "rounding-avx2", tmp_path / "rounding-avx2")
