@@ -127,3 +127,47 @@ def test_study_file_names_are_spelled_once():
                 if s == n or s.endswith("/" + n):
                     where[n].append(path.relative_to(src).as_posix())
     assert where == {n: ["rundir/files.py"] for n in names}
+
+
+# ---------------------------------------------------------------------------------------------- the diagnostics
+DIAGNOSTICS = ("retrieval-diagnostic", "v1-diagnostic", "v2-diagnostic")
+
+
+@pytest.mark.parametrize("where", DIAGNOSTICS)
+def test_every_committed_diagnostic_and_its_rounding_check_validate(where):
+    from difftransformer.rundir.studies import validate_diagnostic, validate_readings
+
+    d = json.loads((DOCS / where / files.DIAGNOSTIC_RESULTS_NAME).read_text())
+    assert validate_diagnostic(d, where)["benchmark"] == d["benchmark"]
+    validate_readings(json.loads((DOCS / where / files.ROUNDING_NAME).read_text()), where)
+
+
+def _bad_ci(d):
+    d["rows"]["diff_v2"]["D"]["ci"] = "wide"
+
+
+def _no_test_loss(d):
+    del d["arms"]["no_norm"]["test_loss"]
+
+
+def _other_benchmark(d):
+    d["benchmark"] = "lm_sweep"
+
+
+@pytest.mark.parametrize("where, command, change, says", [
+    ("retrieval-diagnostic", ["retrieval", "--diagnostic", "--reference", str(RETRIEVAL)], _bad_ci,
+     "rows.diff_v2.D.ci is a JSON string, not a list"),
+    ("v1-diagnostic", ["lm-sweep", "--diagnostic", "v1", "--reference", str(DOCS / "lm-sweep-v2")], _no_test_loss,
+     'arms.no_norm lacks "test_loss"'),
+    ("v2-diagnostic", ["lm-sweep", "--diagnostic", "v2", "--reference", str(DOCS / "lm-sweep-v2")],
+     _other_benchmark, "its \"benchmark\" is 'lm_sweep', not one of 'retrieval_diagnostic'"),
+])
+def test_the_rounding_check_refuses_a_diagnostic_of_another_shape(tmp_path, assert_cli_error, where, command,
+                                                                   change, says):
+    """`--rounding-check` reads OUT/diagnostic.json as the first run: a file of another shape is one line naming the
+    field, before any job or directory (it was a KeyError, or read as far as the keys it happened to use)."""
+    d = json.loads((DOCS / where / files.DIAGNOSTIC_RESULTS_NAME).read_text())
+    change(d)
+    (tmp_path / files.DIAGNOSTIC_RESULTS_NAME).write_text(json.dumps(d))
+    assert_cli_error([*command, "--out", str(tmp_path), "--rounding-check", "avx2"], "diagnostic.json", says)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [files.DIAGNOSTIC_RESULTS_NAME]

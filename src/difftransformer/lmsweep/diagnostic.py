@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
+from ..rundir.studies import validate_diagnostic, validate_readings
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
 
@@ -310,7 +311,9 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
                "rerun": rerun_check(ref, reruns, done, spec.reruns)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
-    atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
+    text = json.dumps(res, indent=1) + "\n"
+    validate_diagnostic(json.loads(text), f"{out / RESULTS} (as written)")  # the schema the readers take
+    atomic_write(out / RESULTS, text)
     if spec.name == "v1":
         plot_curves(cfg, width, done, res, out / PLOT)
     return res
@@ -331,8 +334,8 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
         raise ValueError(f"--rounding-check: {out_dir} holds no finished diagnostic ({RESULTS}); run the diagnostic "
                          "there first")
     first = read_json(path, "--out")
-    kind = {"v1_diagnostic": "v1", "v2_diagnostic": "v2"}.get(str(first.get("benchmark")) if isinstance(first, dict)
-                                                              else "")
+    validate_diagnostic(first, f"--out {out_dir}: {RESULTS} is not a diagnostic's")
+    kind = {"v1_diagnostic": "v1", "v2_diagnostic": "v2"}.get(str(first["benchmark"]))
     if kind is None:
         raise ValueError(f"--out {out_dir}: {RESULTS} is not a language-model diagnostic's")
     cfg, fp, _ = reference(Path(ref_dir))
@@ -393,6 +396,7 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
                  code_paths=[f"{cfg.cpu_code_path} (the first run's)", f"{code_path} ({', '.join(caps)})"],
                  timings={"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done),
                           "jobs_run": ran})
+    validate_readings(json.loads(json.dumps(check)), f"the {spec.title}'s rounding.json (as written)")
     return check
 
 

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from ..eval import stats
 from ..jobs import JobSpec, Journal, RunOptions, job_key, read_journal, run_jobs
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RETRIEVAL_JOURNAL
+from ..rundir.studies import RETRIEVAL_DIAGNOSTIC, validate_diagnostic, validate_readings
 from .config import RetrievalConfig
 from .protocol import Job, lr_choice, lr_robustness, needed_jobs
 from .train import LOSS_THRESHOLDS
@@ -232,7 +233,9 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
                            "summary": summary(rows)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
-    atomic_write(out / RESULTS, json.dumps(res, indent=1) + "\n")
+    text = json.dumps(res, indent=1) + "\n"
+    validate_diagnostic(json.loads(text), f"{out / RESULTS} (as written)")  # the schema the readers take
+    atomic_write(out / RESULTS, text)
     plot_lr(cfg, ref, arms, out / PLOT)
     return res
 
@@ -255,8 +258,8 @@ def first_run(out_dir: str | Path) -> dict[str, Any]:
         raise ValueError(f"--rounding-check: {out_dir} holds no finished diagnostic ({RESULTS}); run the diagnostic "
                          "there first")
     res = read_json(path, "--out")
-    if not isinstance(res, dict) or not isinstance(res.get("rows"), dict) or \
-            any(n not in res["rows"] for n in (BASE, V1, V2, *ARMS)):
+    validate_diagnostic(res, f"--out {out_dir}: {RESULTS} is not a diagnostic's")
+    if res["benchmark"] != RETRIEVAL_DIAGNOSTIC or any(n not in res["rows"] for n in (BASE, V1, V2, *ARMS)):
         raise ValueError(f"--out {out_dir}: {RESULTS} is not this version's retrieval diagnostic")
     return res
 
@@ -311,6 +314,7 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
                              f"{code_path} ({runs[BASE][0].get('cpu_capability')})"],
                  timings={"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done),
                           "jobs_run": ran})
+    validate_readings(json.loads(json.dumps(check)), "the retrieval diagnostic's rounding.json (as written)")
     return check
 
 

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from ..fileio import read_json
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RESULTS_NAME, ROUNDING_NAME
+from ..rundir.studies import validate_diagnostic, validate_readings, validate_retrieval_results
 
 # src/difftransformer/studies/ -> the repository root; an installed package has no docs/ (see ``available``)
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
@@ -47,8 +48,10 @@ def load(source: Path = RESULTS) -> dict[str, dict[str, Any]]:
     """Every results file the table reads, and each diagnostic's rounding check where one is committed (key
     ``NAME_rounding``)."""
     out = {k: read_json(source / d / f) for k, (d, f) in FILES.items()}
-    out.update({f"{k}_rounding": read_json(source / d / f) for k, (d, f) in ROUNDING.items()
-                if (source / d / f).is_file()})
+    for k, (d, f) in FILES.items():  # each file against its schema
+        (validate_retrieval_results if k == "retrieval" else validate_diagnostic)(out[k], f"{source / d / f}")
+    out.update({f"{k}_rounding": validate_readings(read_json(source / d / f), f"{source / d / f}")
+                for k, (d, f) in ROUNDING.items() if (source / d / f).is_file()})
     return out
 
 
