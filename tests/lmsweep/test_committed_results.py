@@ -6,6 +6,7 @@ up to 2e-13 on an AMD EPYC), verdicts and texts exactly. A change to the analysi
 until the results are rebuilt and the README and docs/lm-sweep.md say the new numbers."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -152,4 +153,10 @@ def test_the_committed_diagnostic_rounding_checks_rebuild(rebuilt_sweep, tmp_pat
         r.pop("timings"), r.pop("reference")
     assert_results_close(check, committed)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "lm-sweep.md").read_text()
-    assert format_readings(committed, committed["study"]) in doc
+    block = format_readings(committed, committed["study"])
+    assert block in doc
+    # the prose above the block: "no D or C moved by more than X nats" with X the largest move, rounded up
+    said = re.findall(r"no D or C moved by more than (\d\.\d+) nats", doc[:doc.index(block)])[-1]
+    moves = [abs(r["first"][k]["estimate"] - r["second"][k]["estimate"]) for r in committed["rows"].values()
+             for k in ("D", "C") if k in r["first"]]
+    assert max(moves) <= float(said) < max(moves) + 0.001, (said, max(moves))
