@@ -133,4 +133,5 @@ def section(results: dict[str, dict[str, Any]]) -> str:
             "docs/results/lm-sweep-v2 --out runs/v2-diag</code> (about 25 min).</p></div>"
             f"{html_table(results)}<p class='note'>Each cell: DIFF minus the baseline with its 95% paired interval; "
             "an arm's reading against its own variant (retrieval/DIAGNOSTIC.md). The rows marked as published are "
-            "the variants as their sources define them.</p>")
+            "the variants as their sources define them. \"(survives AVX2)\": the same reading when every run it "
+            "reads is made again under AVX2 kernels at the same lr (the diagnostics' rounding checks).</p>")
