@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_diagnostic, validate_readings
+from ..rundir.studies import validate_diagnostic, validate_readings, write_checked
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
 
@@ -269,7 +269,6 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
                    width: Optional[int] = None, spec: Spec = V1_SPEC) -> dict[str, Any]:
     """Run (or resume) every job DIAGNOSTIC.md asks for (``spec``: the V1 diagnostic, or the DIFF V2 one of
     retrieval/DIAGNOSTIC.md), decide, and write OUT/diagnostic.json (and, for V1, the plot)."""
-    from ..fileio import atomic_write
     from .sweep import prepare
     options = options or RunOptions(workers=2)
     cfg, fp, ref = reference(Path(ref_dir))
@@ -311,9 +310,7 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
                "rerun": rerun_check(ref, reruns, done, spec.reruns)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
-    text = json.dumps(res, indent=1) + "\n"
-    validate_diagnostic(json.loads(text), f"{out / RESULTS} (as written)")  # the schema the readers take
-    atomic_write(out / RESULTS, text)
+    write_checked(out / RESULTS, res, validate_diagnostic)  # the schema the readers take
     if spec.name == "v1":
         plot_curves(cfg, width, done, res, out / PLOT)
     return res

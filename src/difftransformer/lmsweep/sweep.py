@@ -9,7 +9,6 @@ other jobs are journaled, before any analysis: no sweep.json is computed from a 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from ..rundir.files import (
     LM_SWEEP_TOKENS_PNG,
     SWEEP_RESULTS_NAME,
 )
-from ..rundir.studies import LM_SWEEP_BENCHMARK, validate_lm_sweep
+from ..rundir.studies import LM_SWEEP_BENCHMARK, validate_lm_sweep, write_checked
 from .analysis import Choices, Job, assemble, needed_jobs, rounding_jobs
 from .config import LMSweepConfig
 
@@ -84,7 +83,6 @@ def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, prog
 
 def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: Optional[Choices]) -> dict[str, Any]:
     """``run_lm_sweep`` on the opened executor ``ex``."""
-    from ..fileio import atomic_write
     from .job import run_job
     dev = options.device
     out.mkdir(parents=True, exist_ok=True)
@@ -114,9 +112,7 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: O
     from ..studies.report import protocol_deviations
     res["deviations"] = protocol_deviations(Path(__file__).with_name("PROTOCOL.md"))
     res["verdict_rows"], res["sensitivity_rows"] = verdict_rows(res), sensitivity_rows(res)  # what the report draws
-    text = json.dumps(res, indent=1) + "\n"
-    validate_lm_sweep(json.loads(text), f"{out / SWEEP_RESULTS_NAME} (as written)")  # the schema the readers take
-    atomic_write(out / SWEEP_RESULTS_NAME, text)
+    write_checked(out / SWEEP_RESULTS_NAME, res, validate_lm_sweep)  # the schema the readers take
     plot_all(res, out)
     return res
 

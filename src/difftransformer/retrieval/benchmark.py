@@ -31,6 +31,7 @@ from ..rundir.studies import (
     RetrievalRun,
     TestCondition,
     validate_retrieval_results,
+    write_checked,
 )
 from ..studies.report import protocol_deviations
 from .config import RetrievalConfig
@@ -172,15 +173,11 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
 
 
 def write_outputs(results: RetrievalResults, out_dir: str | Path) -> list[Path]:
-    import json
 
-    from ..fileio import atomic_write
     from .plots import plot_all
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(results, indent=1) + "\n"
-    validate_retrieval_results(json.loads(text), f"{out / RESULTS_NAME} (as written)")  # the schema the readers take
-    atomic_write(out / RESULTS_NAME, text)
+    write_checked(out / RESULTS_NAME, results, validate_retrieval_results)  # the schema the readers take
     return [out / RESULTS_NAME, *plot_all(results, out)]
 
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ..eval import stats
 from ..jobs import JobSpec, Journal, RunOptions, job_key, read_journal, run_jobs
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RETRIEVAL_JOURNAL
-from ..rundir.studies import RETRIEVAL_DIAGNOSTIC, validate_diagnostic, validate_readings
+from ..rundir.studies import RETRIEVAL_DIAGNOSTIC, validate_diagnostic, validate_readings, write_checked
 from .config import RetrievalConfig
 from .protocol import Job, lr_choice, lr_robustness, needed_jobs
 from .train import LOSS_THRESHOLDS
@@ -212,7 +212,6 @@ def summary(rows: dict[str, dict[str, Any]]) -> str:
 # ---------------------------------------------------------------------------------------------- the run
 def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOptions] = None) -> dict[str, Any]:
     """Run (or resume) every arm job DIAGNOSTIC.md asks for, decide, and write OUT/diagnostic.json and the plot."""
-    from ..fileio import atomic_write
     options = options or RunOptions(workers=2)
     cfg, ref = reference(Path(ref_dir))
     out = Path(out_dir)
@@ -233,9 +232,7 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
                            "summary": summary(rows)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
                       "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
-    text = json.dumps(res, indent=1) + "\n"
-    validate_diagnostic(json.loads(text), f"{out / RESULTS} (as written)")  # the schema the readers take
-    atomic_write(out / RESULTS, text)
+    write_checked(out / RESULTS, res, validate_diagnostic)  # the schema the readers take
     plot_lr(cfg, ref, arms, out / PLOT)
     return res
 

@@ -16,6 +16,7 @@ call (``validate_retrieval_results``, ``validate_lm_sweep``)."""
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
 
 import collections.abc
+import json
 import types
 import typing
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from typing import Any, Literal, NamedTuple, Optional, Union
 # typing_extensions (torch's own dependency): NotRequired and a TypedDict that reads it on Python 3.10 too
 from typing_extensions import NotRequired, TypedDict, is_typeddict
 
-from ..fileio import read_json
+from ..fileio import atomic_write, read_json
 from .files import RESULTS_NAME, SWEEP_RESULTS_NAME
 
 # =========================================================================== the retrieval benchmark's results.json
@@ -607,6 +608,14 @@ def validate_diagnostic(obj: Any, where: str) -> Union[RetrievalDiagnostic, LmDi
 def validate_readings(obj: Any, where: str) -> ReadingsCheck:
     """A diagnostic's rounding.json, checked against ``ReadingsCheck``."""
     return validate(obj, ReadingsCheck, where)
+
+
+def write_checked(path: Path, obj: Any, check: typing.Callable[[Any, str], Any]) -> None:
+    """``obj`` written as the JSON file ``path`` (atomically) once ``check``, its schema's validator, takes it as it
+    reads back: a writer that departs from what the readers take fails here, naming the field."""
+    text = json.dumps(obj, indent=1) + "\n"
+    check(json.loads(text), f"{path} (as written)")
+    atomic_write(path, text)
 
 
 # What each study's output directory holds: its result file, the "benchmark" that file names, its validator
