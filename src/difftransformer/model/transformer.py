@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention, AttentionMaps, build_attention
-from .attention.base import prefill_from_start
+from .attention.base import normal_init_, prefill_from_start
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .norm import RMSNorm
@@ -86,7 +86,11 @@ class DiffTransformerLM(nn.Module):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"DiffTransformerLM expects a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        # on the meta device (a model built to be filled: from_state_dict, parameter counts) nothing is drawn: see
+        # normal_init_ (nn.Embedding draws its own N(0, 1) unless given its weight; init_weights redraws it anyway)
+        on_meta = torch.get_default_device().type == "meta"
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(
+            cfg.vocab_size, cfg.d_model) if on_meta else None)
         # A ModuleList, typed by what it holds (a type checker sees its items as plain Modules).
         self.layers = cast("Sequence[Block]", nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers)))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -104,7 +108,7 @@ class DiffTransformerLM(nn.Module):
         """Linear and embedding weights N(0, init_std); norm weights 1; DIFF V1 lambda vectors N(0, 0.1)."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, mean=0.0, std=self.cfg.init_std)
+                normal_init_(m.weight, self.cfg.init_std)
             elif isinstance(m, RMSNorm) and m.weight is not None:
                 nn.init.ones_(m.weight)
             if isinstance(m, Attention):

@@ -47,6 +47,14 @@ class AttentionMaps:
     lam: Optional[torch.Tensor] = None
 
 
+def normal_init_(t: torch.Tensor, std: float) -> None:
+    """``t`` drawn from N(0, std) in place, except on the meta device, where a model is only built to be filled (there
+    are no values to draw, and torch's meta ``normal_`` imports ``torch._dynamo``: a second of every command's start
+    that builds a model there). The draws on a real device are the same, in the same order."""
+    if not t.is_meta:
+        nn.init.normal_(t, mean=0.0, std=std)
+
+
 class Attention(nn.Module):
     """Base class: holds the config, the layer index, an optional KV cache and an optional logits hook.
 

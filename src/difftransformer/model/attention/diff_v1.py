@@ -36,7 +36,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..norm import RMSNorm
 from ..rope import apply_rope
-from .base import Attention, QueryRows
+from .base import Attention, QueryRows, normal_init_
 from .dispatch import diff_attention
 
 
@@ -85,7 +85,7 @@ class DiffV1Attention(Attention):
 
     def reset_lambda(self) -> None:
         for p in self.lambda_parameters():
-            nn.init.normal_(p, mean=0.0, std=0.1)  # the reference code's N(0, 0.1)
+            normal_init_(p, 0.1)  # the reference code's N(0, 0.1)
 
     def static_lambda(self) -> torch.Tensor:
         return self.lambda_full()

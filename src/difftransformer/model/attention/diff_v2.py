@@ -31,7 +31,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..norm import RMSNorm
 from ..rope import apply_rope
-from .base import Attention, QueryRows
+from .base import Attention, QueryRows, normal_init_
 from .diff_v1 import reparameterised_lambda
 from .dispatch import diff_attention
 
@@ -70,7 +70,7 @@ class DiffV2Attention(Attention):
 
     def reset_lambda(self) -> None:
         for p in self.lambda_vectors:
-            nn.init.normal_(p, mean=0.0, std=0.1)  # as DIFF V1's (the reference code's N(0, 0.1))
+            normal_init_(p, 0.1)  # as DIFF V1's (the reference code's N(0, 0.1))
 
     def static_lambda(self) -> Optional[torch.Tensor]:
         return self.scalar_lambda() if self.lambda_vectors else None
