@@ -79,11 +79,27 @@ def test_report_judges_it(runs, tmp_path):
     assert "Half attention" in page
 
 
-def test_bench_times_it(toy, capsys):
+def test_bench_times_it(toy, capsys, monkeypatch):
+    """Timed beside the others, and its memory measured in its own spawned child (which must know "half"); the
+    built-in variants' memory children, the same code for a name every process knows, are replaced by a constant."""
+    from difftransformer.bench import attention as bench_attention
+
+    real, measured = bench_attention.peak_memory, []
+
+    def peak_memory(attention, backend, n, args):
+        if attention != toy.name:
+            return 1024.0
+        measured.append(real(attention, backend, n, args))
+        return measured[-1]
+
+    monkeypatch.setattr(bench_attention, "peak_memory", peak_memory)
     assert main(["bench", "attention", "--shape", "tiny", "--head-dim", "8", "--seq-lens", "8", "--repeats", "1",
                  "--backends", "sdpa"]) == 0
     out = capsys.readouterr().out
     assert "Half sdpa" in out
+    assert len(measured) == 1 and measured[0] > 0
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["8"])
+    assert f"{measured[0] / 1024.0:8.2f}xM" in row  # its cell, the last, from its child's number
 
 
 def test_bench_decode_has_its_column(toy):

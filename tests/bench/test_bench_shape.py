@@ -101,7 +101,8 @@ def test_bad_shape_names_the_flag_and_the_shapes(capsys, what):
 
 # ---------------------------------------------------------------------------------------------- --backends
 def test_backend_choices_and_default_cases():
-    assert diff_backends() == tuple(b for b in model_config.BACKENDS if b not in ("eager", "auto")) == ("sdpa", "blocked", "triton")
+    assert diff_backends() == tuple(b for b in model_config.BACKENDS if b not in ("eager", "auto")) == (
+        "sdpa", "blocked", "triton")
     for what in ("attention", "train"):
         flag = next(a for a in _subparser(what)._actions if a.dest == "backends")
         assert tuple(flag.choices) == diff_backends() and "eager" not in flag.choices
@@ -112,7 +113,8 @@ def test_backend_choices_and_default_cases():
         "baseline sdpa", "V1 blocked", "V1 sdpa", "V2 blocked", "V2 sdpa"]
     assert [c[0] for c in bench_attention.cases(parse("attention", "--eager"))] == [
         "baseline sdpa", "V1 blocked", "V1 sdpa", "V1 eager", "V2 blocked", "V2 sdpa"]
-    with pytest.raises(ValueError, match="--backends eager is not allowed; choose one or more of sdpa, blocked, triton"):
+    with pytest.raises(ValueError,
+                       match="--backends eager is not allowed; choose one or more of sdpa, blocked, triton"):
         bench_cases(["eager"])
     assert bench_train.cases(parse("train", "--backends", "blocked", "blocked")) == [
         ("baseline sdpa", "baseline", "sdpa"), ("V1 blocked", "diff_v1", "blocked"),
@@ -160,10 +162,20 @@ def test_hf_difflama_has_our_v1_shape():
     assert ours - sum(p.numel() for p in hf.parameters()) == cfg.n_layers * 2 * cfg.head_dim
 
 
-def test_hf_difflama_row_on_a_tiny_shape(capsys):
-    """The real thing, each case in its child: d_model 64, 2 layers, seq 32, one step."""
+def test_hf_difflama_row_on_a_tiny_shape(capsys, monkeypatch):
+    """The real thing: d_model 64, 2 layers, seq 32, one step; DiffLlama's case in its own spawned child, as every
+    case runs without ``--in-process``, our three in this process (``measure_here``, ``--in-process``'s path: the
+    same ``_time_steps`` the child runs), as a child each was most of this test's time."""
     pytest.importorskip("transformers")
+    real, in_child = bench_train.measure, []
+
+    def measure(cfg, args, hf=None):
+        in_child.append(hf)
+        return real(cfg, args, hf) if hf else bench_train.measure_here(cfg, args)
+
+    monkeypatch.setattr(bench_train, "measure", measure)
     assert main(["bench", "train", *TINY_TRAIN, "--hf-difflama"]) == 0
+    assert in_child[:3] == [None] * 3 and in_child[3] in ("sdpa", "eager") and len(in_child) == 4
     out = capsys.readouterr().out
     impl = bench_train.hf_attn_implementation()
     assert "# HF DiffLlama: transformers" in out and f"attn_implementation {impl!r}" in out

@@ -1,9 +1,9 @@
 """The DIFF V1 diagnostic (lmsweep/DIAGNOSTIC.md, ``diagnostic.py``) at toy size: a tiny reference sweep of the
-baseline and DIFF V1, then the four arms on its journal. What must hold: the reference's jobs are reused (not run
-again) but for the one rerun, which reproduces its journaled loss bit for bit on this machine; every arm's grid runs
-on every seed and is chosen by the sweep's rule; each arm's model has its one change (the parameter count of
-per_head, the multiplier 1 - lambda_init measured inside the trained models); the reading rule is the protocol's;
-a resumed run runs nothing."""
+baseline, DIFF V1 and DIFF V2, then the four arms on its journal (and the DIFF V2 diagnostic's arm on the same one).
+What must hold: the reference's jobs are reused (not run again) but for the one rerun, which reproduces its journaled
+loss bit for bit on this machine; every arm's grid runs on every seed and is chosen by the sweep's rule; each arm's
+model has its one change (the parameter count of per_head, the multiplier 1 - lambda_init measured inside the trained
+models); the reading rule is the protocol's; a resumed run runs nothing."""
 
 from __future__ import annotations
 
@@ -13,18 +13,24 @@ import pytest
 
 from difftransformer.jobs import RunOptions
 from difftransformer.lmsweep import diagnostic as dg
+from difftransformer.lmsweep import sweep
 from difftransformer.lmsweep.config import LMSweepConfig
 from difftransformer.lmsweep.sweep import run_lm_sweep
 
+# One reference sweep for both diagnostics (V1 reruns the baseline and DIFF V1 from it, V2 the baseline and DIFF V2),
+# as the real reference is one sweep of every variant; each diagnostic reads only its own variants' runs.
+# eval_every = steps: the validation curve (Fig. 3b's) is its end point only; nothing here reads it.
 TINY = LMSweepConfig(preset="tiny", widths=(16, 32), steps=6, warmup_steps=1, batch=2, seq_len=32, seeds=2,
                      lr_grid=(4e-3, 8e-3),
-                     lr_widen=0, eval_every=3, variants=("baseline", "diff_v1"), outlier_windows=2)
+                     lr_widen=0, eval_every=6, variants=("baseline", "diff_v1", "diff_v2"), outlier_windows=2)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("diag")
-    run_lm_sweep(TINY, root / "ref", workers=1, progress=False)
+    with pytest.MonkeyPatch.context() as mp:  # the reference sweep's plots: nothing here reads them
+        mp.setattr(sweep, "plot_all", lambda res, out: [])
+        run_lm_sweep(TINY, root / "ref", workers=1, progress=False)
     res = dg.run_diagnostic(root / "ref", root / "diag", RunOptions(workers=1, progress=False))
     return root, res
 
@@ -86,15 +92,13 @@ def test_a_reference_that_is_not_a_sweep_is_refused(tmp_path):
         dg.run_diagnostic(tmp_path, tmp_path / "out", RunOptions(workers=1, progress=False))
 
 
-TINY_V2 = TINY.replace(variants=("baseline", "diff_v2"))
-
-
-def test_the_v2_diagnostic_reruns_and_reads_its_arm(tmp_path):
+def test_the_v2_diagnostic_reruns_and_reads_its_arm(runs):
     """retrieval/DIAGNOSTIC.md "The cross-study check" at toy size: the baseline and DIFF V2 rerun bit for bit, the
     arm's grid chosen by the sweep's rule, C = arm - DIFF V2 and D = arm - baseline, the reading from C."""
-    run_lm_sweep(TINY_V2, tmp_path / "ref", workers=1, progress=False)
+    root, _ = runs
+    ref, out = root / "ref", root / "diag-v2"
     spec = dg.v2_spec(("v2_headwise_norm",))
-    res = dg.run_diagnostic(tmp_path / "ref", tmp_path / "diag", RunOptions(workers=1, progress=False), spec=spec)
+    res = dg.run_diagnostic(ref, out, RunOptions(workers=1, progress=False), spec=spec)
     assert res["benchmark"] == "v2_diagnostic" and set(res["arms"]) == {"baseline", "diff_v2", "v2_headwise_norm"}
     assert res["timings"]["jobs_run"] == 2 * 2 + 2 * 2 and res["rerun"]["verdict"] == "reproduced bit for bit"
     a, v2 = res["arms"]["v2_headwise_norm"], res["arms"]["diff_v2"]
@@ -102,11 +106,11 @@ def test_the_v2_diagnostic_reruns_and_reads_its_arm(tmp_path):
     assert a["params_non_embedding"] - v2["params_non_embedding"] == TINY.n_layers * (32 // TINY.n_heads)  # norm g
     assert a["D"]["estimate"] - a["C"]["estimate"] == pytest.approx(v2["D"]["estimate"])
     assert "v2_headwise_norm" in dg.format_v2_diagnostic(res)
-    again = dg.run_diagnostic(tmp_path / "ref", tmp_path / "diag", RunOptions(workers=1, progress=False), spec=spec)
+    again = dg.run_diagnostic(ref, out, RunOptions(workers=1, progress=False), spec=spec)
     assert again["timings"]["jobs_run"] == 0 and again["arms"] == res["arms"]
     with pytest.raises(ValueError, match="--arms no_such"):
         dg.v2_spec(("no_such",))
-    check = dg.rounding_check(tmp_path / "ref", tmp_path / "diag", "avx2", RunOptions(workers=1, progress=False))
+    check = dg.rounding_check(ref, out, "avx2", RunOptions(workers=1, progress=False))
     assert list(check["rows"]) == ["baseline", "diff_v2", "v2_headwise_norm"] and check["timings"]["jobs_run"] == 6
     assert check["rows"]["v2_headwise_norm"]["second"]["reading"] in dg.V2_READINGS
 

@@ -3,9 +3,6 @@ the reference's chosen lrs and the largest width's grid run, decided at the refe
 did not run reads "not run"; the same journal lets a later full check run only the rest."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +11,6 @@ from test_protocol import CAP, bowl, cfg, run
 from difftransformer.eval import stats
 from difftransformer.lmsweep.analysis import Job, lr_choice, rounding_jobs
 from difftransformer.lmsweep.rounding import JOURNAL, format_partial_rounding, partial_rounding
-
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _journal(path: Path, c, code_path: str, jobs: dict) -> None:
@@ -76,32 +71,45 @@ def test_a_chosen_scope_check_cut_short_reads_not_run(tmp_path):
         partial_rounding(tmp_path / "ref", tmp_path / "avx2", "some")
 
 
-def _sweep(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def _sweep(capsys, out: Path, *extra: str) -> tuple[int, str, str]:
+    """``difftransformer lm-sweep`` in this process (the CLI's own entry point): (exit status, stdout, stderr).
+    One worker: the reference's jobs run inline, a pinned run's in one worker process started with the pinning
+    variables (``jobs/codepath.py``: the only way to pin torch's kernels), as with more workers."""
+    from difftransformer.cli import main
     args = ["--preset", "tiny", "--widths", "16,32", "--steps", "6", "--warmup-steps", "1", "--batch", "2",
             "--seq-len", "32",
             "--seeds", "2", "--lr-grid", "4e-3,8e-3", "--lr-widen", "0", "--eval-every", "3",
-            "--variants", "baseline,diff_v2", "--workers", "2", "--no-progress"]
-    return subprocess.run([sys.executable, "-m", "difftransformer", "lm-sweep", *args, *extra, "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
+            "--variants", "baseline,diff_v2", "--workers", "1", "--no-progress"]
+    capsys.readouterr()
+    rc = main(["lm-sweep", *args, *extra, "--out", str(out)])
+    o = capsys.readouterr()
+    return rc, o.out, o.err
 
 
-def test_the_chosen_scope_end_to_end_then_the_full_check_from_the_same_journal(tmp_path):
+def test_the_chosen_scope_end_to_end_then_the_full_check_from_the_same_journal(tmp_path, capsys, monkeypatch):
+    """The three runs in this process (not a ``python -m difftransformer`` each: their starts were most of this
+    test's time); the plots, which nothing here reads, are left out."""
+    from difftransformer.lmsweep import sweep
+    monkeypatch.setattr(sweep, "plot_all", lambda res, out: [])
     ref, other = tmp_path / "ref", tmp_path / "avx2"
-    assert (p := _sweep(ref)).returncode == 0, p.stderr
-    p = _sweep(other, "--cpu-code-path", "avx2", "--rounding-of", str(ref), "--rounding-scope", "chosen")
-    assert p.returncode == 0, p.stderr
+    rc, _, err = _sweep(capsys, ref)
+    assert rc == 0, err
+    rc, out, err = _sweep(capsys, other, "--cpu-code-path", "avx2", "--rounding-of", str(ref),
+                          "--rounding-scope", "chosen")
+    assert rc == 0, err
     check = json.loads((other / "rounding.json").read_text())
     n_scoped = len(rounding_jobs(*_ref_choices(ref)))
     assert check["scope"] == "chosen" and check["jobs"][1] == n_scoped < 16 and check["not_run"] == 0
-    assert check["widths"] == [16, 32] and "verdicts the same" in p.stdout
-    p = _sweep(other, "--cpu-code-path", "avx2", "--rounding-of", str(ref))  # the whole check: the rest only
-    assert p.returncode == 0, p.stderr
+    assert check["widths"] == [16, 32] and "verdicts the same" in out
+    rc, out, err = _sweep(capsys, other, "--cpu-code-path", "avx2", "--rounding-of", str(ref))  # the rest only
+    assert rc == 0, err
     res = json.loads((other / "sweep.json").read_text())
     assert res["timings"]["jobs"] == 16 and res["timings"]["jobs_run"] == 16 - n_scoped
-    assert "rounding_scope" not in res and "verdicts the same" in p.stdout
-    p = _sweep(tmp_path / "x", "--rounding-scope", "chosen")
-    assert p.returncode == 2 and "goes with --rounding-partial or --rounding-of" in p.stderr and "Traceback" not in p.stderr
+    journal = [json.loads(x) for x in (other / JOURNAL).read_text().splitlines()[1:]]
+    assert {r["result"]["cpu_capability"] for r in journal} == {"AVX2"}  # every job ran pinned, in its worker
+    assert "rounding_scope" not in res and "verdicts the same" in out
+    rc, _, err = _sweep(capsys, tmp_path / "x", "--rounding-scope", "chosen")
+    assert rc == 2 and "goes with --rounding-partial or --rounding-of" in err and "Traceback" not in err
 
 
 def _ref_choices(ref: Path):
