@@ -87,8 +87,8 @@ def _sweep(capsys, out: Path, *extra: str) -> tuple[int, str, str]:
 
 
 def test_the_chosen_scope_end_to_end_then_the_full_check_from_the_same_journal(tmp_path, capsys, monkeypatch):
-    """The three runs in this process (not a ``python -m difftransformer`` each: their starts were most of this
-    test's time); the plots, which nothing here reads, are left out."""
+    """The three runs in this process, not a ``python -m difftransformer`` each (a start, and each worker's, costs
+    about 2 s of CPU); the plots, which nothing here reads, are left out."""
     from difftransformer.lmsweep import sweep
     monkeypatch.setattr(sweep, "plot_all", lambda res, out: [])
     ref, other = tmp_path / "ref", tmp_path / "avx2"
