@@ -184,7 +184,8 @@ def test_a_failing_job_is_recorded_and_the_others_run(tmp_path, workers):
     assert text.startswith("job: 3\nkey: k3\nerror: ValueError: job 3 cannot\n")
     assert "in _fails_on_three" in text and 'raise ValueError(f"job {i} cannot' in text  # the worker's own frame
     assert set(read_journal(tmp_path / JOURNAL)[1]) == {"k0", "k1", "k2", "k4", "k5"}  # the others, journaled
-    done, ran = run_jobs(_spec(_square), Journal(tmp_path / JOURNAL, {"t": 1}), RunOptions(workers=workers,
+    # the rerun in this process (Inline) whichever executor failed: what it reruns is the runner's, not the pool's
+    done, ran = run_jobs(_spec(_square), Journal(tmp_path / JOURNAL, {"t": 1}), RunOptions(workers=1,
                                                                                            progress=False))
     assert ran == 1 and done == {i: {"sq": i * i} for i in range(6)}  # a rerun runs the failed job only
     assert not (tmp_path / "failed").exists()  # and its traceback goes once it succeeds
@@ -215,9 +216,9 @@ def _slow(i: int) -> dict:
 
 
 def test_the_time_limit_stops_starting_jobs_and_a_rerun_resumes(tmp_path, monkeypatch):
-    """No job starts after the limit, the running ones finish and are journaled; the rerun ends as one run would.
-    The runner's clock is a counter (reading k says k seconds), so however slowly the pool's workers start, the limit
-    of 2.5 s lets exactly 3 jobs start: the 4th reading is past it."""
+    """No job starts after the limit, the running ones finish and are journaled; the rerun (in this process: no
+    worker to start) ends as one run would. The runner's clock is a counter (reading k says k seconds), so however
+    slowly the pool's workers start, the limit of 2.5 s lets exactly 3 jobs start: the 4th reading is past it."""
     from difftransformer.jobs import runner
     readings = iter(range(1000))
     monkeypatch.setattr(runner, "time", type("CountingClock", (), {"monotonic": staticmethod(lambda: next(readings))}))
@@ -230,7 +231,7 @@ def test_the_time_limit_stops_starting_jobs_and_a_rerun_resumes(tmp_path, monkey
     assert str(e).startswith("incomplete: rerun the same command to resume (--time-limit 2.5 s reached: ")
     monkeypatch.undo()
     assert len(read_journal(path)[1]) == e.done and path.read_text().endswith("\n")  # whole: every job it ran
-    done, ran = run_jobs(_spec(_slow, 8), Journal(path, {"t": 1}), RunOptions(workers=2, progress=False))
+    done, ran = run_jobs(_spec(_slow, 8), Journal(path, {"t": 1}), RunOptions(workers=1, progress=False))
     assert ran == 8 - e.done and done == {i: {"i": i} for i in range(8)}
 
 

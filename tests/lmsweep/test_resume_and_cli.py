@@ -2,8 +2,9 @@
 stopped by --time-limit and one with a failing job each end, rerun, with the results of an uninterrupted one (the
 rerun runs only the unfinished or failed jobs); a failed job and the time limit are one line and an exit code of
 their own; bad input is one error line. One uninterrupted sweep (in this process) serves every comparison, and its
-prepared tokens every other run; the interrupted runs use 2 worker processes, the runs that finish them one
-worker in this process (the numbers do not depend on it, and no process start is paid)."""
+prepared tokens every other run; the killed sweep uses 2 worker processes, every other run one worker in this
+process (the numbers do not depend on it, and no process start is paid; a failing job in a worker process is
+tests/jobs/test_runner.py's)."""
 
 import json
 import os
@@ -141,9 +142,9 @@ def test_a_sweep_stopped_by_the_time_limit_and_rerun_equals_an_uninterrupted_one
 
 def test_a_failing_job_is_reported_the_others_run_and_a_rerun_runs_it(whole, tmp_path, capsys, monkeypatch):
     out = _with_tokens(whole, tmp_path / "failing")
-    monkeypatch.setenv(FAIL_ENV, "32 diff_v2 8 0.008")  # that job raises in its worker process (jobs.outcome)
+    monkeypatch.setenv(FAIL_ENV, "32 diff_v2 8 0.008")  # that job raises in its worker (jobs.outcome)
     capsys.readouterr()
-    assert main([*ARGS, "--out", str(out)]) == EXIT_FAILED
+    assert main([*ARGS, "--workers", "1", "--out", str(out)]) == EXIT_FAILED
     err = capsys.readouterr().err.strip().splitlines()
     m = re.fullmatch(r"difftransformer lm-sweep: 1 of 16\+? jobs failed; first: 32 diff_v2 8 0\.008 \[key "
                      r"([0-9a-f]{12})\]: RuntimeError: injected failure: DIFFTRANSFORMER_FAIL_JOB='32 diff_v2 8 "
@@ -153,7 +154,7 @@ def test_a_failing_job_is_reported_the_others_run_and_a_rerun_runs_it(whole, tmp
     assert trace.parent == out / "failed" and trace.name.startswith(m.group(1))
     text = trace.read_text()
     assert text.startswith("job: 32 diff_v2 8 0.008\nkey: ") and "Traceback (most recent call last)" in text
-    assert "in injected_failure" in text and f"jobs{os.sep}local.py" in text  # the worker's own frames
+    assert "in injected_failure" in text and f"jobs{os.sep}local.py" in text  # the worker's own frames (local.call)
     assert _jobs(out / JOURNAL) == JOBS - 1 and not (out / RESULTS).exists()  # the others ran; no verdicts
     monkeypatch.delenv(FAIL_ENV)
     assert main([*ARGS, "--workers", "1", "--out", str(out)]) == 0
