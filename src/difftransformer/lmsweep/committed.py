@@ -16,7 +16,7 @@ from typing import Any, Optional
 from ..fileio import read_json
 from ..jobs import job_key, read_journal
 from ..rundir import SWEEP_RESULTS_NAME
-from ..rundir.studies import LmSweepResults, validate_lm_sweep
+from ..rundir.studies import LmSweepResults, validate_lm_run, validate_lm_sweep
 from .config import LMSweepConfig
 from .sweep import JOURNAL, job_description, run_lm_sweep
 
@@ -35,7 +35,7 @@ def _check_keys(journal: Path) -> None:
     """Every journaled job's key must be the one this code computes for it (same protocol, configuration and data
     fingerprint), so ``run_lm_sweep`` finds every job and trains none; else a ValueError, never a 100-minute run."""
 
-    header, records = read_journal(journal)
+    header, records = read_journal(journal, validate_lm_run)
     cfg = LMSweepConfig.from_dict(header["config"])
     stale = [r["job"] for k, r in records.items() if job_key(job_description(cfg, header["data"], r["job"])) != k]
     if stale:
@@ -53,7 +53,7 @@ def provenance(source: Path = RESULTS) -> dict[str, Any]:
     """Where the committed results come from: provenance.json, the original run's timings (the rebuilt sweep.json
     has the rebuild's) and the CPU kernels its jobs ran (as each job recorded them)."""
 
-    _, records = read_journal(source / JOURNAL)
+    _, records = read_journal(source / JOURNAL, validate_lm_run)
     kernels = sorted({str(r["result"].get("cpu_capability", "unknown")) for r in records.values()})
     return {**read_json(source / PROVENANCE), "timings": _committed(source)["timings"],
             "cpu_kernels": kernels, "folder": REPO_PATH}

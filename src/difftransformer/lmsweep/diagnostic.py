@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_diagnostic, validate_readings, write_checked
+from ..rundir.studies import validate_diagnostic, validate_lm_arm_run, validate_lm_run, validate_readings, write_checked
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
 
@@ -98,7 +98,10 @@ def reference(ref_dir: Path) -> tuple[LMSweepConfig, str, dict[Job, dict[str, An
     path = Path(ref_dir) / SWEEP_JOURNAL
     if not path.is_file():
         raise ValueError(f"--reference {ref_dir}: no {SWEEP_JOURNAL} there (give a finished lm-sweep directory)")
-    header, records = read_journal(path)
+    try:
+        header, records = read_journal(path, validate_lm_run)  # every record a sweep job's result
+    except ValueError as e:
+        raise ValueError(f"--reference {ref_dir}: {e}") from None
     if header.get("protocol_version") != PROTOCOL_VERSION or header.get("benchmark") != "language-model sweep":
         raise ValueError(f"--reference {ref_dir}: not a protocol version {PROTOCOL_VERSION} language-model sweep")
     cfg = LMSweepConfig.from_dict(header["config"])
@@ -297,7 +300,7 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
             key=lambda j: job_key({"diagnostic_version": spec.version, **which, "config": cfg_d, "data": fp,
                                    "job": list(j), "overrides": spec.arms.get(j.variant, {}), **device_key(dev)}),
             code_path=cfg.cpu_code_path, desc=f"{spec.title} (jobs)")
-        done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header), options, ex)
+        done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
     finally:
         ex.close()
     if spec.name == "v1":
@@ -309,7 +312,7 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
                "config": cfg.to_dict(), "arms": assess_v2(cfg, width, ref, done, cap, spec),
                "rerun": rerun_check(ref, reruns, done, spec.reruns)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
-                      "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
+                      "job_cpu_s": sum(r.get("train_cpu_s", 0.0) for r in done.values())}
     write_checked(out / RESULTS, res, validate_diagnostic)  # the schema the readers take
     if spec.name == "v1":
         plot_curves(cfg, width, done, res, out / PLOT)
@@ -364,7 +367,7 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
             key=lambda j: job_key({"diagnostic_version": spec.version, **which, "config": cfg_d, "data": fp,
                                    "job": list(j), "overrides": spec.arms.get(j.variant, {}), **device_key(dev)}),
             code_path=code_path, desc=f"{spec.title} rounding check ({code_path})")
-        done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header), options, ex)
+        done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
     finally:
         ex.close()
     cap = cap_of(vocab)

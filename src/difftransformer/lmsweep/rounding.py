@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Optional, cast
 
 from ..model import variants as registry
-from ..rundir.studies import RoundingCheck, RoundingRow, VerdictCells, compare_verdicts, rounding_counts
+from ..rundir.studies import (
+    RoundingCheck,
+    RoundingRow,
+    VerdictCells,
+    compare_verdicts,
+    rounding_counts,
+    validate_lm_run,
+)
 from .analysis import Choices, Job, assemble, lr_choice
 from .config import LMSweepConfig
 from .sweep import JOURNAL, verdict_rows
@@ -65,7 +72,7 @@ def read_journal(out_dir: str | Path) -> tuple[dict[str, Any], dict[Job, dict[st
     path = Path(out_dir) / JOURNAL
     if not path.is_file():
         raise ValueError(f"{out_dir} holds no {JOURNAL} (not a language-model sweep's output)")
-    header, records = read(path)
+    header, records = read(path, validate_lm_run)
     return header, {Job(*rec["job"]): rec["result"] for rec in records.values()}
 
 

@@ -25,7 +25,7 @@ from ..rundir.files import (
     LM_SWEEP_TOKENS_PNG,
     SWEEP_RESULTS_NAME,
 )
-from ..rundir.studies import LM_SWEEP_BENCHMARK, validate_lm_sweep, write_checked
+from ..rundir.studies import LM_SWEEP_BENCHMARK, validate_lm_run, validate_lm_sweep, write_checked
 from .analysis import Choices, Job, assemble, needed_jobs, rounding_jobs
 from .config import LMSweepConfig
 
@@ -91,7 +91,7 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: O
     cap = math.log(vocab)
     header = {"benchmark": "language-model sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
               "data": fp}
-    journal = Journal(out / JOURNAL, header)
+    journal = Journal(out / JOURNAL, header, validate_lm_run)  # every record an LmSweepRun
     data_dir = str(data.directory)
     cfg_d = cfg.to_dict()
     scoped = None if choices is None else rounding_jobs(cfg, choices)
@@ -108,7 +108,7 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: O
         res["rounding_scope"] = "chosen: the reference run's lr choices, not replayed (PROTOCOL.md, Clarifications)"
     res["timings"] = {"wall_s": time.perf_counter() - t0, "workers": options.workers, **options.describe(),
                       "jobs": len(done), "jobs_run": ran,
-                      "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
+                      "job_cpu_s": sum(r.get("train_cpu_s", 0.0) for r in done.values())}
     from ..studies.report import protocol_deviations
     res["deviations"] = protocol_deviations(Path(__file__).with_name("PROTOCOL.md"))
     res["verdict_rows"], res["sensitivity_rows"] = verdict_rows(res), sensitivity_rows(res)  # what the report draws

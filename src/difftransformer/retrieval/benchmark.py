@@ -31,6 +31,7 @@ from ..rundir.studies import (
     RetrievalRun,
     TestCondition,
     validate_retrieval_results,
+    validate_retrieval_run,
     write_checked,
 )
 from ..studies.report import protocol_deviations
@@ -141,7 +142,8 @@ def run_benchmark(cfg: RetrievalConfig, out_dir: Optional[str | Path] = None, wo
     t0, load0 = time.perf_counter(), _load()
     cfg_d = cfg.to_dict()
     with tempfile.TemporaryDirectory() as tmp:
-        journal = Journal(Path(out_dir or tmp) / JOURNAL, {**journal_header(cfg), "quick": quick})
+        journal = Journal(Path(out_dir or tmp) / JOURNAL, {**journal_header(cfg), "quick": quick},
+                          validate_retrieval_run)  # every record a RetrievalRun
         done, ran = run_jobs(job_spec(cfg, options.device), journal, options)
     runs = {Job(*j): cast(RetrievalRun, r) for j, r in done.items()}  # what ``_job`` returned, through the journal
     variants = assemble(cfg, runs)

@@ -18,7 +18,14 @@ from typing import Any, Optional
 from ..eval import stats
 from ..jobs import JobSpec, Journal, RunOptions, job_key, read_journal, run_jobs
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RETRIEVAL_JOURNAL
-from ..rundir.studies import RETRIEVAL_DIAGNOSTIC, validate_diagnostic, validate_readings, write_checked
+from ..rundir.studies import (
+    RETRIEVAL_DIAGNOSTIC,
+    validate_diagnostic,
+    validate_readings,
+    validate_retrieval_arm_run,
+    validate_retrieval_run,
+    write_checked,
+)
 from .config import RetrievalConfig
 from .protocol import Job, lr_choice, lr_robustness, needed_jobs
 from .train import LOSS_THRESHOLDS
@@ -52,7 +59,10 @@ def reference(ref_dir: Path) -> tuple[RetrievalConfig, dict[Job, dict[str, Any]]
     if not path.is_file():
         raise ValueError(f"--reference {ref_dir}: no {RETRIEVAL_JOURNAL} there (give a finished retrieval benchmark's "
                          "directory)")
-    header, records = read_journal(path)
+    try:
+        header, records = read_journal(path, validate_retrieval_run)  # every record a benchmark job's result
+    except ValueError as e:
+        raise ValueError(f"--reference {ref_dir}: {e}") from None
     if header.get("protocol_version") != PROTOCOL_VERSION or header.get("benchmark") != "kv_retrieval benchmark":
         raise ValueError(f"--reference {ref_dir}: not a protocol version {PROTOCOL_VERSION} retrieval benchmark")
     if header.get("quick"):
@@ -223,7 +233,7 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
     spec: JobSpec[Job] = JobSpec(needed=lambda d: arm_jobs(cfg, d), run=run_arm_job,
                                  args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                  code_path=cfg.cpu_code_path, desc="retrieval diagnostic (jobs)")
-    done, ran = run_jobs(spec, Journal(out / JOURNAL, header), options)
+    done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_retrieval_arm_run), options)
     arms = {Job(*j): r for j, r in done.items()}
     rows = assess(cfg, ref, arms)
     res: dict[str, Any] = {"benchmark": "retrieval_diagnostic", "version": VERSION, "reference": str(ref_dir),
@@ -231,7 +241,7 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
                            "chance": 1.0 / cfg.n_values, "loss_thresholds": list(LOSS_THRESHOLDS), "rows": rows,
                            "summary": summary(rows)}
     res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
-                      "job_cpu_s": sum(r["train_cpu_s"] for r in done.values())}
+                      "job_cpu_s": sum(r.get("train_cpu_s", 0.0) for r in done.values())}
     write_checked(out / RESULTS, res, validate_diagnostic)  # the schema the readers take
     plot_lr(cfg, ref, arms, out / PLOT)
     return res
@@ -284,7 +294,8 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
     spec: JobSpec[Job] = JobSpec(needed=lambda d: (jobs, True), run=run_arm_job,
                                  args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                  code_path=code_path, desc=f"retrieval diagnostic rounding check ({code_path})")
-    done, ran = run_jobs(spec, Journal(Path(out_dir) / f"rounding-{code_path}" / JOURNAL, header), options)
+    done, ran = run_jobs(spec, Journal(Path(out_dir) / f"rounding-{code_path}" / JOURNAL, header,
+                                       validate_retrieval_arm_run), options)
     runs = {n: [done[Job(n, s, first["rows"][n]["lr"])] for s in cfg.test_seeds] for n in names}
     acc = {n: _accuracies(runs[n], cfg.primary) for n in names}
     n_q = runs[BASE][0]["conditions"][cfg.primary]["n_queries"]

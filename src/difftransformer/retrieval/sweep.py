@@ -27,6 +27,7 @@ import numpy as np
 from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..model import variants as registry
 from ..rundir.files import SWEEP_RESULTS_NAME, WIDTH_SWEEP_JOURNAL, WIDTH_SWEEP_PNG
+from ..rundir.studies import validate_retrieval_run
 from .config import RetrievalConfig
 
 MIN_SLOPE = 1e-6  # a fitted slope at or below this is flat (saturated or untrained curves): no ratio
@@ -129,9 +130,12 @@ def run_sweep(cfg: RetrievalConfig, widths: Sequence[int], out_dir: Optional[str
     header = {"benchmark": "kv_retrieval width sweep", "protocol_version": PROTOCOL_VERSION,
               "config": cfg.to_dict(), "widths": ws}
     with tempfile.TemporaryDirectory() as tmp:
-        journal = Journal(Path(out_dir or tmp) / SWEEP_JOURNAL, header)
+        journal = Journal(Path(out_dir or tmp) / SWEEP_JOURNAL, header, validate_retrieval_run)
         if reuse is not None:
-            journal.reuse_from(Path(reuse))
+            try:  # every record of it checked before any is copied, before any job
+                journal.reuse_from(Path(reuse))
+            except ValueError as e:
+                raise ValueError(f"--reuse-jobs: {e}") from None
         spec = JobSpec(needed=lambda done: (jobs, True), run=_job, args=lambda j: (dicts[j[0]], j[1], j[2], j[3], dev),
                        key=lambda j: job_key(job_description(dicts[j[0]], tuple(j[1:]), dev)),
                        code_path=cfg.cpu_code_path, desc="retrieval width sweep (jobs)")

@@ -11,7 +11,11 @@ no study, reads it too.
 
 ``validate(obj, schema, where)`` checks any JSON value against a schema type (TypedDicts, ``list``, ``dict``,
 ``Sequence``, ``Literal``, ``Optional``, the JSON scalars; ``Any`` is not looked into), so each file's validator is one
-call (``validate_retrieval_results``, ``validate_lm_sweep``)."""
+call (``validate_retrieval_results``, ``validate_lm_sweep``).
+
+The job journals' records are schemas here too: each study's per-job result (``RetrievalRun``, ``RetrievalArmRun``,
+``LmSweepRun``, ``LmArmRun``), whose validator the study passes to ``jobs.Journal``/``read_journal`` as ``check``
+(``jobs/`` sits below this package and imports no schema): every record written, resumed, reused or read."""
 
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
 
@@ -110,7 +114,8 @@ class ExampleRow(TypedDict):
 
 
 class RetrievalRun(TypedDict):
-    """One job: a model trained on a seed at an lr and measured (``retrieval.benchmark._job``)."""
+    """One job: a model trained on a seed at an lr and measured (``retrieval.benchmark._job``): each record's
+    ``result`` in the benchmark's and the width sweep's journals, and each run of results.json."""
     variant: str
     seed: int
     lr: float
@@ -131,6 +136,15 @@ class RetrievalRun(TypedDict):
     loss_thresholds: NotRequired[dict[str, Optional[int]]]
     dynamics: NotRequired[list[dict[str, Any]]]
     outliers: NotRequired[dict[str, Any]]
+    train_cpu_s: NotRequired[float]  # the job's bookkeeping (every journal holds it; older results.json lack it)
+    eval_s: NotRequired[float]
+    paired_tensors: NotRequired[int]
+
+
+class RetrievalArmRun(RetrievalRun):
+    """One job of the retrieval diagnostic (``retrieval.diagnostic.run_arm_job``): a benchmark job of an arm (or of
+    the baseline or a variant, rerun by the rounding check), the result of each record of its journals."""
+    arm: str
 
 
 class LrScore(TypedDict):
@@ -300,6 +314,62 @@ class LmSweepResults(TypedDict):
     deviations: NotRequired[list[str]]
     verdict_rows: NotRequired[list[list[str]]]
     sensitivity_rows: NotRequired[list[list[str]]]
+
+
+class LmCurve(TypedDict):
+    """A job's test-half loss every ``eval_every`` steps (Fig. 3b)."""
+    steps: list[int]
+    test_loss: list[float]
+
+
+class LmOutliers(TypedDict):
+    """A job's largest |attention logit| and |hidden state| over its outlier windows (Table 5), and their medians."""
+    attention_logit_top1: float
+    hidden_state_top1: float
+    attention_logit_median: NotRequired[float]
+    hidden_state_median: NotRequired[float]
+
+
+class LmSweepRun(TypedDict):
+    """One job of the language-model sweep (``lmsweep.job.run_job``): each record's ``result`` in its journal
+    (OUT/lm-jobs.jsonl). Required: what the protocol's analysis, the rounding check and the diagnostics read (the
+    job, its losses, floor, divergence, parameter counts, curve and outliers; a diverged job's losses and outliers
+    are null); ``NotRequired``: the job's bookkeeping, which run_job always writes but no decision reads (times, the
+    machine, the training loss every 10th step; ``eval_s`` is absent from a diverged job's)."""
+    width: int
+    variant: str
+    seed: int
+    lr: float
+    params: int
+    params_non_embedding: int
+    floor: float
+    diverged: bool
+    tune_loss: Optional[float]
+    test_loss: Optional[float]
+    curve: LmCurve
+    outliers: Optional[LmOutliers]
+    tokens_per_step: NotRequired[int]
+    skipped_steps: NotRequired[int]
+    cpu_capability: NotRequired[str]
+    cpu_model: NotRequired[str]
+    train_s: NotRequired[float]
+    train_cpu_s: NotRequired[float]
+    eval_s: NotRequired[float]
+    train_loss: NotRequired[list[float]]
+
+
+# One DIFF V1 layer's scales (``lmsweep.diagnostic.v1_scales``; "lambda" is a keyword, hence the call form); the RMS
+# before and after the head-wise norm only where the layer has one
+V1Scale = TypedDict("V1Scale", {
+    "layer": int, "lambda": float, "lambda_init": float, "weight_rms": Optional[float], "after_multiplier": float,
+    "before_norm": NotRequired[float], "after_norm": NotRequired[float]})
+
+
+class LmArmRun(LmSweepRun):
+    """One job of a language-model diagnostic (``lmsweep.diagnostic.run_arm_job``): a sweep job of an arm or a
+    rerun, the result of each record of its journals; ``v1_scales`` for the V1 diagnostic's finished DIFF V1 jobs."""
+    arm: str
+    v1_scales: NotRequired[list[V1Scale]]
 
 
 # ==================================================================== both studies' rounding check: rounding.json
@@ -482,6 +552,28 @@ def validate_retrieval_results(obj: Any, where: str) -> RetrievalResults:
 def validate_lm_sweep(obj: Any, where: str) -> LmSweepResults:
     """A language-model sweep's sweep.json, checked against ``LmSweepResults``."""
     return validate(obj, LmSweepResults, where)
+
+
+# The job journals' results: each study passes its validator to ``jobs.Journal``/``read_journal`` as ``check``
+# (``jobs/`` imports no study and no schema), which checks every record read, reused or written
+def validate_retrieval_run(obj: Any, where: str) -> RetrievalRun:
+    """A retrieval benchmark or width-sweep job's result (a journal record's), checked against ``RetrievalRun``."""
+    return validate(obj, RetrievalRun, where)
+
+
+def validate_retrieval_arm_run(obj: Any, where: str) -> RetrievalArmRun:
+    """A retrieval diagnostic job's result, checked against ``RetrievalArmRun``."""
+    return validate(obj, RetrievalArmRun, where)
+
+
+def validate_lm_run(obj: Any, where: str) -> LmSweepRun:
+    """A language-model sweep job's result, checked against ``LmSweepRun``."""
+    return validate(obj, LmSweepRun, where)
+
+
+def validate_lm_arm_run(obj: Any, where: str) -> LmArmRun:
+    """A language-model diagnostic job's result, checked against ``LmArmRun``."""
+    return validate(obj, LmArmRun, where)
 
 
 # ============================================================ the diagnostics' diagnostic.json and their rounding.json
