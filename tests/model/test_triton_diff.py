@@ -21,7 +21,6 @@ import torch
 from triton_interp import (
     CUDA_ONLY,
     MODEL_DTYPE,
-    NEEDS_FRESH_PROCESS,
     NO_FP64_ON_CUDA,
     ON_CUDA,
     kernel_test_model,
@@ -43,9 +42,8 @@ def _interpreter_or_fresh_process(request):
     torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-@pytest.mark.skipif(not NEEDS_FRESH_PROCESS, reason="this process already runs the kernels directly")
-def test_in_fresh_interpreter_process():
-    run_in_fresh_process(__file__)
+def test_in_fresh_interpreter_process(request):
+    run_in_fresh_process(request)  # skipped by the autouse fixture where this process runs the kernels itself
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,7 +19,6 @@ import torch
 
 from triton_interp import (
     MODEL_DTYPE,
-    NEEDS_FRESH_PROCESS,
     fail_inside_triton,
     kernel_test_model,
     model_error,
@@ -49,9 +48,8 @@ def _interpreter_or_fresh_process(request):
     launches._TRITON_FAILED.clear()
 
 
-@pytest.mark.skipif(not NEEDS_FRESH_PROCESS, reason="this process already runs the kernels directly")
-def test_in_fresh_interpreter_process():
-    run_in_fresh_process(__file__)
+def test_in_fresh_interpreter_process(request):
+    run_in_fresh_process(request)  # skipped by the autouse fixture where this process runs the kernels itself
 
 
 class Failing:

@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from triton_interp import NEEDS_FRESH_PROCESS, run_in_fresh_process, skip_unless_interpreting
+from triton_interp import run_in_fresh_process, skip_unless_interpreting
 
 from test_triton_diff import (  # noqa: E402  (the float64 oracle and its cases)
     F64_TOL,
@@ -38,9 +38,8 @@ def _interpreter_or_fresh_process(request):
     skip_unless_interpreting(request)
 
 
-@pytest.mark.skipif(not NEEDS_FRESH_PROCESS, reason="this process already runs the kernels directly")
-def test_in_fresh_interpreter_process():
-    run_in_fresh_process(__file__)
+def test_in_fresh_interpreter_process(request):
+    run_in_fresh_process(request)  # skipped by the autouse fixture where this process runs the kernels itself
 
 
 @pytest.fixture

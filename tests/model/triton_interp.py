@@ -6,6 +6,13 @@ defined, i.e. at the first `import triton` of the process. If something imported
 (torch.compile does, even on CPU), setting the variable now cannot help: ``NEEDS_FRESH_PROCESS`` is then True, the
 file's tests skip (``skip_unless_interpreting``) and its ``test_in_fresh_interpreter_process`` re-runs the whole
 file in a fresh process (``run_in_fresh_process``). Import it before anything that imports triton.
+
+The three interpreted files (``INTERPRETED_FILES``) share that fresh process where they run together: under
+pytest-xdist (``make test``; whether a worker imported triton first depends on what it ran before, so no worker can
+tell whether another needs a fresh process), or in one process that cannot interpret, the first file's
+``test_in_fresh_interpreter_process`` runs every one of them that the session collected in ONE fresh process (one
+start of Python, torch and triton instead of three) and the others' tests skip, naming it
+(``interpreted_elsewhere``). Run alone, or together in a process that can interpret, each runs in this process.
 """
 
 from __future__ import annotations
@@ -30,19 +37,101 @@ NEEDS_FRESH_PROCESS = (not torch.cuda.is_available()
 FRESH_TEST = "test_in_fresh_interpreter_process"
 
 
+def _patch_the_language_once_per_launch() -> None:
+    """Make Triton's interpreter patch ``triton.language`` once per module per launch, not at every call.
+
+    The interpreter swaps the language's builtins (``tl.dot``, ``tl.exp``, ...) for NumPy ones with
+    ``_patch_lang(fn)`` when a launch starts (and restores them when it ends), and again, in full, at every call of
+    a ``@triton.jit`` helper inside the kernel (``InterpretedFunction.__call__``: ``tl.max``, ``tl.sum`` and the
+    kernels' own helpers, some 120 calls per launch). Each re-patch walks every member of ``triton.language``
+    (``inspect.getmembers``) and changes nothing (the builtins are patched already; the rest is reassigned to the
+    same functions): a third of the CPU time of these tests (test_triton_diff.py alone: 26.5 -> 17.5 s). Here a patch is skipped when the
+    same module's functions were patched already in this launch; the first call per module still patches (the
+    standard library's module names ``triton.language.core``, not ``triton.language``, and is patched then), and
+    nothing else changes: the kernels run the same NumPy code. Outside a launch, and where Triton's interpreter has
+    another layout, nothing is changed."""
+    from triton.runtime import interpreter
+
+    if not all(hasattr(interpreter, n) for n in ("_patch_lang", "_LangPatchScope", "GridExecutor")):
+        return
+    real_patch, real_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    if getattr(real_patch, "once_per_launch", False):
+        return
+    patched: set[int] | None = None  # ids of the module namespaces patched in the running launch
+
+    def patch_lang(fn):
+        if patched is None:
+            return real_patch(fn)
+        if id(fn.__globals__) in patched:
+            return interpreter._LangPatchScope()  # nothing to restore: InterpretedFunction.__call__ drops it
+        scope = real_patch(fn)
+        patched.add(id(fn.__globals__))
+        return scope
+
+    def launch(self, *args, **kwargs):
+        nonlocal patched
+        patched = set()
+        try:
+            return real_launch(self, *args, **kwargs)
+        finally:
+            patched = None
+
+    patch_lang.once_per_launch = True  # type: ignore[attr-defined]
+    interpreter._patch_lang = patch_lang
+    interpreter.GridExecutor.__call__ = launch
+
+
+if os.environ.get("TRITON_INTERPRET") == "1" and not NEEDS_FRESH_PROCESS:
+    _patch_the_language_once_per_launch()
+
+
+INTERPRETED_FILES = ("test_triton_diff.py", "test_triton_tuning.py", "test_triton_fallback.py")  # beside this file
+CHILD = "DIFFTRANSFORMER_TRITON_CHILD"  # set in the fresh process: it runs its files itself
+
+
+def _shared_files(session) -> list[Path]:
+    """The interpreted files whose fresh-process tests this session collected, in INTERPRETED_FILES order, when
+    they share one fresh process (see the module's docstring); else []."""
+    if torch.cuda.is_available() or os.environ.get(CHILD) == "1":
+        return []
+    if not (os.environ.get("PYTEST_XDIST_WORKER") or NEEDS_FRESH_PROCESS):
+        return []
+    found = {item.path for item in session.items
+             if getattr(item, "originalname", None) == FRESH_TEST and item.path.name in INTERPRETED_FILES}
+    files = sorted(found, key=lambda p: INTERPRETED_FILES.index(p.name))
+    return files if len(files) > 1 else []
+
+
+def interpreted_elsewhere(request) -> str | None:
+    """Why this test does not run in this process (the reason to skip it), or None: it runs here."""
+    shared, here = _shared_files(request.session), request.node.path
+    if here in shared:
+        if request.node.originalname == FRESH_TEST and here == shared[0]:
+            return None
+        return f"runs in the one fresh process of {shared[0].name}::{FRESH_TEST}"
+    if request.node.originalname == FRESH_TEST:
+        return None if NEEDS_FRESH_PROCESS else "this process already runs the kernels directly"
+    if NEEDS_FRESH_PROCESS:
+        return f"triton was imported before TRITON_INTERPRET=1 was set; covered by {FRESH_TEST}"
+    return None
+
+
 def skip_unless_interpreting(request) -> None:
-    """In an autouse fixture: skip every test but the fresh-process one when this process cannot interpret."""
-    if NEEDS_FRESH_PROCESS and request.node.originalname != FRESH_TEST:
-        pytest.skip(f"triton was imported before TRITON_INTERPRET=1 was set; covered by {FRESH_TEST}")
+    """In an autouse fixture: skip the tests that run in a fresh process instead (``interpreted_elsewhere``)."""
+    reason = interpreted_elsewhere(request)
+    if reason is not None:
+        pytest.skip(reason)
 
 
-def run_in_fresh_process(test_file: str) -> None:
-    """Run ``test_file`` under pytest in a new process with TRITON_INTERPRET=1; fail with its output if it fails."""
-    root = Path(test_file).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(test_file))],
-                         cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                         timeout=900)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+def run_in_fresh_process(request) -> None:
+    """The body of ``test_in_fresh_interpreter_process``: run its file (or every file that shares the fresh process)
+    under pytest in a new process with TRITON_INTERPRET=1; fail with its output if it fails."""
+    files = _shared_files(request.session) or [request.node.path]
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, files)],
+                         cwd=root, env={**os.environ, "TRITON_INTERPRET": "1", CHILD: "1"}, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0 and " passed" in res.stdout, res.stdout[-6000:] + res.stderr[-3000:]
 
 
 # Triton cannot compile float64 dots on CUDA (an H200, sm_90, Triton 3.6: "Currently fp64 don't support largeK MMA"),
