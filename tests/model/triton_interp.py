@@ -45,11 +45,11 @@ def _patch_the_language_once_per_launch() -> None:
     a ``@triton.jit`` helper inside the kernel (``InterpretedFunction.__call__``: ``tl.max``, ``tl.sum`` and the
     kernels' own helpers, some 120 calls per launch). Each re-patch walks every member of ``triton.language``
     (``inspect.getmembers``) and changes nothing (the builtins are patched already; the rest is reassigned to the
-    same functions): a third of the CPU time of these tests (test_triton_diff.py alone: 26.5 -> 17.5 s). Here a patch is skipped when the
-    same module's functions were patched already in this launch; the first call per module still patches (the
-    standard library's module names ``triton.language.core``, not ``triton.language``, and is patched then), and
-    nothing else changes: the kernels run the same NumPy code. Outside a launch, and where Triton's interpreter has
-    another layout, nothing is changed."""
+    same functions): a third of the CPU time of these tests (test_triton_diff.py alone: 26.5 -> 17.5 s). Here a
+    patch is skipped when the same module's functions were patched already in this launch; the first call per
+    module still patches (the standard library's module names ``triton.language.core``, not ``triton.language``,
+    and is patched then), and nothing else changes: the kernels run the same NumPy code. Outside a launch, and where
+    Triton's interpreter has another layout, nothing is changed."""
     from triton.runtime import interpreter
 
     if not all(hasattr(interpreter, n) for n in ("_patch_lang", "_LangPatchScope", "GridExecutor")):
