@@ -36,13 +36,18 @@ chromium:
 	  echo "warning: could not install chromium; the report rendering test will fail" >&2
 
 # Lint and type-check first (configured in pyproject.toml; both must report nothing), then the tests on every core
-# (pytest-xdist, a file per worker so that its fixtures are built once), then, alone, those marked `serial`
-# (process pools, torchrun, Ray, SIGKILL, Chromium: tests/conftest.py lists them). PYTEST_WORKERS=0: no workers.
+# (pytest-xdist, a file per worker so that its fixtures are built once, the longest files first), then, alone, those
+# marked `serial`, whose clocks another worker would skew (gpu-check's time limits, a killed pool's workers, the Ray
+# cluster: tests/conftest.py lists them and the order). PYTEST_WORKERS=0: no workers.
 PYTEST_WORKERS ?= auto
+# Bytecode is written (__pycache__/, ignored by git) even where PYTHONDONTWRITEBYTECODE is set, as in many container
+# images: else every pytest process rewrites every test file again (3 s of each one's start) and every command a
+# test starts compiles the sources again.
+test test-fast: export PYTHONDONTWRITEBYTECODE :=
 test: install chromium
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" tests
 	$(PY) -m pytest -q -m serial tests
 
 # The core promises in under a minute (marker `fast`, tests/conftest.py): every attention variant and backend
