@@ -544,36 +544,20 @@ def validate(obj: Any, schema: type[T], where: str) -> T:
     return typing.cast(T, obj)
 
 
-def validate_retrieval_results(obj: Any, where: str) -> RetrievalResults:
-    """A retrieval benchmark's results.json, checked whole against ``RetrievalResults``."""
-    return validate(obj, RetrievalResults, where)
+def checker(schema: type[T]) -> typing.Callable[[Any, str], T]:
+    """``validate`` against one schema, as the ``(obj, where) -> obj`` check that ``write_checked`` and the job
+    journals (``jobs.Journal``, ``read_journal``) take."""
+    return lambda obj, where: validate(obj, schema, where)
 
 
-def validate_lm_sweep(obj: Any, where: str) -> LmSweepResults:
-    """A language-model sweep's sweep.json, checked against ``LmSweepResults``."""
-    return validate(obj, LmSweepResults, where)
-
-
-# The job journals' results: each study passes its validator to ``jobs.Journal``/``read_journal`` as ``check``
-# (``jobs/`` imports no study and no schema), which checks every record read, reused or written
-def validate_retrieval_run(obj: Any, where: str) -> RetrievalRun:
-    """A retrieval benchmark or width-sweep job's result (a journal record's), checked against ``RetrievalRun``."""
-    return validate(obj, RetrievalRun, where)
-
-
-def validate_retrieval_arm_run(obj: Any, where: str) -> RetrievalArmRun:
-    """A retrieval diagnostic job's result, checked against ``RetrievalArmRun``."""
-    return validate(obj, RetrievalArmRun, where)
-
-
-def validate_lm_run(obj: Any, where: str) -> LmSweepRun:
-    """A language-model sweep job's result, checked against ``LmSweepRun``."""
-    return validate(obj, LmSweepRun, where)
-
-
-def validate_lm_arm_run(obj: Any, where: str) -> LmArmRun:
-    """A language-model diagnostic job's result, checked against ``LmArmRun``."""
-    return validate(obj, LmArmRun, where)
+validate_retrieval_results = checker(RetrievalResults)  # a retrieval benchmark's results.json, whole
+validate_lm_sweep = checker(LmSweepResults)  # a language-model sweep's sweep.json
+# The job journals' results: each study passes its check to ``jobs.Journal``/``read_journal`` (``jobs/`` imports no
+# study and no schema), which checks every record read, reused or written
+validate_retrieval_run = checker(RetrievalRun)  # a retrieval benchmark or width-sweep job's result
+validate_retrieval_arm_run = checker(RetrievalArmRun)  # a retrieval diagnostic job's result
+validate_lm_run = checker(LmSweepRun)  # a language-model sweep job's result
+validate_lm_arm_run = checker(LmArmRun)  # a language-model diagnostic job's result
 
 
 # ============================================================ the diagnostics' diagnostic.json and their rounding.json
