@@ -28,6 +28,7 @@ HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md,
 # What the command does, picked by its flags (the first that matches), and the flags each takes ("config": every
 # RetrievalConfig field's flag, "jobs": where the jobs run); any other flag given is refused in one line
 MODES = (
+    Mode("--longer", ("longer",), ("jobs",), ("reference",), " (it takes its configuration from --reference DIR)"),
     Mode("--diagnostic", ("diagnostic",), ("rounding_check", "jobs"), ("reference",),
          " (it takes its configuration from --reference DIR)"),
     Mode("--sweep-width", ("sweep_width",), ("config", "quick", "reuse_jobs", "jobs")),
@@ -59,9 +60,17 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                         "one-change arms of DIFF V1 and V2, each with the lr grid on the test seeds, read against the "
                         "baseline and its own variant (OUT/diagnostic.json, OUT/diagnostic-lr.png, "
                         "OUT/diag-jobs.jsonl; about 150 jobs of 20-30 CPU-seconds); needs --reference")
+    m.add_argument("--longer", metavar="STEPS[,STEPS]",
+                   help="instead of the benchmark, the re-reading at longer training (LONGER.md beside PROTOCOL.md): "
+                        "the baseline, DIFF V1, DIFF V2 and every diagnostic arm at the lr each chose at 600 steps, "
+                        "12 test seeds, trained 1200 and/or 2400 steps; accuracy D/C and the speed endpoint (the "
+                        "first step below 1.0 and 0.3 nats) per length (OUT/longer.json, OUT/longer-jobs.jsonl); "
+                        "needs --reference (a finished diagnostic)")
     m.add_argument("--reference", metavar="DIR",
                    help="with --diagnostic: a finished benchmark run ON THIS MACHINE (its jobs.jsonl), whose "
-                        "configuration, lr choices and baseline, DIFF V1 and DIFF V2 runs the diagnostic reads")
+                        "configuration, lr choices and baseline, DIFF V1 and DIFF V2 runs the diagnostic reads; with "
+                        "--longer: a finished retrieval diagnostic (its diagnostic.json, e.g. "
+                        "docs/results/retrieval-diagnostic)")
     config = add_config_flags(p, RetrievalConfig, "configuration (the benchmark and --sweep-width; PROTOCOL.md fixes "
                                                   "it; defaults: the protocol's, --quick's smaller)")
     before = {a.dest for a in p._actions}
@@ -153,6 +162,13 @@ def _run_cli(args) -> int:
             raise ValueError(f"--rounding-check {args.rounding_check}: the benchmark runs that CPU code path itself "
                              "(--cpu-code-path); name another")
         check_pin(args.rounding_check, options, "--rounding-check")
+    if mode.name == "--longer":
+        from . import longer
+        steps = longer.check_steps(ints(args.longer, "--longer"))
+        longer.first_reading(args.reference)  # before OUT is made
+        print(longer.format_longer(longer.run_longer(args.reference, args.out, steps, options)))
+        print(f"wrote {args.out}/{longer.RESULTS}")
+        return 0
     if mode.name == "--diagnostic":
         from ..rundir.studies import read_study
         from . import diagnostic as dg
@@ -189,7 +205,8 @@ def _run_cli(args) -> int:
 
 USAGE = """%(prog)s --out DIR [--quick] [--rounding-check CODE_PATH] [configuration] [where the jobs run]
        %(prog)s --out DIR --sweep-width W1,W2,... [--reuse-jobs JOURNAL] [--quick] [configuration] [...]
-       %(prog)s --out DIR --diagnostic --reference DIR [--rounding-check CODE_PATH] [where the jobs run]"""
+       %(prog)s --out DIR --diagnostic --reference DIR [--rounding-check CODE_PATH] [where the jobs run]
+       %(prog)s --out DIR --longer 1200,2400 --reference DIAGNOSTIC_DIR [where the jobs run]"""
 
 
 def register(sub) -> None:
