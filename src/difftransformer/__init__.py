@@ -1,7 +1,8 @@
 """difftransformer: the Differential Transformer (DIFF V1, arXiv 2410.05258; DIFF V2, January 2026) beside a
 parameter-matched baseline Transformer."""
 
+from .layer import DiffAttention
 from .model import DiffTransformerLM, LMOutput, ModelConfig
 
 __version__ = "0.1.0"
-__all__ = ["ModelConfig", "DiffTransformerLM", "LMOutput", "__version__"]
+__all__ = ["DiffAttention", "ModelConfig", "DiffTransformerLM", "LMOutput", "__version__"]

@@ -7,6 +7,7 @@ Channels (2i, 2i+1) of each head form one rotated pair. Hugging Face's Llama/Dif
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -52,3 +53,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = xf[..., 0], xf[..., 1]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, T, heads, d/2, 2)
     return out.flatten(-2).type_as(x)
+
+
+def rotate(x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``apply_rope(x, *rope)``, or x itself where ``rope`` is None (no rotary positions: ``DiffAttention(rope=False)``,
+    a caller's own position scheme, and cross-attention unless asked)."""
+    return x if rope is None else apply_rope(x, *rope)

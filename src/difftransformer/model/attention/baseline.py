@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..rope import apply_rope
+from ..rope import rotate
 from .base import Attention, QueryRows
 from .dispatch import softmax_attention
 
@@ -36,8 +36,8 @@ class BaselineAttention(Attention):
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
         Tq = xq.shape[1]
-        q = apply_rope(self.wq(xq).view(B, Tq, H, d), *rq).transpose(1, 2)  # (B, H, Tq, d)
-        k = apply_rope(self.wk(x).view(B, T, Hkv, d), *rope).transpose(1, 2)  # (B, Hkv, T, d)
+        q = rotate(self.wq(xq).view(B, Tq, H, d), rq).transpose(1, 2)  # (B, H, Tq, d)
+        k = rotate(self.wk(x).view(B, T, Hkv, d), rope).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
         k, v = self.update_cache(input_pos, k, v)
         out, maps = softmax_attention(self, xq, q, k, v, mask, return_maps)  # (B, H, Tq, d)

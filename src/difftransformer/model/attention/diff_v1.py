@@ -35,7 +35,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..norm import RMSNorm
-from ..rope import apply_rope
+from ..rope import rotate
 from .base import Attention, QueryRows, normal_init_
 from .dispatch import diff_attention
 
@@ -133,8 +133,8 @@ class DiffV1Attention(Attention):
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
         Tq = xq.shape[1]
-        q = apply_rope(self.wq(xq).view(B, Tq, 2 * h, d), *rq).transpose(1, 2)  # (B, 2h, Tq, d)
-        k = apply_rope(self.wk(x).view(B, T, 2 * hkv, d), *rope).transpose(1, 2)  # (B, 2hkv, T, d)
+        q = rotate(self.wq(xq).view(B, Tq, 2 * h, d), rq).transpose(1, 2)  # (B, 2h, Tq, d)
+        k = rotate(self.wk(x).view(B, T, 2 * hkv, d), rope).transpose(1, 2)  # (B, 2hkv, T, d)
         v = self.wv(x).view(B, T, hkv, self.value_dim).transpose(1, 2)  # (B, hkv, T, 2d) (per_head: d)
         k, v = self.update_cache(input_pos, k, v)
         # Eq. (1): half-heads (2i, 2i+1) are (Q1, Q2) of head i and (K1, K2) of KV group g = i // (h / h_kv); Q1

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..norm import RMSNorm
-from ..rope import apply_rope
+from ..rope import rotate
 from .base import Attention, QueryRows, normal_init_
 from .diff_v1 import reparameterised_lambda
 from .dispatch import diff_attention
@@ -102,8 +102,8 @@ class DiffV2Attention(Attention):
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
         Tq = xq.shape[1]
-        q = apply_rope(self.wq(xq).view(B, Tq, 2 * H, d), *rq).transpose(1, 2)  # (B, 2H, Tq, d)
-        k = apply_rope(self.wk(x).view(B, T, self.n_key_heads, d), *rope).transpose(1, 2)  # (B, Hkv or 2Hkv, T, d)
+        q = rotate(self.wq(xq).view(B, Tq, 2 * H, d), rq).transpose(1, 2)  # (B, 2H, Tq, d)
+        k = rotate(self.wk(x).view(B, T, self.n_key_heads, d), rope).transpose(1, 2)  # (B, Hkv or 2Hkv, T, d)
         v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
         k, v = self.update_cache(input_pos, k, v)
         # attn: softmax attention over the 2H query heads ("shared" keys: standard GQA). Pair i is query heads 2i and
