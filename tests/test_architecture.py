@@ -93,9 +93,11 @@ def test_no_import_circle():
 BASE = {"fileio", "log", "extras"}
 ALLOWED: dict[str, set[str]] = {
     "fileio": set(), "log": set(), "extras": set(),
-    "kernels": BASE,  # the fused kernels: tensors in, tensors out, nothing of the model
-    "model": BASE | {"kernels"},  # one door: model/attention/dispatch.py asks kernels/hook.py
-    "difftransformer": {"model"},  # __version__, and importing the model registers the variants
+    "model": BASE,  # imports nothing of the kernels: they register into model/attention/fused.py's table
+    "kernels": BASE | {"model"},  # tensors in, tensors out; kernels/hook.py registers its rule in the model's table
+    "layer": BASE | {"model"},  # the public DiffAttention: the model's attention modules as its core
+    # __version__, the layer and the model (importing it registers the variants), and the kernels (their rule)
+    "difftransformer": {"model", "layer", "kernels"},
     "data": BASE | {"model"},
     "jobs": BASE | {"model"},  # only model.variants: workers adopt the parent's registry
     "rundir": BASE | {"model", "data"},
@@ -108,7 +110,7 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval": BASE | {"model", "data", "rundir", "jobs", "train", "eval", "studies"},
     "lmsweep": BASE | {"model", "data", "rundir", "jobs", "train", "eval", "studies"},
     "demo": BASE | {"model", "data", "rundir", "jobs", "interop", "train", "eval", "studies", "retrieval", "lmsweep"},
-    "bench": BASE | {"kernels", "model", "data", "rundir", "jobs", "interop", "loading", "train", "inference", "eval",
+    "bench": BASE | {"kernels", "model", "layer", "data", "rundir", "jobs", "interop", "loading", "train", "inference", "eval",
                      "retrieval"},
     "cli": BASE | {"difftransformer", "train", "inference", "interop", "eval", "retrieval", "lmsweep", "demo",
                    "bench"},
@@ -219,14 +221,18 @@ def test_the_job_runner_imports_no_study():
             assert not bad, f"{name} imports {bad}"
 
 
-def test_the_model_reaches_the_kernels_through_one_hook():
-    """The fused kernels (``kernels/``) stand apart from the model: the model's one import of them is the
-    dispatcher's of ``kernels/hook.py``, and no kernel module imports the model (tensors in, tensors out)."""
+def test_the_kernels_register_into_the_model():
+    """The fused kernels (``kernels/``) stand apart from the model: the model imports nothing of them; the one
+    kernel module that imports the model is ``kernels/hook.py``, for the table it registers its rule in
+    (``model/attention/fused.py``), which the package's ``__init__`` fills by importing the kernels."""
     g = graph()
     into = sorted((n, d) for n, deps in g.items() for d in deps if room(n) == "model" and room(d) == "kernels")
-    assert into == [("difftransformer.model.attention.dispatch", "difftransformer.kernels.hook")]
+    assert into == []
     out = sorted((n, d) for n, deps in g.items() for d in deps if room(n) == "kernels" and room(d) != "kernels")
-    assert out == []
+    assert out == [("difftransformer.kernels.hook", "difftransformer.model.attention.fused")]
+    from difftransformer.kernels.hook import fused_kernel
+    from difftransformer.model.attention.fused import _RULES
+    assert _RULES == [fused_kernel]
 
 
 STUDIES = ("difftransformer.retrieval", "difftransformer.lmsweep")  # each owns its protocol and its statistics

@@ -1,6 +1,8 @@
-"""The one hook between the model and the fused kernels: ``fused_kernel``.
+"""The one hook between the model and the fused kernels: ``fused_kernel``, registered into the model's table
+(``model/attention/fused.py``) when this module is imported (the package's ``__init__`` imports it; the model imports
+nothing from ``kernels/``).
 
-The model's dispatcher (``model/attention/dispatch.py``) asks ``fused_kernel`` once per DIFF call whose heads are
+The model's dispatcher (``model/attention/dispatch.py``) asks it once per DIFF call whose heads are
 paired the way the kernels take them (within a GQA group). It answers None, and the model's PyTorch paths run, or
 the ``Kernel`` that takes the call, which the dispatcher runs on the split pairs (q1, q2, k1, k2, v; pair i reads
 key head i // (h / h_kv), k1 is k2 for DIFF V2's shared keys) with the PyTorch path as its ``fallback``:
@@ -31,10 +33,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
+from ..model.attention.fused import KERNEL_PATHS as MODEL_KERNEL_PATHS
+from ..model.attention.fused import Kernel, register
 from .launches import (
     TRITON_HEAD_DIMS,
     TRITON_MAX_BATCH,
@@ -63,16 +67,6 @@ MIN_TRITON_CAPABILITY = (8, 0)
 TRITON_AUTO_MEASURED: frozenset[tuple[tuple[int, int], torch.dtype, int, str]] = frozenset()
 
 Fallback = Callable[[], torch.Tensor]
-
-
-class Kernel(NamedTuple):
-    """A fused kernel that takes a DIFF call: its ``path`` name and ``run(x, q1, q2, k1, k2, v, lam, mask, scale,
-    fallback)`` -> (B, h, T, dv). x: the layer input (B, T, d_model; its device, dtype and autograd state name the
-    kind of launch); lam: 0-dim, (B, h, T, 1) or None (A1 - A2); mask: the model's boolean (B or 1, 1, T, Tk) mask
-    or None (causal); fallback: the PyTorch path, run where a Triton launch fails."""
-
-    path: str
-    run: Callable[..., torch.Tensor]
 
 
 def fused_kernel(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor], *,
@@ -120,6 +114,7 @@ TRITON_DECODE = Kernel("triton-decode", _triton_decode)
 TRITON = Kernel("triton", _triton)
 BLOCKED = Kernel("blocked", _blocked)
 KERNEL_PATHS = tuple(k.path for k in (TRITON_DECODE, TRITON, BLOCKED))
+assert KERNEL_PATHS == MODEL_KERNEL_PATHS, "the model's table names these paths"
 
 
 # ---------------------------------------------------------------------------------------------- the rules
@@ -205,3 +200,6 @@ def key_padding(mask: Optional[torch.Tensor], batch: int, T: int) -> Optional[to
     if mask is None:
         return None
     return mask[:, 0, -1, :T].expand(batch, -1)
+
+
+register(fused_kernel)  # the model's table (model/attention/fused.py) asks this rule; imported by the package

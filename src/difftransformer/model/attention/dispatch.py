@@ -6,9 +6,10 @@ variant computes its projections, pairing and lambda and calls one of them. Whic
 * ``eager`` -- the softmax maps materialised (``eager_diff``): the tests' oracle and the analysis tool; with
   ``backend="eager"``, whenever the maps are asked for (``return_maps``), and whenever a logits hook is set
   (quantised logits, paper Fig. 8).
-* a fused kernel (``triton-decode``, ``triton``, ``blocked``) -- where the one hook into the kernels package,
-  ``kernels.hook.fused_kernel``, says one takes the call (``backend="triton"`` or ``"blocked"``, named; ``auto``
-  only where ``kernels.hook.TRITON_AUTO_MEASURED`` lists a GPU measurement: none yet). The rules and the launch-
+* a fused kernel (``triton-decode``, ``triton``, ``blocked``) -- where a rule registered in ``fused.py`` (by the
+  kernels package, ``kernels/hook.py``; the model imports nothing from it) says one takes the call
+  (``backend="triton"`` or ``"blocked"``, named; ``auto`` only where ``kernels.hook.TRITON_AUTO_MEASURED`` lists a
+  GPU measurement: none yet). The rules and the launch-
   failure fallback are there; here only the pairs are split as the kernels take them (within a GQA group:
   ``pairing="interleaved"``, and not paired keys with a lambda per token).
 * ``decode`` -- any other KV-cache decode step (one new token per row): ``decode_diff``, ``grouped_attention``,
@@ -38,8 +39,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ...kernels.hook import KERNEL_PATHS, Kernel, fused_kernel
 from .base import Attention, AttentionMaps, LogitsHook, prefill_from_start
+from .fused import KERNEL_PATHS, Kernel, fused_kernel
 
 KEY_LAYOUTS = ("paired", "shared")
 PAIRINGS = ("interleaved", "halves")
