@@ -206,6 +206,21 @@ def run_longer(diag_dir: str | Path, out_dir: str | Path, steps: tuple[int, ...]
     return res
 
 
+def rebuild(diag_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """OUT's journal read back (nothing trained, finished or not): every length whose jobs are all in, as
+    ``run_longer`` reads them, and how many of the jobs LONGER.md asks for are in (``complete``)."""
+    from ..jobs import read_journal
+    first = first_reading(diag_dir)
+    header, records = read_journal(Path(out_dir) / JOURNAL, validate_retrieval_arm_run)
+    if header.get("benchmark") != "retrieval longer training" or header.get("config") != first["config"]:
+        raise ValueError(f"{out_dir}: its journal is not this study's on the configuration of {diag_dir}")
+    done = {LongJob(str(r["job"][0]), int(r["job"][1]), int(r["job"][2]), float(r["job"][3])): r["result"]
+            for r in records.values()}
+    todo = jobs_for(first, STEPS)
+    return {"benchmark": "retrieval_longer", "version": VERSION, "reference": str(diag_dir),
+            "complete": [sum(j in done for j in todo), len(todo)], "lengths": assess(first, done)}
+
+
 def format_longer(res: dict[str, Any]) -> str:
     def iv(x: dict[str, Any]) -> str:
         lo, hi = x["ci"]

@@ -1,0 +1,83 @@
+"""The re-reading at longer training (retrieval/LONGER.md): its statistics (the sign-test interval, censored
+crossings), the committed journal read back (the 600-step row is the committed diagnostic's own numbers; every
+record's key is the one the study computes), and the command's refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from difftransformer.cli import main
+from difftransformer.retrieval import longer as L
+from difftransformer.retrieval.config import RetrievalConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+DIAG = ROOT / "docs" / "results" / "retrieval-diagnostic"
+OUT = ROOT / "docs" / "results" / "retrieval-longer"
+
+
+def brute_sign_interval(xs, level=0.95):
+    """The widest k with P(Binomial(n, 1/2) <= k - 1) <= (1 - level) / 2, from the binomial sum directly."""
+    n = len(xs)
+    k = max(k for k in range(0, n // 2 + 1) if sum(math.comb(n, i) for i in range(k)) / 2 ** n <= (1 - level) / 2)
+    return sorted(xs)[k - 1], sorted(xs)[n - k], 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+
+@pytest.mark.parametrize("n", [6, 8, 12, 20])
+def test_sign_interval_is_the_binomial_order_statistics(n):
+    xs = [float((7 * i) % n - n / 3) for i in range(n)]
+    med, (lo, hi), cover = L.sign_interval(xs)
+    b_lo, b_hi, b_cover = brute_sign_interval(xs)
+    assert (lo, hi) == (b_lo, b_hi) and cover == pytest.approx(b_cover, abs=1e-12)
+    assert cover >= 0.95 and lo <= med <= hi
+
+
+def test_sign_interval_n12_is_the_3rd_and_10th():
+    med, ci, cover = L.sign_interval([float(i) for i in range(12)])
+    assert ci == [2.0, 9.0] and abs(cover - 0.9614) < 1e-4
+
+
+def test_a_run_that_never_crosses_counts_as_later_than_any():
+    c = L.crossing([100, 100, None], [None, 50, None], steps=600)
+    assert c["per_seed"] == [501, -50, 0]
+    assert c["never"] == [1, 2]
+
+
+def test_the_committed_journal_rebuilds():
+    """The committed journal (complete or not) read back: its header is this study's on the diagnostic's
+    configuration, every record's key is the one ``longer._key`` computes for its job, and the 600-step row repeats
+    the committed diagnostic's D intervals and readings."""
+    res = L.rebuild(DIAG, OUT)
+    first = json.loads((DIAG / "diagnostic.json").read_text())
+    row600 = res["lengths"][str(first["config"]["steps"])]
+    for name in L.NAMES[1:]:
+        assert row600[name]["D"]["ci"] == pytest.approx(first["rows"][name]["D"]["ci"], rel=1e-12)
+        if name in first["rows"] and "reading" in first["rows"][name]:
+            assert row600[name]["reading"] == first["rows"][name]["reading"]
+    key = L._key(first["config"], "cpu")
+    lines = (OUT / L.JOURNAL).read_text().splitlines()[1:]
+    assert lines, "the journal holds no job"
+    for line in lines:
+        rec = json.loads(line)
+        assert rec["key"] == key(L.LongJob(*rec["job"]))
+    assert res["complete"][1] == len(L.NAMES) * len(L.STEPS) * len(RetrievalConfig.from_dict(first["config"])
+                                                                    .test_seeds)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--longer", "1300"], "--longer: training lengths from 1200, 2400"),
+    (["--longer", "1200", "--reference", "nowhere"], "no diagnostic.json there"),
+    (["--longer", "1200", "--reference", str(DIAG), "--steps", "5"], "--steps does not go with --longer"),
+    (["--longer", "1200"], "--reference"),
+])
+def test_bad_input_is_one_line_before_any_job(argv, match, tmp_path, capsys):
+    out = tmp_path / "out"
+    if "--reference" not in argv:
+        argv = [*argv[:2], "--reference", str(DIAG), *argv[2:]] if "1300" in argv else argv
+    assert main(["retrieval", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]
+    assert not out.exists()
