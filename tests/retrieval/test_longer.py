@@ -36,7 +36,7 @@ def test_sign_interval_is_the_binomial_order_statistics(n):
 
 
 def test_sign_interval_n12_is_the_3rd_and_10th():
-    med, ci, cover = L.sign_interval([float(i) for i in range(12)])
+    _med, ci, cover = L.sign_interval([float(i) for i in range(12)])
     assert ci == [2.0, 9.0] and abs(cover - 0.9614) < 1e-4
 
 
