@@ -115,6 +115,7 @@ def test_one_rule_for_a_bad_line_everywhere(tmp_path):
 
 
 @pytest.mark.parametrize("kw, needle", [(dict(workers=0), "--workers"), (dict(workers=True), "--workers"),
+                                        (dict(workers=10 ** 6), "--workers must be an integer from 1 to"),
                                         (dict(executor="slurm"), "--executor"), (dict(device="tpu"), "--device"),
                                         (dict(gpus_per_job=-1, executor="ray"), "--gpus-per-job"),
                                         (dict(gpus_per_job=1.5, executor="ray"), "whole number"),

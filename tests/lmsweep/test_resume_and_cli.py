@@ -207,3 +207,23 @@ def test_the_gpu_scale_runs_end_to_end_on_the_cpu_at_toy_size(whole, tmp_path, c
     assert res["config"]["outlier_windows"] == 8 and res["timings"]["jobs"] == 16  # the gpu scale's own defaults
     assert "param_ratio" in res["applicability"]  # (3b's premise only where the largest width's runs pass the floor)
     assert "Fig. 3a premise" in stdout and "unresolved edge" in stdout  # lr_widen 0: every edge choice
+
+
+def test_a_diagnostic_refused_after_preparing_leaves_no_out(tmp_path, capsys):
+    """--diagnostic's refusals that need the tokens prepared in OUT (here: the reference's data fingerprint is not
+    this preset's tokens') remove the OUT they made: one line, exit 2, no directory (issue 66 item 7)."""
+    from difftransformer.cli import main as cli_main
+    src = Path(__file__).resolve().parents[2] / "docs" / "results" / "lm-sweep-v2"
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    lines = (src / "lm-jobs.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    header["journal"]["data"] = "0" * 16
+    (ref / "lm-jobs.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    (ref / "sweep.json").write_text((src / "sweep.json").read_text())
+    out = tmp_path / "out"
+    assert cli_main(["lm-sweep", "--diagnostic", "v1", "--reference", str(ref), "--out", str(out), "--workers", "1",
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data fingerprint" in err[0]
+    assert not out.exists()

@@ -61,6 +61,13 @@ class JobSpec(Generic[J]):
             raise ValueError(f"code_path must be one of {', '.join(CODE_PATHS)}, got {self.code_path!r}")
 
 
+def max_workers() -> int:
+    """The most local workers a run may ask for: 4 per CPU core, at least 8 (more only compete for the cores, and
+    each holds its own torch; a larger number is a typo)."""
+    import os
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How jobs run (``jobs.cli.add_arguments`` gives every command the same flags): ``workers`` local processes
@@ -79,8 +86,10 @@ class RunOptions:
     start: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"--workers must be an integer >= 1, got {self.workers!r}")
+        top = max_workers()
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= top:
+            raise ValueError(f"--workers must be an integer from 1 to {top} (4 per CPU core of this machine, at least "
+                             f"8: each worker is a process holding torch, one thread each), got {self.workers!r}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.device not in DEVICES:

@@ -277,19 +277,26 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
     cfg, fp, ref = reference(Path(ref_dir))
     width = width or cfg.largest
     out = Path(out_dir)
+    made = not out.exists()  # a refusal below (they need the tokens prepared in OUT) removes what it made
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     ex = open_executor(cfg.cpu_code_path, options)
     try:
-        data, fp_here, vocab = prepare(cfg, out, options.progress)
-        if fp_here != fp:
-            raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
-                             f"({fp_here}); the reused runs would not be comparable")
-        cap = cap_of(vocab)
-        lrs = {name: lr_choice(cfg, width, variant, ref, cap).lr for name, variant in spec.reruns.items()}
-        if None in lrs.values():
-            raise ValueError(f"--reference {ref_dir}: the lr choice of {' or '.join(spec.reruns.values())} at "
-                             f"d_model {width} is not finished there")
+        try:
+            data, fp_here, vocab = prepare(cfg, out, options.progress)
+            if fp_here != fp:
+                raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
+                                 f"({fp_here}); the reused runs would not be comparable")
+            cap = cap_of(vocab)
+            lrs = {name: lr_choice(cfg, width, variant, ref, cap).lr for name, variant in spec.reruns.items()}
+            if None in lrs.values():
+                raise ValueError(f"--reference {ref_dir}: the lr choice of {' or '.join(spec.reruns.values())} at "
+                                 f"d_model {width} is not finished there")
+        except ValueError:
+            if made:
+                import shutil
+                shutil.rmtree(out, ignore_errors=True)
+            raise
         reruns = [Job(width, name, s, lr) for name, lr in lrs.items() if lr is not None for s in cfg.test_seeds]
         dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
         header = {"benchmark": spec.title, "version": spec.version, "config": cfg_d, "data": fp, "width": width}
