@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Pinned: a plain `torch` could pull a multi-GB CUDA build; 2.13.0 is the CPU wheel on disk.
 TORCH := torch==2.13.0
 
-.PHONY: install chromium demo test test-fast bench gpu-check gpu-check-dry gpu-slot gpu-test gpu-bench clean
+.PHONY: install chromium demo test test-fast docs bench gpu-check gpu-check-dry gpu-slot gpu-test gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ test: install chromium
 # bad input per command. No lint, no Chromium.
 test-fast: install
 	$(PY) -m pytest -q -m fast tests
+
+# The tables of committed results in the README and docs/ (the blocks between `<!-- generated: NAME -->` markers),
+# written anew from docs/results/ by the code that formats them; tests/test_docs_generated.py fails when one is stale.
+docs: install
+	$(PY) -m difftransformer.report.docs
 
 bench: install
 	$(PY) -m difftransformer bench attention

@@ -109,6 +109,8 @@ ALLOWED: dict[str, set[str]] = {
     "studies": BASE | {"model", "data", "rundir", "jobs", "train", "eval"},
     "retrieval": BASE | {"model", "data", "rundir", "jobs", "train", "eval", "studies"},
     "lmsweep": BASE | {"model", "data", "rundir", "jobs", "train", "eval", "studies"},
+    # the docs generated from both studies' committed results (make docs): above the studies
+    "report": BASE | {"studies", "retrieval", "lmsweep"},
     "demo": BASE | {"model", "data", "rundir", "jobs", "interop", "train", "eval", "studies", "retrieval", "lmsweep"},
     "bench": BASE | {"kernels", "model", "layer", "data", "rundir", "jobs", "interop", "loading", "train", "inference", "eval",
                      "retrieval"},

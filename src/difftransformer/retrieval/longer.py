@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Optional
 from ..eval import stats
 from ..fileio import atomic_json
 from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
+from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
 from ..rundir.studies import validate_diagnostic, validate_retrieval_arm_run
 from .config import RetrievalConfig
 from .diagnostic import ARMS, BASE, LEARNED, STARTED, V1, V2, arm_change, reading, run_arm_job
@@ -43,7 +44,7 @@ def first_reading(diag_dir: str | Path) -> dict[str, Any]:
     """The finished retrieval diagnostic's diagnostic.json (its configuration, each name's lr and its 600-step
     reading); a ValueError naming --reference when it is not one."""
     from ..fileio import read_json
-    path = Path(diag_dir) / "diagnostic.json"
+    path = Path(diag_dir) / DIAGNOSTIC_RESULTS_NAME
     if not path.is_file():
         raise ValueError(f"--reference {diag_dir}: no diagnostic.json there (give a finished retrieval diagnostic's "
                          "directory, e.g. docs/results/retrieval-diagnostic)")
@@ -244,4 +245,34 @@ def format_longer(res: dict[str, Any]) -> str:
             if "speed" in r:
                 parts.append(f"speed {iv(r['speed'][STARTED])} / {iv(r['speed'][LEARNED])}")
             lines.append("  ".join(parts))
+    return "\n".join(lines)
+
+
+def markdown_table(res: dict[str, Any]) -> str:
+    """docs/retrieval.md's table of the re-reading: per finished length and name, the accuracy at p48c48, D and C
+    with the arm's reading, D at p48c96, the runs below the floor, and the speed endpoint (the first step below 1.0
+    and 0.3 nats, paired against the baseline: median difference and sign-test interval, negative = sooner)."""
+    def iv(x: Optional[dict[str, Any]], spec: str = "+.3f") -> str:
+        if x is None or x["estimate"] is None:
+            return ""
+        lo, hi = x["ci"]
+        if lo is None:
+            return f"{x['estimate']:{spec}}"
+        return f"{x['estimate']:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+    lines = ["| steps | name | accuracy | D (minus baseline) | C (minus its variant): reading | p48c96, D | below the "
+             "floor | steps to 1.0 nats, minus baseline | steps to 0.3 nats, minus baseline |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for st, rows in res["lengths"].items():
+        for n, r in rows.items():
+            c = f"{iv(r['C'])}: {r['reading']}" if "C" in r else ""
+            sp = r.get("speed", {})
+            lines.append(f"| {st} | `{n}` | {r['mean']:.3f} | {iv(r.get('D'))} | {c} | {iv(r.get('D_extrapolation'))} "
+                         f"| {r['below_floor']} of {len(r['accuracy'])} | {iv(sp.get(STARTED), '+g')} | "
+                         f"{iv(sp.get(LEARNED), '+g')} |")
+    done, total = res.get("complete", [None, None])
+    if done is not None and done < total:
+        lines.append("")
+        lines.append(f"Incomplete: {done} of {total} jobs are in the committed journal; a length is shown once all "
+                     "its jobs are.")
     return "\n".join(lines)
