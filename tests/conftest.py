@@ -86,6 +86,8 @@ LONG_FILES = (
     "tests/model/test_triton_diff.py",  # 31 s
     "tests/test_lean_install.py",  # 25 s
     "tests/test_readme_commands.py",  # 25 s
+    "tests/test_examples.py",  # 25 s (2026-12-01, alone, one busy core)
+    "tests/model/test_layer.py",  # 20 s (2026-12-01, alone)
     "tests/lmsweep/test_resume_and_cli.py",  # 24 s
     "tests/lmsweep/test_diagnostic.py",  # 16 s
     "tests/test_device_placement.py",  # 16 s

@@ -10,7 +10,9 @@ The math is the language model's own: the layer holds the model's attention modu
 (``model/attention/``: ``BaselineAttention``, ``DiffV1Attention``, ``DiffV2Attention``) as ``self.core`` and adds
 what a layer outside our model needs: its arguments, the masks (causal or not, key padding), the positions and
 RoPE (on or off), cross-attention and a KV cache for decoding. ``n_heads`` counts the baseline's heads, as
-``ModelConfig`` does, so the three variants have the same projection sizes at the same arguments:
+``ModelConfig`` does: DIFF V1 then has the baseline's projection sizes exactly (plus its lambda vectors and norm
+weight), DIFF V2 the baseline's W_k, W_v and W_o with a W_q twice as wide and W_lambda (a layer about 25% more
+parameters than the baseline's; a whole model about 5%, the feed-forward layers being shared):
 
   DIFF V1 (arXiv 2410.05258, eq. 1-3): h = n_heads / 2 heads of two d-wide query/key halves and a 2d-wide value;
       out_i = (1 - lambda_init) RMSNorm((softmax(Q1 K1^T/sqrt d) - lambda softmax(Q2 K2^T/sqrt d)) V),
