@@ -5,17 +5,14 @@ full forward, torch.compile(fullgraph=True) against eager, and its refusals."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import sys
-import types
 
 import attention_reference as ref
 import pytest
 import torch
 
 from difftransformer import DiffAttention, DiffTransformerLM, ModelConfig
+from difftransformer.bench.layer import timm_diff_attention  # timm's layer without timm's __init__ (torchvision)
 from difftransformer.model.rope import rope_cos_sin, rope_frequencies
 
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
@@ -151,27 +148,6 @@ def test_cross_attention_matches_the_oracle(variant, padded, rope):
 
 
 # ---------------------------------------------------------------------------------------------- against timm
-def timm_diff_attention():
-    """timm's ``layers/diff_attention.py`` without importing timm's package (its ``__init__`` imports torchvision,
-    whose compiled operators need a torch build other than the pinned CPU wheel): the package objects are made
-    empty, the module and the three it imports are loaded from timm's files. Not skipped when timm is missing:
-    ``make install`` installs it."""
-    spec = importlib.util.find_spec("timm")
-    assert spec is not None and spec.submodule_search_locations, "timm is not installed (make install installs it)"
-    root = next(iter(spec.submodule_search_locations))
-    saved = {k: v for k, v in sys.modules.items() if k == "timm" or k.startswith("timm.")}
-    try:
-        for name, path in (("timm", root), ("timm.layers", f"{root}/layers")):
-            m = types.ModuleType(name)
-            m.__path__ = [path]
-            sys.modules[name] = m
-        return importlib.import_module("timm.layers.diff_attention").DiffAttention
-    finally:
-        for k in [k for k in sys.modules if k == "timm" or k.startswith("timm.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-
-
 def ours_from_timm(t, dim: int, heads: int, depth: int) -> DiffAttention:
     """Our layer with timm's weights: timm's ``num_heads`` are DIFF V1's h differential heads (our n_heads = 2h);
     its fused qkv splits into W_q, W_k, W_v in that order, with the same head layout (half-heads 2i, 2i+1 = Q1, Q2)."""

@@ -81,3 +81,35 @@ def test_bad_input_is_one_line_before_any_job(argv, match, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0]
     assert not out.exists()
+
+
+def _lengths(acc600: dict[str, list[float]], acc2400: dict[str, list[float]], thr600: dict[str, list]):
+    """Rows at 600, 1,200 and 2,400 steps from given accuracies (1,200 = 2,400) and 600-step crossing steps."""
+    names = L.NAMES
+    def rows(acc, st, thr):
+        t = {n: {k: thr.get(n, [300] * 12) for k in ("1", "0.3")} for n in names}
+        return L.length_rows(acc, acc, t, {n: 0 for n in names}, st, 1024, 0.125)
+    return {"600": rows(acc600, 600, thr600), "1200": rows(acc2400, 1200, {}), "2400": rows(acc2400, 2400, {})}
+
+
+def _acc(level: float, wiggle: float = 0.01) -> list[float]:
+    return [min(1.0, level + wiggle * ((i * 5) % 7 - 3) / 3) for i in range(12)]
+
+
+def test_a_lead_that_vanishes_at_the_ceiling_and_came_sooner_is_a_speed_reading():
+    base = {n: _acc(0.90) for n in L.NAMES}
+    acc600 = {**base, "diff_v1": _acc(0.98, 0.005)}
+    at_top = {n: [1.0] * 11 + [0.999] for n in L.NAMES}
+    thr = {"baseline": [400 + i for i in range(12)], "diff_v1": [250 + i for i in range(12)]}
+    c = L.classify(_lengths(acc600, at_top, thr))["diff_v1"]
+    assert c["verdict"] == "above" and c["lengths"]["2400"]["status"] == "vanishes"
+    assert c["lengths"]["2400"]["at_ceiling"] and c["class"] == "speed"
+
+
+def test_a_lead_that_survives_is_a_capability_reading_and_a_reversal_is_neither():
+    base = {n: _acc(0.90) for n in L.NAMES}
+    acc600 = {**base, "diff_v1": _acc(0.97), "diff_v2": _acc(0.80)}
+    later = {**{n: _acc(0.93) for n in L.NAMES}, "diff_v1": _acc(0.98), "diff_v2": _acc(0.97)}
+    c = L.classify(_lengths(acc600, later, {}))
+    assert c["diff_v1"]["class"] == "capability" and not c["diff_v1"]["lengths"]["2400"]["at_ceiling"]
+    assert c["diff_v2"]["lengths"]["2400"]["status"] == "reverses" and c["diff_v2"]["class"] == "none"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import attention, decode, kernels, ops, pretrained, retrieval, train
+from . import attention, decode, kernels, layer, ops, pretrained, retrieval, train
 
 # Each module defines ``register(subparsers)`` adding one `bench` subcommand, in this order in --help.
-BENCH_MODULES = (attention, train, ops, decode, pretrained, retrieval, kernels)
+BENCH_MODULES = (attention, layer, train, ops, decode, pretrained, retrieval, kernels)
 
 
 def register(sub) -> None:

@@ -51,7 +51,13 @@ def retrieval_longer() -> str:
     return longer.markdown_table(longer.rebuild(RESULTS / "retrieval-diagnostic", RESULTS / "retrieval-longer"))
 
 
+def speed_or_capability() -> str:
+    from ..retrieval import longer
+    return longer.classing_table(longer.rebuild(RESULTS / "retrieval-diagnostic", RESULTS / "retrieval-longer"))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "speed-or-capability": speed_or_capability,
     "answer-table": answer_table,
     "retrieval-diagnostic": retrieval_diagnostic,
     "retrieval-dynamics": retrieval_dynamics,

@@ -276,3 +276,85 @@ def markdown_table(res: dict[str, Any]) -> str:
         lines.append(f"Incomplete: {done} of {total} jobs are in the committed journal; a length is shown once all "
                      "its jobs are.")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- the classing
+ANSWER_CELLS = {  # the answer table's retrieval cells (studies/answer.py CELLS): name -> the row's words
+    "diff_v1": "DIFF V1 (as published), with the norm",
+    "v1_no_norm": "DIFF V1 without the norm",
+    "v2_headwise_norm": "DIFF V2 with the norm",
+    "diff_v2": "DIFF V2 (as published), without the norm",
+}
+CEILING = 0.99
+
+
+def _side(x: dict[str, Any]) -> int:
+    """+1: the interval wholly above 0; -1: wholly below; 0: it contains 0 (or there is none)."""
+    lo, hi = x["ci"]
+    if lo is None:
+        return 0
+    return 1 if lo > 0 else -1 if hi < 0 else 0
+
+
+def classify(lengths: dict[str, dict[str, dict[str, Any]]], first_steps: int = 600) -> dict[str, dict[str, Any]]:
+    """LONGER.md "How a verdict is classed", per name other than the baseline: the verdict at 600 steps (an arm's
+    reading, else D's side), its status at each longer length read (survives, vanishes, reverses; "at the ceiling"
+    when both sides' mean accuracy is at least 0.99), and the class once 2,400 steps are read: capability (survives),
+    speed (vanishes while the 600-step speed endpoint, 1.0 nats, favours the same side), else none."""
+    base = lengths[str(first_steps)]
+    out: dict[str, dict[str, Any]] = {}
+    for n in NAMES[1:]:
+        arm = n in ARMS
+        key, ref = ("C", ARMS[n][0]) if arm else ("D", BASE)
+        side = _side(base[n][key])
+        row: dict[str, Any] = {"verdict": base[n]["reading"] if arm else {1: "above", -1: "below", 0: "none"}[side],
+                               "side": side, "lengths": {}}
+        for st in (str(s) for s in STEPS):
+            if st not in lengths:
+                continue
+            r = lengths[st][n]
+            now = _side(r[key])
+            status = ("survives" if (r["reading"] == base[n]["reading"] if arm else now == side and side != 0)
+                      else "vanishes" if now == 0 else "reverses" if side != 0 else "appears")
+            ceiling = min(r["mean"], lengths[st][ref]["mean"]) >= CEILING
+            row["lengths"][st] = {"status": status, "at_ceiling": ceiling, "mean": r["mean"],
+                                  "estimate": r[key]["estimate"], "ci": r[key]["ci"]}
+        speed = base[n]["speed_C" if arm else "speed"][STARTED]
+        speed_side = -_side(speed)  # sooner (negative) is the good side
+        last = row["lengths"].get(str(STEPS[-1]))
+        if side == 0 or last is None:
+            row["class"] = None if last is None else "none"
+        elif last["status"] == "survives":
+            row["class"] = "capability"
+        elif last["status"] == "vanishes" and speed_side == side:
+            row["class"] = "speed"
+        else:
+            row["class"] = "none"
+        out[n] = row
+    return out
+
+
+def classing_table(res: dict[str, Any]) -> str:
+    """The README's line per answer-table retrieval cell: its 600-step verdict, what each longer length read says,
+    and the class (or "pending" while 2,400 steps are not all in)."""
+    cls = classify(res["lengths"])
+    heads = [f"{s:,} steps" for s in STEPS]
+    lines = ["| retrieval cell | at 600 steps | " + " | ".join(heads) + " | reading |",
+             "| --- | --- | " + " | ".join("---" for _ in STEPS) + " | --- |"]
+    for n, words in ANSWER_CELLS.items():
+        c = cls[n]
+        cells = []
+        for s in STEPS:
+            x = c["lengths"].get(str(s))
+            if x is None:
+                cells.append("running")
+                continue
+            lo, hi = x["ci"]
+            cells.append(f"{x['status']}{' (at the ceiling)' if x['at_ceiling'] else ''}: {x['estimate']:+.3f} "
+                         f"[{lo:+.3f}, {hi:+.3f}], accuracy {x['mean']:.3f}")
+        verdict = c["verdict"] if n in ARMS else {"above": "better than the baseline", "below":
+                                                   "worse than the baseline", "none": "no difference"}[c["verdict"]]
+        reading = {"capability": "**capability**", "speed": "**speed**", "none": "neither (see the lengths)",
+                   None: "pending"}[c["class"]]
+        lines.append(f"| {words} | {verdict} | " + " | ".join(cells) + f" | {reading} |")
+    return "\n".join(lines)
