@@ -198,6 +198,9 @@ CASES: list[tuple[list[str], str]] = [
         ("--batch", "0"), ("--contexts", "0"), ("--head-dim", "0"), ("--new-tokens", "0"), ("--layers", "0"),
         ("--rounds", "0"), ("--kv-heads", "0"), ("--vocab-size", "0")]],
     (["bench", "decode", "--no-hf", "--backend", "triton"], "--backend triton needs --device cuda"),
+    *[(["bench", "layer", flag, value], flag) for flag, value in [
+        ("--rounds", "0"), ("--warmup", "-1"), ("--threads", "-1"), ("--batch", "-1"), ("--seq-len", "-1"),
+        ("--shapes", "vit,nope"), ("--modes", "jit")]],
     # --- eval, report, retrieval, demo ----------------------------------------------------------------------
     *[(["eval", "needles", "--run", "{ws}/run", flag, value], why) for flag, value, why in [
         ("--lengths", "inf", "--lengths expects finite"), ("--lengths", "nan", "--lengths expects finite"),
