@@ -23,7 +23,8 @@ parameters than the baseline's; a whole model about 5%, the feed-forward layers 
 
 Every ablation field of ``ModelConfig`` that shapes the attention is a keyword argument with the model's name
 (``headwise_norm``, ``headwise_norm_weight``, ``lambda_init``, ``v2_lambda``, ``v2_pairing``, ``v2_keys``,
-``v2_headwise_norm``, ``v2_headwise_norm_layers``, ``backend``); a bad one is one ``ValueError`` or ``TypeError``
+``v2_headwise_norm``,
+``v2_headwise_norm_layers``, ``head_gain``, ``backend``); a bad one is one ``ValueError`` or ``TypeError``
 naming the argument and what it allows.
 
 Weights: PyTorch's default ``nn.Linear`` initialisation (the layer lives in your model, whose own scheme may
@@ -48,7 +49,7 @@ from .model.rope import rope_cos_sin, rope_frequencies
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
 # ModelConfig fields a layer takes as keyword arguments (the attention's own; the rest describe a whole model)
 ABLATIONS = ("lambda_init", "headwise_norm", "headwise_norm_weight", "v2_lambda", "v2_pairing", "v2_keys",
-             "v2_headwise_norm", "v2_headwise_norm_layers", "backend")
+             "v2_headwise_norm", "v2_headwise_norm_layers", "head_gain", "backend")
 
 
 class DiffAttention(nn.Module):

@@ -321,3 +321,60 @@ def test_v2_norm_after_first_skips_layer_0_only(layer_idx):
     torch.testing.assert_close(run_module(mod, x, None), ref.diff_v2_arm(mod, x, layer_idx), rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match="v2_headwise_norm_layers needs v2_headwise_norm=true"):
         ModelConfig(vocab_size=16, d_model=32, n_heads=4, attention="diff_v2", v2_headwise_norm_layers="after_first")
+
+
+# ---------------------------------------------------------------------------------------------- head_gain
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("attention", ["diff_v1", "diff_v2"])
+def test_head_gain_matches_the_equations(attention, backend):
+    """head_gain: out_h = g_h * head_h before W_o (DIFF V1: in place of its norm and fixed (1 - lambda_init)); read
+    against the float64 reference with W_o's columns of head h scaled by g_h instead, forward and every gradient."""
+    opts = {"headwise_norm": False, "headwise_norm_weight": False} if attention == "diff_v1" else {}
+    mod = make(attention, 2, backend, head_gain="one", **opts)
+    g = torch.linspace(0.5, 1.7, mod.head_gain.numel(), dtype=torch.float32)
+    with torch.no_grad():
+        mod.head_gain.copy_(g)
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64)
+    out = run_module(mod, x, None)
+    fixed = 1.0 - mod.lambda_init if attention == "diff_v1" else 1.0  # the reference's V1 keeps it; ours drops it
+    width = mod.wo.weight.shape[1] // g.numel()
+    with torch.no_grad():
+        mod.wo.weight.mul_((g.double() / fixed).repeat_interleave(width)[None, :])
+    torch.testing.assert_close(out, reference(mod, x, None), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("attention", ["diff_v1", "diff_v2"])
+def test_head_gain_norm_start_puts_each_head_where_the_norm_would(attention):
+    """norm_start: after the first forward each head's output RMS (over channels, mean over tokens) is 1 -
+    lambda_init, what the head-wise norm gives at its start (weight 1), on average instead of per token; the gain is
+    set once, kept through a state dict, and started again by init_weights."""
+    opts = {"headwise_norm": False, "headwise_norm_weight": False} if attention == "diff_v1" else {}
+    mod = make(attention, 2, "sdpa", head_gain="norm_start", **opts)
+    assert mod.gain_pending
+    seen = {}
+    mod.wo.register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0]))
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64)
+    run_module(mod, x, None)
+    h = mod.head_gain.numel()
+    heads = seen["x"].unflatten(-1, (h, -1))  # (B, T, h, dv): what W_o reads
+    rms = heads.pow(2).mean(-1).sqrt().mean(dim=(0, 1))
+    torch.testing.assert_close(rms, torch.full_like(rms, 1.0 - mod.lambda_init), rtol=1e-6, atol=1e-6)
+    g0 = mod.head_gain.detach().clone()
+    run_module(mod, 2 * x, None)
+    assert torch.equal(mod.head_gain.detach(), g0) and not mod.gain_pending  # set once
+    fresh = make(attention, 2, "sdpa", head_gain="norm_start", **opts)
+    fresh.load_state_dict(mod.state_dict())
+    assert not fresh.gain_pending and torch.equal(fresh.head_gain.detach(), g0)
+    fresh.reset_lambda()
+    assert fresh.gain_pending and torch.equal(fresh.head_gain.detach(), torch.ones_like(g0))
+
+
+@pytest.mark.parametrize("opts, match", [
+    ({"attention": "baseline", "head_gain": "one"}, "head_gain applies to"),
+    ({"attention": "diff_v1", "head_gain": "one"}, "head_gain replaces the head-wise norm"),
+    ({"attention": "diff_v2", "head_gain": "one", "v2_headwise_norm": True}, "head_gain replaces the head-wise norm"),
+    ({"attention": "diff_v2", "head_gain": "half"}, "head_gain='half' is not allowed"),
+])
+def test_head_gain_refusals(opts, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(vocab_size=16, d_model=D_MODEL, n_layers=2, n_heads=N_HEADS, **opts)

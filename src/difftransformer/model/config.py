@@ -28,6 +28,7 @@ Backend = Literal["auto", "eager", "sdpa", "blocked", "triton"]
 V2Lambda = Literal["sigmoid", "none", "raw", "scalar"]
 V2Keys = Literal["shared", "separate"]
 V2NormLayers = Literal["all", "after_first"]
+HeadGain = Literal["off", "one", "norm_start"]
 V2Pairing = Literal["interleaved", "halves"]
 V1Layout = Literal["paper", "per_head"]
 
@@ -36,6 +37,7 @@ V2_LAMBDA_MODES: tuple[str, ...] = get_args(V2Lambda)
 V2_PAIRINGS: tuple[str, ...] = get_args(V2Pairing)
 V2_KEYS: tuple[str, ...] = get_args(V2Keys)
 V2_NORM_LAYERS: tuple[str, ...] = get_args(V2NormLayers)
+HEAD_GAINS: tuple[str, ...] = get_args(HeadGain)
 V1_LAYOUTS: tuple[str, ...] = get_args(V1Layout)
 
 
@@ -104,6 +106,12 @@ class ModelConfig:
     v2_headwise_norm: bool = False
     # with v2_headwise_norm: "all" layers, or "after_first" (every layer but the first: the follow-up arm)
     v2_headwise_norm_layers: V2NormLayers = "all"
+    # The head-wise norm's mechanism arms (retrieval/LONGER.md, issue 64 item 3), DIFF V1 or V2 without a head-wise
+    # norm: each head's output times a learnable per-head gain g_h, no normalisation (each token keeps its magnitude).
+    # "one": g_h starts at 1; "norm_start": at (1 - lambda_init) / r_h, r_h the head's output RMS over its channels,
+    # mean over the tokens of the layer's first forward (the first training batch), where the norm would put it.
+    # DIFF V1 then drops its fixed (1 - lambda_init) multiplier (the start holds it).
+    head_gain: HeadGain = "off"
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -125,6 +133,7 @@ class ModelConfig:
         _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS)
         _check_choice("v2_keys", self.v2_keys, V2_KEYS)
         _check_choice("v2_headwise_norm_layers", self.v2_headwise_norm_layers, V2_NORM_LAYERS)
+        _check_choice("head_gain", self.head_gain, HEAD_GAINS)
         _check_choice("v1_layout", self.v1_layout, V1_LAYOUTS)
         for name in ("rope_theta", "norm_eps", "init_std"):
             v = getattr(self, name)
@@ -165,6 +174,13 @@ class ModelConfig:
         if self.v2_keys == "separate" and self.v2_pairing != "interleaved":
             raise ValueError("ModelConfig.v2_keys='separate' needs v2_pairing='interleaved' (each pair's own keys "
                              "sit in its GQA group)")
+        if self.head_gain != "off":
+            if self.attention not in ("diff_v1", "diff_v2") or self.v1_layout != "paper":
+                raise ValueError("ModelConfig.head_gain applies to attention='diff_v1' (paper layout) or 'diff_v2'")
+            if (self.attention == "diff_v1" and self.headwise_norm) or (self.attention == "diff_v2"
+                                                                        and self.v2_headwise_norm):
+                raise ValueError("ModelConfig.head_gain replaces the head-wise norm: it needs headwise_norm=false "
+                                 "(DIFF V1, with headwise_norm_weight=false) or v2_headwise_norm=false (DIFF V2)")
         if self.headwise_norm_weight and not self.headwise_norm:
             raise ValueError("ModelConfig.headwise_norm_weight=true needs headwise_norm=true")
         if var.check is not None:

@@ -66,7 +66,7 @@ REMOTE_DEFAULTS: dict[str, Any] = {
 V1_OPTIONS = ("lambda_init", "headwise_norm", "headwise_norm_weight", "v1_layout")
 V2_OPTIONS = ("v2_lambda", "v2_pairing")
 # DIFF V2's diagnostic switches (retrieval/DIAGNOSTIC.md): the modeling file does not implement them
-V2_DIAGNOSTIC_OPTIONS = ("v2_keys", "v2_headwise_norm", "v2_headwise_norm_layers")
+V2_DIAGNOSTIC_OPTIONS = ("v2_keys", "v2_headwise_norm", "v2_headwise_norm_layers", "head_gain")
 LLAMA3_OPTIONS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len")
 
 

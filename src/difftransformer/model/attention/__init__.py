@@ -25,11 +25,11 @@ def _check_diff_v1(cfg: ModelConfig) -> None:
 BASELINE = register(Variant("baseline", label="Baseline", short="baseline", colour="#555555",
                             cls=BaselineAttention, reference=True, differential=False))
 DIFF_V1 = register(Variant("diff_v1", label="DIFF V1", short="V1", colour="#1f77b4", cls=DiffV1Attention,
-                           options=("lambda_init", "headwise_norm", "headwise_norm_weight", "v1_layout"),
+                           options=("lambda_init", "headwise_norm", "headwise_norm_weight", "v1_layout", "head_gain"),
                            check=_check_diff_v1))
 DIFF_V2 = register(Variant("diff_v2", label="DIFF V2", short="V2", colour="#d62728", cls=DiffV2Attention,
                            options=("v2_lambda", "v2_pairing", "v2_keys", "v2_headwise_norm",
-                                    "v2_headwise_norm_layers")))
+                                    "v2_headwise_norm_layers", "head_gain")))
 
 # name -> class, kept for importers (rundir's metric keys); the registry is the source
 ATTENTION_REGISTRY: dict[str, type[Attention]] = {v.name: v.cls for v in (BASELINE, DIFF_V1, DIFF_V2)}

@@ -115,6 +115,46 @@ class Attention(nn.Module):
         (1 - lambda_init), eq. (3); 1 where there is none."""
         return 1.0
 
+    # ------------------------------------------------------------------ the per-head gain (ModelConfig.head_gain)
+    head_gain: Optional[nn.Parameter]  # DIFF V1 and V2 (``make_head_gain``): None unless cfg.head_gain is on
+    gain_pending = False  # "norm_start": the gain is set from the first forward's head outputs
+    lambda_init: float  # DIFF V1's and V2's (the paper's layer schedule); the gain's start reads it
+
+    def make_head_gain(self, n_heads: int) -> None:
+        """``cfg.head_gain`` != "off": a learnable fp32 gain per head (h,), started by ``reset_head_gain``."""
+        on = self.cfg.head_gain != "off"
+        self.register_parameter("head_gain", nn.Parameter(torch.ones(n_heads, dtype=torch.float32)) if on else None)
+        self.reset_head_gain()
+
+    def reset_head_gain(self) -> None:
+        """1 ("one"), or 1 until the next forward sets it ("norm_start")."""
+        if self.head_gain is not None:
+            if not self.head_gain.is_meta:
+                with torch.no_grad():
+                    self.head_gain.fill_(1.0)
+            self.gain_pending = self.cfg.head_gain == "norm_start"
+
+    def apply_head_gain(self, out: torch.Tensor) -> torch.Tensor:
+        """out (B, h, T, dv) times each head's gain. A pending "norm_start" gain is first set to (1 - lambda_init)
+        / r_h, r_h head h's output RMS over its channels, mean over this call's tokens: where the head-wise norm
+        (its weight at 1) would put that head's output RMS, on average instead of per token."""
+        assert self.head_gain is not None
+        if self.gain_pending:
+            if torch.compiler.is_compiling():
+                raise RuntimeError("head_gain='norm_start' is set by the first forward: run one eager forward (the "
+                                   "first training batch) before compiling")
+            with torch.no_grad():
+                acc = torch.promote_types(out.dtype, torch.float32)
+                r = out.detach().to(acc).pow(2).mean(-1).sqrt().mean(dim=(0, 2))  # (h,)
+                self.head_gain.copy_(((1.0 - self.lambda_init) / r.clamp_min(1e-12)).to(self.head_gain.dtype))
+            self.gain_pending = False
+        return out * self.head_gain.to(out.dtype)[:, None, None]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if prefix + "head_gain" in state_dict:
+            self.gain_pending = False  # a trained or saved gain: set already
+
     # ------------------------------------------------------------------ KV cache
     def update_cache(self, input_pos: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor):
         """Write the new keys and values at ``input_pos``; return the keys and values this call attends over."""

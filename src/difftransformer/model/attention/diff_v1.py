@@ -76,6 +76,7 @@ class DiffV1Attention(Attention):
             self.register_buffer("neg_weight", torch.ones((), dtype=torch.float32))
         else:
             self.neg_weight = None
+        self.make_head_gain(self.n_heads)  # head_gain: in place of the norm and the fixed (1 - lambda_init)
         self.reset_lambda()
 
     lambda_summary_name = "lambda_v1"  # the learned lambda of eq. (2), per layer
@@ -86,6 +87,7 @@ class DiffV1Attention(Attention):
     def reset_lambda(self) -> None:
         for p in self.lambda_parameters():
             normal_init_(p, 0.1)  # the reference code's N(0, 0.1)
+        self.reset_head_gain()
 
     def static_lambda(self) -> torch.Tensor:
         return self.lambda_full()
@@ -94,6 +96,8 @@ class DiffV1Attention(Attention):
         return float(self.lambda_full())
 
     def output_scale(self) -> float:
+        if self.head_gain is not None:
+            return 1.0  # head_gain: a learnable gain per head in its place
         return 1.0 - self.lambda_init  # eq. (3), with or without the head-wise norm
 
     def cache_layout(self) -> tuple[int, int, int, int]:
@@ -141,8 +145,11 @@ class DiffV1Attention(Attention):
         # reads K1 and Q2 reads K2 of that group ("paired" keys: split, then repeat).
         out, maps = diff_attention(self, xq, q, k, v, self.generation_lambda(), mask, input_pos, return_maps,
                                    keys="paired")  # (B, h, T, 2d) = (A1 - lambda A2) V
-        if self.subln is not None:
-            out = self.subln(out)  # Eq. (3): RMSNorm over each head's 2d channels
-        out = out * (1.0 - self.lambda_init)  # Eq. (3): fixed multiplier aligns gradients with the baseline
+        if self.head_gain is not None:  # the mechanism arm: a learnable gain per head, no norm, no fixed factor
+            out = self.apply_head_gain(out)
+        else:
+            if self.subln is not None:
+                out = self.subln(out)  # Eq. (3): RMSNorm over each head's 2d channels
+            out = out * (1.0 - self.lambda_init)  # Eq. (3): fixed multiplier aligns gradients with the baseline
         out = out.transpose(1, 2).reshape(B, Tq, h * self.value_dim)  # (B, Tq, h*2d): Concat(heads)
         return self.wo(out), maps

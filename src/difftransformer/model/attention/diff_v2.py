@@ -54,6 +54,7 @@ class DiffV2Attention(Attention):
             [nn.Parameter(torch.empty(d, dtype=torch.float32)) for _ in range(4)] if cfg.v2_lambda == "scalar" else [])
         normed = cfg.v2_headwise_norm and (cfg.v2_headwise_norm_layers == "all" or layer_idx > 0)
         self.subln = RMSNorm(d, eps=1e-5) if normed else None
+        self.make_head_gain(H)
         self.reset_lambda()
 
     def output_scale(self) -> float:
@@ -71,6 +72,7 @@ class DiffV2Attention(Attention):
     def reset_lambda(self) -> None:
         for p in self.lambda_vectors:
             normal_init_(p, 0.1)  # as DIFF V1's (the reference code's N(0, 0.1))
+        self.reset_head_gain()
 
     def static_lambda(self) -> Optional[torch.Tensor]:
         return self.scalar_lambda() if self.lambda_vectors else None
@@ -113,5 +115,7 @@ class DiffV2Attention(Attention):
                                    keys=self.keys, pairing=self.pairing)  # (B, H, Tq, d)
         if self.subln is not None:  # v2_headwise_norm: DIFF V1's eq. (3) on each d-wide head
             out = self.subln(out) * (1.0 - self.lambda_init)
+        elif self.head_gain is not None:  # head_gain: a learnable gain per head, no normalisation
+            out = self.apply_head_gain(out)
         out = out.transpose(1, 2).reshape(B, Tq, H * d)  # (B, Tq, H*d)
         return self.wo(out), maps
