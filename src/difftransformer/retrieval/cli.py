@@ -61,16 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                         "baseline and its own variant (OUT/diagnostic.json, OUT/diagnostic-lr.png, "
                         "OUT/diag-jobs.jsonl; about 150 jobs of 20-30 CPU-seconds); needs --reference")
     m.add_argument("--longer", metavar="STEPS[,STEPS]",
-                   help="instead of the benchmark, the re-reading at longer training (LONGER.md beside PROTOCOL.md): "
-                        "the baseline, DIFF V1, DIFF V2 and every diagnostic arm at the lr each chose at 600 steps, "
-                        "12 test seeds, trained 1200 and/or 2400 steps; accuracy D/C and the speed endpoint (the "
-                        "first step below 1.0 and 0.3 nats) per length (OUT/longer.json, OUT/longer-jobs.jsonl); "
-                        "needs --reference (a finished diagnostic)")
+                   help="the re-reading at longer training (LONGER.md): the answer table's names at their "
+                        "600-step lrs, 1200 and/or 2400 steps")
     m.add_argument("--reference", metavar="DIR",
-                   help="with --diagnostic: a finished benchmark run ON THIS MACHINE (its jobs.jsonl), whose "
-                        "configuration, lr choices and baseline, DIFF V1 and DIFF V2 runs the diagnostic reads; with "
-                        "--longer: a finished retrieval diagnostic (its diagnostic.json, e.g. "
-                        "docs/results/retrieval-diagnostic)")
+                   help="--diagnostic: a finished benchmark run ON THIS MACHINE, whose configuration, lrs and runs "
+                        "it reads; --longer: a finished diagnostic")
     config = add_config_flags(p, RetrievalConfig, "configuration (the benchmark and --sweep-width; PROTOCOL.md fixes "
                                                   "it; defaults: the protocol's, --quick's smaller)")
     before = {a.dest for a in p._actions}
