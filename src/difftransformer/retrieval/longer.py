@@ -296,16 +296,19 @@ def _side(x: dict[str, Any]) -> int:
     return 1 if lo > 0 else -1 if hi < 0 else 0
 
 
-def classify(lengths: dict[str, dict[str, dict[str, Any]]], first_steps: int = 600) -> dict[str, dict[str, Any]]:
+def classify(lengths: dict[str, dict[str, dict[str, Any]]], first_steps: int = 600,
+             extrapolation: bool = False) -> dict[str, dict[str, Any]]:
     """LONGER.md "How a verdict is classed", per name other than the baseline: the verdict at 600 steps (an arm's
     reading, else D's side), its status at each longer length read (survives, vanishes, reverses; "at the ceiling"
     when both sides' mean accuracy is at least 0.99), and the class once 2,400 steps are read: capability (survives),
-    speed (vanishes while the 600-step speed endpoint, 1.0 nats, favours the same side), else none."""
+    speed (vanishes while the 600-step speed endpoint, 1.0 nats, favours the same side), else none. ``extrapolation``:
+    the same for D at the extrapolation condition (p48c96; the variants' D, no reading)."""
     base = lengths[str(first_steps)]
     out: dict[str, dict[str, Any]] = {}
     for n in NAMES[1:]:
-        arm = n in ARMS
-        key, ref = ("C", ARMS[n][0]) if arm else ("D", BASE)
+        arm = n in ARMS and not extrapolation
+        key, ref = ("C", ARMS[n][0]) if arm else ("D_extrapolation" if extrapolation else "D", BASE)
+        acc = "extrapolation" if extrapolation else "accuracy"
         side = _side(base[n][key])
         row: dict[str, Any] = {"verdict": base[n]["reading"] if arm else {1: "above", -1: "below", 0: "none"}[side],
                                "side": side, "lengths": {}}
@@ -316,8 +319,9 @@ def classify(lengths: dict[str, dict[str, dict[str, Any]]], first_steps: int = 6
             now = _side(r[key])
             status = ("survives" if (r["reading"] == base[n]["reading"] if arm else now == side and side != 0)
                       else "vanishes" if now == 0 else "reverses" if side != 0 else "appears")
-            ceiling = min(r["mean"], lengths[st][ref]["mean"]) >= CEILING
-            row["lengths"][st] = {"status": status, "at_ceiling": ceiling, "mean": r["mean"],
+            mean = statistics.fmean(r[acc])
+            ceiling = min(mean, statistics.fmean(lengths[st][ref][acc])) >= CEILING
+            row["lengths"][st] = {"status": status, "at_ceiling": ceiling, "mean": mean,
                                   "estimate": r[key]["estimate"], "ci": r[key]["ci"]}
         speed = base[n]["speed_C" if arm else "speed"][STARTED]
         speed_side = -_side(speed)  # sooner (negative) is the good side
@@ -337,12 +341,14 @@ def classify(lengths: dict[str, dict[str, dict[str, Any]]], first_steps: int = 6
 def classing_table(res: dict[str, Any]) -> str:
     """The README's line per answer-table retrieval cell: its 600-step verdict, what each longer length read says,
     and the class (or "pending" while 2,400 steps are not all in)."""
-    cls = classify(res["lengths"])
+    cls, ext = classify(res["lengths"]), classify(res["lengths"], extrapolation=True)
     heads = [f"{s:,} steps" for s in STEPS]
     lines = ["| retrieval cell | at 600 steps | " + " | ".join(heads) + " | reading |",
              "| --- | --- | " + " | ".join("---" for _ in STEPS) + " | --- |"]
-    for n, words in ANSWER_CELLS.items():
-        c = cls[n]
+    rows = [(cls[n], n, words) for n, words in ANSWER_CELLS.items()]
+    rows += [(ext[n], n, f"{words.split(' (')[0]} beyond the trained length (p48c96)")
+             for n, words in ANSWER_CELLS.items() if n not in ARMS]
+    for c, n, words in rows:
         cells = []
         for s in STEPS:
             x = c["lengths"].get(str(s))
@@ -352,7 +358,7 @@ def classing_table(res: dict[str, Any]) -> str:
             lo, hi = x["ci"]
             cells.append(f"{x['status']}{' (at the ceiling)' if x['at_ceiling'] else ''}: {x['estimate']:+.3f} "
                          f"[{lo:+.3f}, {hi:+.3f}], accuracy {x['mean']:.3f}")
-        verdict = c["verdict"] if n in ARMS else {"above": "better than the baseline", "below":
+        verdict = c["verdict"] if c["verdict"] not in ("above", "below", "none") else {"above": "better than the baseline", "below":
                                                    "worse than the baseline", "none": "no difference"}[c["verdict"]]
         reading = {"capability": "**capability**", "speed": "**speed**", "none": "neither (see the lengths)",
                    None: "pending"}[c["class"]]
