@@ -348,7 +348,7 @@ def classing_table(res: dict[str, Any]) -> str:
     rows = [(cls[n], n, words) for n, words in ANSWER_CELLS.items()]
     rows += [(ext[n], n, f"{words.split(' (')[0]} beyond the trained length (p48c96)")
              for n, words in ANSWER_CELLS.items() if n not in ARMS]
-    for c, n, words in rows:
+    for c, _n, words in rows:
         cells = []
         for s in STEPS:
             x = c["lengths"].get(str(s))
