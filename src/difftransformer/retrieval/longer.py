@@ -358,8 +358,8 @@ def classing_table(res: dict[str, Any]) -> str:
             lo, hi = x["ci"]
             cells.append(f"{x['status']}{' (at the ceiling)' if x['at_ceiling'] else ''}: {x['estimate']:+.3f} "
                          f"[{lo:+.3f}, {hi:+.3f}], accuracy {x['mean']:.3f}")
-        verdict = c["verdict"] if c["verdict"] not in ("above", "below", "none") else {"above": "better than the baseline", "below":
-                                                   "worse than the baseline", "none": "no difference"}[c["verdict"]]
+        sides = {"above": "better than the baseline", "below": "worse than the baseline", "none": "no difference"}
+        verdict = sides.get(c["verdict"], c["verdict"])  # an arm's reading as it is
         reading = {"capability": "**capability**", "speed": "**speed**", "none": "neither (see the lengths)",
                    None: "pending"}[c["class"]]
         lines.append(f"| {words} | {verdict} | " + " | ".join(cells) + f" | {reading} |")
