@@ -134,4 +134,9 @@ def section(results: dict[str, dict[str, Any]]) -> str:
             f"{html_table(results)}<p class='note'>Each cell: DIFF minus the baseline with its 95% paired interval; "
             "an arm's reading against its own variant (retrieval/DIAGNOSTIC.md). The rows marked as published are "
             "the variants as their sources define them. \"(survives AVX2)\": the same reading when every run it "
-            "reads is made again under AVX2 kernels at the same lr (the diagnostics' rounding checks).</p>")
+            "reads is made again under AVX2 kernels at the same lr (the diagnostics' rounding checks).</p>"
+            "<p class='note'><b>The retrieval column is a speed reading.</b> It was read after 600 training steps. "
+            "Re-read at twice the steps (same seeds and learning rates; retrieval/LONGER.md, pre-registered), each of the "
+            "table's variants is at the ceiling on this lookup: DIFF V2's deficit is gone and DIFF V1's lead is near zero, and "
+            "the head-wise norm still makes the lookup learned sooner. The language-model column is read at the end "
+            "of training. docs/retrieval.md, \"Speed or capability\", has each length.</p>")
