@@ -150,3 +150,30 @@ def test_the_rounding_check_reruns_the_chosen_lrs_under_another_code_path(runs, 
     assert json.loads((root / "diag" / "rounding.json").read_text())["timings"]["jobs_run"] == 0
     assert main(["lm-sweep", "--out", str(root / "x"), "--rounding-check", "avx2"]) == 2
     assert "goes with --diagnostic" in capsys.readouterr().err
+
+
+def test_the_language_model_at_2x_the_tokens(runs):
+    """lm-sweep --longer (retrieval/LONGER.md's language-model addition) on the toy reference: each name at twice
+    the reference's steps and its pre-registered lr on every seed, read with D (minus the baseline), C (the arms minus
+    their variant) and the V2 rule's reading; a second run resumes and runs nothing. The pre-registered lrs are the
+    committed diagnostics' choices."""
+    from pathlib import Path
+
+    from difftransformer.lmsweep import longer
+    root, _ = runs
+    res = longer.run_longer(root / "ref", root / "longer", RunOptions(workers=1, progress=False))
+    assert res["steps"] == 2 * TINY.steps and res["width"] == 32
+    assert res["timings"]["jobs_run"] == len(longer.NAMES) * 2
+    rows = res["rows"]
+    assert set(rows) == set(longer.NAMES) and all(r["test_loss"] and r["lr"] == longer.LRS[n] for n, r in rows.items())
+    for arm, variant in longer.ARM_OF.items():
+        assert rows[arm]["D"]["estimate"] - rows[arm]["C"]["estimate"] == pytest.approx(rows[variant]["D"]["estimate"])
+        assert rows[arm]["reading"] in ("costs loss", "lowers the loss", "no detectable effect", "inconclusive")
+    again = longer.run_longer(root / "ref", root / "longer", RunOptions(workers=1, progress=False))
+    assert again["timings"]["jobs_run"] == 0 and again["rows"] == rows
+    committed = Path(__file__).resolve().parents[2] / "docs" / "results"
+    v1 = json.loads((committed / "v1-diagnostic" / dg.RESULTS).read_text())["arms"]
+    v2 = json.loads((committed / "v2-diagnostic" / dg.RESULTS).read_text())["arms"]
+    assert longer.LRS == {"baseline": v1["baseline"]["lr"], "diff_v1": v1["diff_v1"]["lr"], "no_norm":
+                          v1["no_norm"]["lr"], "diff_v2": v2["diff_v2"]["lr"], "v2_headwise_norm":
+                          v2["v2_headwise_norm"]["lr"]} == {**longer.LRS, "baseline": v2["baseline"]["lr"]}

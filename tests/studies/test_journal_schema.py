@@ -23,7 +23,7 @@ COMMITTED = sorted(RESULTS.rglob("*.jsonl"))
 # the header's "benchmark" (a study's journal names its kind there) -> the schema its records' results take
 SCHEMAS = {"kv_retrieval benchmark": studies.RetrievalRun, "kv_retrieval width sweep": studies.RetrievalRun,
            "retrieval diagnostic": studies.RetrievalArmRun, "retrieval longer training": studies.RetrievalArmRun,
-           "language-model sweep": studies.LmSweepRun,
+           "language-model sweep": studies.LmSweepRun, "language-model longer training": studies.LmArmRun,
            "DIFF V1 diagnostic": studies.LmArmRun, "DIFF V2 diagnostic": studies.LmArmRun}
 CHECKS = {studies.RetrievalRun: studies.validate_retrieval_run, studies.RetrievalArmRun:
           studies.validate_retrieval_arm_run, studies.LmSweepRun: studies.validate_lm_run,

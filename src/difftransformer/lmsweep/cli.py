@@ -34,6 +34,7 @@ MODES = (
          " (it reruns the arms the diagnostic in OUT ran)"),
     Mode("--diagnostic v1", ("diagnostic=v1",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--diagnostic v2", ("diagnostic=v2",), ("arms", "jobs"), ("reference",), REFERENCE_NOTE),
+    Mode("--longer", ("longer",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--rounding-partial", ("rounding_partial",), ("rounding_scope",), (), " (it trains nothing)"),
     Mode("--rounding-of", ("rounding_of",), ("config", "quick", "rounding_scope", "jobs")),
     Mode("the sweep", (), ("config", "quick", "jobs")),
@@ -61,8 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                         "OUT/diag-jobs.jsonl, resumable): 'v1' DIFF V1's four one-change arms (DIAGNOSTIC.md beside "
                         "PROTOCOL.md; about 70 jobs), 'v2' the DIFF V2 arms of --arms (retrieval/DIAGNOSTIC.md; "
                         "about 25 jobs per arm); needs --reference")
+    m.add_argument("--longer", action="store_true",
+                   help="instead of the sweep, the answer table's names at 2x the tokens (retrieval/LONGER.md): "
+                        "the largest width, 1x lrs (OUT/lm-longer.json); needs --reference")
     m.add_argument("--reference", metavar="DIR",
-                   help="with --diagnostic: a finished protocol-version-2 sweep (its lm-jobs.jsonl) whose "
+                   help="with --diagnostic or --longer: a finished protocol-version-2 sweep (its lm-jobs.jsonl) whose "
                         "configuration, data and lr choices it uses, e.g. docs/results/lm-sweep-v2")
     m.add_argument("--arms", metavar="ARM,...",
                    help="with --diagnostic v2: of v2_headwise_norm (default), v2_lambda_scalar, v2_separate_keys, "
@@ -126,6 +130,17 @@ def _run_cli(args) -> int:
             spec = dg.v2_spec(tuple(a.strip() for a in (args.arms or "v2_headwise_norm").split(",") if a.strip()))
             print(dg.format_v2_diagnostic(dg.run_diagnostic(args.reference, args.out, options, spec=spec)))
         return 0
+    if mode.name == "--longer":
+        from pathlib import Path
+
+        from ..rundir.studies import read_study
+        from . import diagnostic as dg
+        from . import longer
+        dg.reference(Path(args.reference))
+        read_study(args.reference, "lm-sweep", "--reference")  # finished, before OUT is made
+        print(longer.format_longer(longer.run_longer(args.reference, args.out, options)))
+        print(f"wrote {args.out}/{longer.RESULTS}")
+        return 0
     if args.rounding_partial is not None:
         from .rounding import format_partial_rounding, partial_rounding
         print(format_partial_rounding(partial_rounding(args.rounding_partial, args.out, args.rounding_scope)))
@@ -167,7 +182,8 @@ USAGE = """%(prog)s --out DIR [--quick] [configuration] [where the jobs run]
        %(prog)s --out DIR --rounding-of DIR --cpu-code-path PATH [--rounding-scope all|chosen] [...]
        %(prog)s --out DIR --rounding-partial REF_DIR [--rounding-scope all|chosen]
        %(prog)s --out DIR --diagnostic v1|v2 --reference DIR [--arms ARM,...] [where the jobs run]
-       %(prog)s --out DIR --diagnostic v1|v2 --reference DIR --rounding-check CODE_PATH [where the jobs run]"""
+       %(prog)s --out DIR --diagnostic v1|v2 --reference DIR --rounding-check CODE_PATH [where the jobs run]
+       %(prog)s --out DIR --longer --reference DIR [where the jobs run]"""
 
 
 def register(sub) -> None:

@@ -1,0 +1,149 @@
+"""The language model at 2x the tokens (retrieval/LONGER.md, its dated addition of 2026-12-01 17:00 UTC).
+
+The answer table's language-model names (the baseline, DIFF V1, DIFF V1 without its head-wise norm, DIFF V2, DIFF V2
+with the norm) at the sweep's largest width, trained ``FACTOR`` times the steps of the reference sweep (the lr
+schedule stretched) at the lr each chose at 1x in its diagnostic (``LRS``, fixed by the pre-registration), on the
+sweep's test seeds; journaled in OUT/lm-longer-jobs.jsonl. ``assess``: the test-half loss, D (minus the baseline),
+C (the arms minus their variant) and the diagnostics' readings; beside them the 1x values of the committed
+diagnostics (``first``), so a verdict can be read as surviving or vanishing with training.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+from ..eval import stats
+from ..fileio import atomic_json
+from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
+from ..rundir.studies import validate_lm_arm_run
+from .config import LMSweepConfig
+from .diagnostic import ARMS, BASE, V1, V2, V2_ARMS, cap_of, loss_of, passed, reference
+
+VERSION = 1  # LONGER.md's language-model addition: in every job key and the journal header
+JOURNAL = "lm-longer-jobs.jsonl"
+RESULTS = "lm-longer.json"
+FACTOR = 2
+# name -> (variant, its one ModelConfig change): the answer table's language-model cells
+NAMES: dict[str, tuple[str, dict[str, Any]]] = {
+    BASE: (BASE, {}), V1: (V1, {}), "no_norm": (V1, ARMS["no_norm"]),
+    V2: (V2, {}), "v2_headwise_norm": (V2, V2_ARMS["v2_headwise_norm"]),
+}
+# LONGER.md: each name's lr chosen at 1x in its diagnostic (docs/results/v1-diagnostic, v2-diagnostic); a test
+# checks these against the committed files
+LRS = {BASE: 8e-3, V1: 4e-3, "no_norm": 8e-3, V2: 8e-3, "v2_headwise_norm": 4e-3}
+ARM_OF = {"no_norm": V1, "v2_headwise_norm": V2}  # an arm -> its variant (C)
+
+
+class LongJob(NamedTuple):
+    name: str
+    steps: int
+    seed: int
+    lr: float
+
+
+def run_longer_job(cfg_d: dict, data_dir: str, width: int, name: str, steps: int, seed: int, lr: float,
+                   device: str = "cpu") -> dict[str, Any]:
+    """One job: the name's variant with its change, trained ``steps`` steps and measured as a sweep job."""
+    from .job import _run
+    variant, overrides = NAMES[name]
+    out = _run(LMSweepConfig.from_dict({**cfg_d, "steps": steps}), data_dir, width, variant, seed, lr, device,
+               model_overrides=overrides)
+    out["arm"] = name
+    return out
+
+
+def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
+    v = stats.compare_seeds(base, other, higher_is_better=False, min_effect=0.0)
+    return {"estimate": v.estimate, "ci": list(v.ci), "n": v.n_seeds[0], "method": v.method}
+
+
+def reading(c: dict[str, Any], inconclusive: bool) -> str:
+    """The V2 language-model rule on C (lower loss is better): costs loss, lowers the loss, no detectable effect."""
+    lo, hi = c["ci"]
+    if inconclusive or lo is None:
+        return "inconclusive"
+    return "costs loss" if lo > 0 else "lowers the loss" if hi < 0 else "no detectable effect"
+
+
+def assess(cfg: LMSweepConfig, steps: int, done: dict[LongJob, dict[str, Any]], cap: float) -> dict[str, Any]:
+    """Per name at ``steps``: the test-half losses, D and (arms) C with the reading; None while jobs are missing."""
+    jobs = {n: [LongJob(n, steps, s, LRS[n]) for s in cfg.test_seeds] for n in NAMES}
+    if not all(j in done for js in jobs.values() for j in js):
+        return {}
+    runs = {n: [done[j] for j in js] for n, js in jobs.items()}
+    loss = {n: [loss_of(r, "test_loss", cap) for r in rs] for n, rs in runs.items()}
+    rows: dict[str, Any] = {}
+    for n in NAMES:
+        bad = not all(passed(r) for r in runs[n] + runs[BASE])
+        row: dict[str, Any] = {"lr": LRS[n], "test_loss": loss[n], "mean": statistics.fmean(loss[n]),
+                               "failed": sum(not passed(r) for r in runs[n])}
+        if n != BASE:
+            row["D"] = _interval(loss[BASE], loss[n])
+            row["reading_D"] = reading(row["D"], bad)
+        if n in ARM_OF:
+            row["C"] = _interval(loss[ARM_OF[n]], loss[n])
+            row["reading"] = reading(row["C"], bad or not all(passed(r) for r in runs[ARM_OF[n]]))
+        rows[n] = row
+    return rows
+
+
+def run_longer(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOptions] = None) -> dict[str, Any]:
+    """Run (or resume) every job of the addition and read them."""
+    from .sweep import prepare
+    options = options or RunOptions(workers=2)
+    cfg, fp, _ = reference(Path(ref_dir))
+    width, steps = cfg.largest, FACTOR * cfg.steps
+    out = Path(out_dir)
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ex = open_executor(cfg.cpu_code_path, options)
+    try:
+        try:
+            data, fp_here, vocab = prepare(cfg, out, options.progress)
+            if fp_here != fp:
+                raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
+                                 f"({fp_here})")
+        except ValueError:
+            if made:
+                import shutil
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
+        todo = [LongJob(n, steps, s, LRS[n]) for s in cfg.test_seeds for n in NAMES]
+        header = {"benchmark": "language-model longer training", "version": VERSION, "config": cfg_d, "data": fp,
+                  "width": width, "steps": steps}
+        spec: JobSpec[LongJob] = JobSpec(
+            needed=lambda d: (todo, True), run=run_longer_job,
+            args=lambda j: (cfg_d, data_dir, width, j.name, j.steps, j.seed, j.lr, dev),
+            key=lambda j: job_key({"lm_longer_version": VERSION, "config": {**cfg_d, "steps": j.steps}, "data": fp,
+                                   "width": width, "job": list(j), "overrides": NAMES[j.name][1],
+                                   **device_key(dev)}),
+            code_path=cfg.cpu_code_path, desc="language model at 2x the tokens (jobs)")
+        done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
+    finally:
+        ex.close()
+    res = {"benchmark": "lm_longer", "version": VERSION, "reference": str(ref_dir), "width": width, "steps": steps,
+           "rows": assess(cfg, steps, {LongJob(*j): r for j, r in done.items()}, cap_of(vocab)),
+           "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
+    atomic_json(out / RESULTS, res)
+    return res
+
+
+def format_longer(res: dict[str, Any]) -> str:
+    def iv(x: dict[str, Any]) -> str:
+        lo, hi = x["ci"]
+        return f"{x['estimate']:+.3f}" if lo is None else f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+    lines = [f"language model at {res['steps']} steps (2x the sweep's tokens), d_model {res['width']}: test-half "
+             "loss, D = minus the baseline, C = the arm minus its variant (95% paired t)"]
+    for n, r in res["rows"].items():
+        d = f"  D {iv(r['D'])}" if "D" in r else ""
+        c = f"  C {iv(r['C'])}: {r['reading']}" if "C" in r else ""
+        lines.append(f"  {n:18s} lr {r['lr']:<6g} loss {r['mean']:.4f}{d}{c}" + ("" if math.isfinite(r["mean"])
+                                                                                    else "  (diverged)"))
+    return "\n".join(lines)
