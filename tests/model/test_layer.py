@@ -298,3 +298,17 @@ def test_bad_calls_are_one_error_naming_the_argument():
         layer(x)
     with pytest.raises(ValueError, match="a KV cache is for causal self-attention"):
         cross.setup_cache(2, 8)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_positions_per_row(variant):
+    """positions (B, T): each row its own RoPE positions; a row shifted by k equals the layer at positions k.. for
+    that row alone (bidirectional: RoPE is relative, so a common shift changes nothing either)."""
+    layer = make(variant, causal=False)
+    x = torch.randn(2, 7, D_MODEL, dtype=torch.float64)
+    pos = torch.stack([torch.arange(7), torch.arange(7) + 5])
+    both = layer(x, positions=pos)
+    torch.testing.assert_close(both[1:], layer(x[1:], positions=torch.arange(5, 12)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(both, layer(x), rtol=1e-10, atol=1e-10)  # relative positions: a shift is invisible
+    uneven = torch.stack([torch.arange(7), torch.arange(7) * 2])
+    assert not torch.allclose(layer(x, positions=uneven)[1], both[1])  # but a stretch is not
