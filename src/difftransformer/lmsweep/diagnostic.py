@@ -12,11 +12,13 @@ recorded by every DIFF V1 job; ``rerun_check``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -268,35 +270,50 @@ def rerun_check(ref: dict[Job, dict[str, Any]], reruns: list[Job], done: dict[Jo
 
 
 # ---------------------------------------------------------------------------------------------- the run
+@contextlib.contextmanager
+def out_removed_on_refusal(out: Path) -> Iterator[None]:
+    """OUT made (with its parents) for the block; a refusal (ValueError) inside removes it again when the block made
+    it, so that a refused command leaves no directory (the refusals that need the tokens prepared in OUT)."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except ValueError:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def prepare_reference_tokens(cfg: LMSweepConfig, fp: str, out: Path, ref_dir: str | Path,
+                             progress: bool) -> tuple[Any, int]:
+    """The reference sweep's tokens prepared in OUT (its data and vocabulary size), refused in one line when their
+    fingerprint is not the reference's: runs on other tokens would not be comparable."""
+    from .sweep import prepare
+    data, fp_here, vocab = prepare(cfg, out, progress)
+    if fp_here != fp:
+        raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
+                         f"({fp_here}); the reused runs would not be comparable")
+    return data, vocab
+
+
 def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOptions] = None,
                    width: Optional[int] = None, spec: Spec = V1_SPEC) -> dict[str, Any]:
     """Run (or resume) every job DIAGNOSTIC.md asks for (``spec``: the V1 diagnostic, or the DIFF V2 one of
     retrieval/DIAGNOSTIC.md), decide, and write OUT/diagnostic.json (and, for V1, the plot)."""
-    from .sweep import prepare
     options = options or RunOptions(workers=2)
     cfg, fp, ref = reference(Path(ref_dir))
     width = width or cfg.largest
     out = Path(out_dir)
-    made = not out.exists()  # a refusal below (they need the tokens prepared in OUT) removes what it made
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     ex = open_executor(cfg.cpu_code_path, options)
     try:
-        try:
-            data, fp_here, vocab = prepare(cfg, out, options.progress)
-            if fp_here != fp:
-                raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
-                                 f"({fp_here}); the reused runs would not be comparable")
+        with out_removed_on_refusal(out):
+            data, vocab = prepare_reference_tokens(cfg, fp, out, ref_dir, options.progress)
             cap = cap_of(vocab)
             lrs = {name: lr_choice(cfg, width, variant, ref, cap).lr for name, variant in spec.reruns.items()}
             if None in lrs.values():
                 raise ValueError(f"--reference {ref_dir}: the lr choice of {' or '.join(spec.reruns.values())} at "
                                  f"d_model {width} is not finished there")
-        except ValueError:
-            if made:
-                import shutil
-                shutil.rmtree(out, ignore_errors=True)
-            raise
         reruns = [Job(width, name, s, lr) for name, lr in lrs.items() if lr is not None for s in cfg.test_seeds]
         dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
         header = {"benchmark": spec.title, "version": spec.version, "config": cfg_d, "data": fp, "width": width}

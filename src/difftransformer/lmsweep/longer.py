@@ -21,7 +21,19 @@ from ..fileio import atomic_json
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
 from ..rundir.studies import validate_lm_arm_run
 from .config import LMSweepConfig
-from .diagnostic import ARMS, BASE, V1, V2, V2_ARMS, cap_of, loss_of, passed, reference
+from .diagnostic import (
+    ARMS,
+    BASE,
+    V1,
+    V2,
+    V2_ARMS,
+    cap_of,
+    loss_of,
+    out_removed_on_refusal,
+    passed,
+    prepare_reference_tokens,
+    reference,
+)
 
 VERSION = 1  # LONGER.md's language-model addition: in every job key and the journal header
 JOURNAL = "lm-longer-jobs.jsonl"
@@ -93,26 +105,15 @@ def assess(cfg: LMSweepConfig, steps: int, done: dict[LongJob, dict[str, Any]], 
 
 def run_longer(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOptions] = None) -> dict[str, Any]:
     """Run (or resume) every job of the addition and read them."""
-    from .sweep import prepare
     options = options or RunOptions(workers=2)
     cfg, fp, _ = reference(Path(ref_dir))
     width, steps = cfg.largest, FACTOR * cfg.steps
     out = Path(out_dir)
-    made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     ex = open_executor(cfg.cpu_code_path, options)
     try:
-        try:
-            data, fp_here, vocab = prepare(cfg, out, options.progress)
-            if fp_here != fp:
-                raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
-                                 f"({fp_here})")
-        except ValueError:
-            if made:
-                import shutil
-                shutil.rmtree(out, ignore_errors=True)
-            raise
+        with out_removed_on_refusal(out):
+            data, vocab = prepare_reference_tokens(cfg, fp, out, ref_dir, options.progress)
         dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
         todo = [LongJob(n, steps, s, LRS[n]) for s in cfg.test_seeds for n in NAMES]
         header = {"benchmark": "language-model longer training", "version": VERSION, "config": cfg_d, "data": fp,
