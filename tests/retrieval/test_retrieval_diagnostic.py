@@ -131,3 +131,41 @@ def test_the_rounding_check_reruns_the_chosen_lrs_under_another_code_path(runs, 
     assert "holds no finished diagnostic" in capsys.readouterr().err
     assert main([*argv[:7], "machine", *argv[8:]]) == 2
     assert "already ran that CPU code path" in capsys.readouterr().err
+
+
+def test_the_mechanism_arms_on_the_diagnostic(runs):
+    """retrieval --mechanism (LONGER.md's 17:10 addition) on the toy diagnostic: each arm's grid on every seed, its
+    change in the model (the head gain's parameters), D, C and C' the paired differences against the diagnostic's
+    own runs, the reading by the diagnostic's rule, the speed endpoint; a resumed run runs nothing."""
+    from difftransformer.retrieval import mechanism as mech
+    root, diag = runs
+    res = mech.run_mechanism(root / "diag", root / "mech", RunOptions(workers=1, progress=False))
+    rows, ref = res["rows"], diag["rows"]
+    assert set(rows) == set(mech.ARMS) and res["timings"]["jobs_run"] >= len(mech.ARMS) * 2
+    for arm, (_, overrides, c_name, c2_name) in mech.ARMS.items():
+        r = rows[arm]
+        assert r["overrides"] == overrides and r["C_against"] == c_name and r["C2_against"] == c2_name
+        assert r["D"]["estimate"] - r["C"]["estimate"] == pytest.approx(ref[c_name]["D"]["estimate"]
+                                                                        if c_name != "baseline" else 0.0)
+        assert r["C2"]["estimate"] == pytest.approx(statistics.fmean(r["accuracy"])
+                                                    - statistics.fmean(ref[c2_name]["accuracy"]))
+        assert r["reading"] in (*dg.GAP_READINGS, *dg.LEAD_READINGS, dg.INCONCLUSIVE)
+        assert set(r["speed"]) == {dg.STARTED, dg.LEARNED}
+    again = mech.run_mechanism(root / "diag", root / "mech", RunOptions(workers=1, progress=False))
+    assert again["timings"]["jobs_run"] == 0 and again["rows"] == rows
+    assert "v2_gain" in mech.format_mechanism(res)
+
+
+def test_the_norm_start_gain_is_set_by_the_first_training_batch():
+    """The paired initialisation copies the baseline's tensors in place (no state-dict load that would mark the gain
+    as set): the arm starts pending and its first training batch sets every layer's gain away from 1."""
+    import torch
+
+    from difftransformer.retrieval.train import build_paired, train_model
+    cfg = tiny()
+    model, _ = build_paired(cfg, "diff_v2", 3000, {"head_gain": "norm_start"})
+    assert all(layer.attn.gain_pending for layer in model.layers)
+    model = train_model(cfg.replace(steps=1), "diff_v2", 3000, 2e-3, overrides={"head_gain": "norm_start"})["model"]
+    for layer in model.layers:
+        assert not layer.attn.gain_pending and not torch.allclose(layer.attn.head_gain, torch.ones_like(
+            layer.attn.head_gain))

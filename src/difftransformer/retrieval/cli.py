@@ -25,10 +25,12 @@ HELP = ("token-level key-value retrieval benchmark, pre-registered (PROTOCOL.md,
         "path; --sweep-width: accuracy vs parameters")
 
 
+REFERENCE_NOTE = " (it takes its configuration from --reference DIR)"
 # What the command does, picked by its flags (the first that matches), and the flags each takes ("config": every
 # RetrievalConfig field's flag, "jobs": where the jobs run); any other flag given is refused in one line
 MODES = (
-    Mode("--longer", ("longer",), ("jobs",), ("reference",), " (it takes its configuration from --reference DIR)"),
+    Mode("--longer", ("longer",), ("jobs",), ("reference",), REFERENCE_NOTE),
+    Mode("--mechanism", ("mechanism",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--diagnostic", ("diagnostic",), ("rounding_check", "jobs"), ("reference",),
          " (it takes its configuration from --reference DIR)"),
     Mode("--sweep-width", ("sweep_width",), ("config", "quick", "reuse_jobs", "jobs")),
@@ -63,9 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
     m.add_argument("--longer", metavar="STEPS[,STEPS]",
                    help="the re-reading at longer training (LONGER.md): the answer table's names at their "
                         "600-step lrs, 1200 and/or 2400 steps")
+    m.add_argument("--mechanism", action="store_true", help="the norm's mechanism arms (LONGER.md)")
     m.add_argument("--reference", metavar="DIR",
                    help="--diagnostic: a finished benchmark run ON THIS MACHINE, whose configuration, lrs and runs "
-                        "it reads; --longer: a finished diagnostic")
+                        "it reads; --longer, --mechanism: a finished diagnostic")
     config = add_config_flags(p, RetrievalConfig, "configuration (the benchmark and --sweep-width; PROTOCOL.md fixes "
                                                   "it; defaults: the protocol's, --quick's smaller)")
     before = {a.dest for a in p._actions}
@@ -164,6 +167,12 @@ def _run_cli(args) -> int:
         print(longer.format_longer(longer.run_longer(args.reference, args.out, steps, options)))
         print(f"wrote {args.out}/{longer.RESULTS}")
         return 0
+    if mode.name == "--mechanism":
+        from . import longer, mechanism
+        longer.first_reading(args.reference)  # before OUT is made
+        print(mechanism.format_mechanism(mechanism.run_mechanism(args.reference, args.out, options)))
+        print(f"wrote {args.out}/{mechanism.RESULTS}")
+        return 0
     if mode.name == "--diagnostic":
         from ..rundir.studies import read_study
         from . import diagnostic as dg
@@ -201,7 +210,7 @@ def _run_cli(args) -> int:
 USAGE = """%(prog)s --out DIR [--quick] [--rounding-check CODE_PATH] [configuration] [where the jobs run]
        %(prog)s --out DIR --sweep-width W1,W2,... [--reuse-jobs JOURNAL] [--quick] [configuration] [...]
        %(prog)s --out DIR --diagnostic --reference DIR [--rounding-check CODE_PATH] [where the jobs run]
-       %(prog)s --out DIR --longer 1200,2400 --reference DIAGNOSTIC_DIR [where the jobs run]"""
+       %(prog)s --out DIR --longer 1200,2400 | --mechanism --reference DIAGNOSTIC_DIR [where the jobs run]"""
 
 
 def register(sub) -> None:

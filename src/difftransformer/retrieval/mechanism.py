@@ -1,0 +1,131 @@
+"""The head-wise norm's mechanism arms in the retrieval study (LONGER.md, its dated addition of 2026-12-01 17:10).
+
+Three one-change arms, each with the diagnostic's lr grid (widened as its rule says) on the 12 test seeds at the
+benchmark's 600 steps, read against the committed diagnostic's own runs (its ``diagnostic.json``: the baseline, DIFF
+V1, DIFF V2, ``v1_no_norm`` and ``v2_headwise_norm`` per seed at their chosen lrs): D (minus the baseline), C (minus
+the variant the diagnostic reads: DIFF V2 for the V2 arms, DIFF V1 for ``v1_gain``) with the diagnostic's reading,
+C' (minus the other form of the same variant: ``v2_headwise_norm``, ``v1_no_norm``; descriptive) and the speed
+endpoint (``longer.crossing``). Jobs journaled in OUT/mechanism-jobs.jsonl.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from ..eval import stats
+from ..fileio import atomic_json
+from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
+from ..rundir.studies import validate_retrieval_arm_run
+from .config import RetrievalConfig
+from .diagnostic import BASE, LEARNED, STARTED, V1, V2, reading
+from .longer import crossing, first_reading
+from .protocol import Job, lr_choice
+
+VERSION = 1
+JOURNAL = "mechanism-jobs.jsonl"
+RESULTS = "mechanism.json"
+# arm -> (variant, its one change, the name C reads against, the name C' reads against)
+ARMS: dict[str, tuple[str, dict[str, Any], str, str]] = {
+    "v2_gain": (V2, {"head_gain": "norm_start"}, V2, "v2_headwise_norm"),
+    "v2_gain_one": (V2, {"head_gain": "one"}, V2, "v2_headwise_norm"),
+    "v1_gain": (V1, {"headwise_norm": False, "headwise_norm_weight": False, "head_gain": "norm_start"}, V1,
+                "v1_no_norm"),
+}
+
+
+def run_mechanism_job(cfg_d: dict, arm: str, seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
+    """One job: the arm's variant with its change, trained and measured as a benchmark job."""
+    from .benchmark import _job
+    variant, overrides, _, _ = ARMS[arm]
+    out = _job(cfg_d, variant, seed, lr, device, overrides)
+    out["arm"] = arm
+    return out
+
+
+def needed(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]]) -> tuple[list[Job], bool]:
+    """Each arm's grid on every test seed, widened as the benchmark's rule says; final when every choice is."""
+    jobs, final = [], True
+    for arm in ARMS:
+        c = lr_choice(cfg, arm, done)
+        jobs += [Job(arm, s, lr) for lr in c.grid for s in cfg.test_seeds]
+        final = final and c.lr is not None
+    return list(dict.fromkeys(jobs)), final
+
+
+def _key(cfg_d: dict[str, Any], dev: str):
+    from .benchmark import job_description
+
+    def key(j: Job) -> str:
+        variant, overrides, _, _ = ARMS[j.variant]
+        return job_key({"mechanism_version": VERSION, "arm": j.variant, "overrides": overrides,
+                        **job_description(cfg_d, (variant, j.seed, j.lr), dev)})
+    return key
+
+
+def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
+    v = stats.compare_seeds(base, other, higher_is_better=True, min_effect=0.0)
+    return {"estimate": v.estimate, "ci": list(v.ci), "n": v.n_seeds[0], "method": v.method}
+
+
+def assess(first: dict[str, Any], done: dict[Job, dict[str, Any]]) -> dict[str, Any]:
+    """Per arm at its chosen lr: accuracy, D, C with the reading, C' and the speed endpoint against the baseline and
+    against C's name (the first step below 1.0 and 0.3 nats)."""
+    cfg = RetrievalConfig.from_dict(first["config"])
+    R, P, S = first["rows"], cfg.primary, cfg.test_seeds
+    rows: dict[str, Any] = {}
+    for arm, (_, overrides, c_name, c2_name) in ARMS.items():
+        c = lr_choice(cfg, arm, done)
+        if c.lr is None:
+            continue
+        runs = [done[Job(arm, s, c.lr)] for s in S]
+        acc = [r["conditions"][P]["accuracy"] for r in runs]
+        thr = {t: [r["loss_thresholds"][t] for r in runs] for t in (STARTED, LEARNED)}
+        d, cc = _interval(R[BASE]["accuracy"], acc), _interval(R[c_name]["accuracy"], acc)
+        n_q = runs[0]["conditions"][P]["n_queries"]
+        ref_thr = {n: R[n]["dynamics"]["first_step_below"] for n in (BASE, c_name)}
+        rows[arm] = {"lr": c.lr, "overrides": overrides, "accuracy": acc, "mean": statistics.fmean(acc),
+                     "below_floor": sum(r["failed"] for r in runs), "D": d, "C": cc, "C_against": c_name,
+                     "reading": reading(d, cc, R[c_name]["D"]["estimate"],
+                                        stats.above_chance(acc, n_q, 1.0 / cfg.n_values)),
+                     "C2": _interval(R[c2_name]["accuracy"], acc), "C2_against": c2_name,
+                     "speed": {t: crossing(ref_thr[BASE][t]["per_seed"], thr[t], cfg.steps) for t in thr},
+                     "speed_C": {t: crossing(ref_thr[c_name][t]["per_seed"], thr[t], cfg.steps) for t in thr}}
+    return rows
+
+
+def run_mechanism(diag_dir: str | Path, out_dir: str | Path, options: Optional[RunOptions] = None) -> dict[str, Any]:
+    """Run (or resume) every job the addition asks for and read the arms."""
+    options = options or RunOptions(workers=2)
+    first = first_reading(diag_dir)
+    cfg = RetrievalConfig.from_dict(first["config"])
+    cfg_d, dev = first["config"], options.device
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    header = {"benchmark": "retrieval mechanism arms", "version": VERSION, "config": cfg_d}
+    spec: JobSpec[Job] = JobSpec(needed=lambda d: needed(cfg, d), run=run_mechanism_job,
+                                 args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
+                                 code_path=cfg.cpu_code_path, desc="retrieval mechanism arms (jobs)")
+    done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_retrieval_arm_run), options)
+    res = {"benchmark": "retrieval_mechanism", "version": VERSION, "reference": str(diag_dir),
+           "rows": assess(first, {Job(*j): r for j, r in done.items()}),
+           "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
+    atomic_json(out / RESULTS, res)
+    return res
+
+
+def format_mechanism(res: dict[str, Any]) -> str:
+    def iv(x: dict[str, Any], spec: str = "+.3f") -> str:
+        lo, hi = x["ci"]
+        return f"{x['estimate']:{spec}}" if lo is None else f"{x['estimate']:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+    lines = ["retrieval mechanism arms (LONGER.md): accuracy at p48c48; D = minus the baseline, C = minus the "
+             "variant (reading), C' = minus the variant's other form; speed: steps to 1.0 nats minus the baseline's"]
+    for arm, r in res["rows"].items():
+        lines.append(f"  {arm:12s} lr {r['lr']:<6g} acc {r['mean']:.3f}  D {iv(r['D'])}  C ({r['C_against']}) "
+                     f"{iv(r['C'])}: {r['reading']}  C' ({r['C2_against']}) {iv(r['C2'])}  speed "
+                     f"{iv(r['speed'][STARTED], '+g')}  below floor {r['below_floor']}")
+    return "\n".join(lines)
