@@ -262,8 +262,8 @@ def report_measuring() -> None:
     """The report's measuring loop (``evaluate_runs`` records an analysis's RuntimeError on the page instead of
     raising: here none may be recorded) and its multi-run analyses, at the report's quick settings."""
     from difftransformer.eval.analyses import MULTI_RUN
-    from difftransformer.eval.report import runner
-    from difftransformer.eval.report.results import Settings
+    from difftransformer.report import runner
+    from difftransformer.report.results import Settings
 
     settings = Settings(quick=True, seed=0, progress=False)
     evs = EVS()

@@ -207,7 +207,7 @@ def report_cli_on_gpu() -> None:
     from device_scenarios import _small
 
     from difftransformer.cli import main
-    from difftransformer.eval.report import runner
+    from difftransformer.report import runner
 
     seen: list[str] = []
     real = runner.PER_RUN, runner.MULTI_RUN

@@ -90,7 +90,7 @@ def test_the_page_opens_with_what_ran_in_its_order():
 
 def test_smoke_verdicts_print_one_line(tmp_path, capsys):
     from difftransformer.demo import print_verdicts
-    from difftransformer.eval.report import HELD, SMOKE
+    from difftransformer.report import HELD, SMOKE
 
     row = {"variant": "diff_v1", "claim": "a claim", "why": "because"}
     (tmp_path / "results.json").write_text(json.dumps({

@@ -18,6 +18,7 @@ from .inference import cli as inference_cli
 from .interop import cli as interop_cli
 from .lmsweep import cli as lmsweep_cli
 from .log import setup_cli_logging
+from .report import cli as report_cli
 from .retrieval import cli as retrieval_cli
 from .train import cli as train_cli
 
@@ -30,7 +31,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     interop_cli.register,
     lm_eval_cli.register,
     eval_cli.register,
-    eval_cli.register_report,
+    report_cli.register_report,
     retrieval_cli.register,
     lmsweep_cli.register,
 )

@@ -211,8 +211,8 @@ def retrieval_benchmark(out: Path, quick: bool, seeds: Optional[int], progress: 
 
 def print_verdicts(results_json: Path) -> None:
     """The report's verdicts, retrieval benchmark first, one line each (the page has the measures and reasons)."""
-    from .eval.report import SMOKE
     from .fileio import read_json
+    from .report import SMOKE
 
     res = read_json(results_json)
     for title, rows in (("retrieval benchmark", res.get("retrieval_verdicts", [])), ("language models",
@@ -258,8 +258,8 @@ def _extras_needed(cfg, args: argparse.Namespace) -> tuple[list[str], list[str],
 
 
 def run(args: argparse.Namespace) -> int:
-    from .eval.report import write_report
     from .lmsweep.committed import committed_sweep
+    from .report import write_report
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
@@ -314,9 +314,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def committed_answer() -> Optional[str]:
-    """The page's answer table from the repository's committed results (``studies.answer``), or None with one line
+    """The page's answer table from the repository's committed results (``report.answer``), or None with one line
     saying why not (an installed package has no docs/)."""
-    from .studies import answer
+    from .report import answer
     if not answer.available():
         print("answer table: the committed diagnostic results (docs/results/) are not here: the page goes without it")
         return None

@@ -7,11 +7,12 @@ import math
 
 import pytest
 import torch
-
-from difftransformer.eval import attnmap, icl, needles, noise, outliers, positions, quantized, report
-from difftransformer.eval.report import html as report_html
-from difftransformer.eval.report import verdicts
 from eval_helpers import roundtrip
+
+from difftransformer import report
+from difftransformer.eval import attnmap, icl, needles, noise, outliers, positions, quantized
+from difftransformer.report import html as report_html
+from difftransformer.report import verdicts
 
 VARIANTS = ("baseline", "diff_v1", "diff_v2")
 PNG = b"\x89PNG\r\n\x1a\n"

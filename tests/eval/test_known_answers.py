@@ -367,7 +367,7 @@ def test_icl_prompt_layout(evs):
 def test_noise_section_explains_negative_differential_mass():
     from types import SimpleNamespace
 
-    from difftransformer.eval.report.html import _noise_section
+    from difftransformer.report.html import _noise_section
 
     def run(label, answer, noise):  # shares are never negative for noise; the signed masses can be
         return SimpleNamespace(ev=SimpleNamespace(label=label),

@@ -17,8 +17,8 @@ from html.parser import HTMLParser
 import pytest
 from report_page import check_page
 
-from difftransformer.eval.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
-from difftransformer.eval.report.verdicts import verdicts
+from difftransformer.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
+from difftransformer.report.verdicts import verdicts
 
 
 class PageParts(HTMLParser):
@@ -108,7 +108,7 @@ def _fake_runs(val: dict[str, list[float]], steps: int = 500) -> list:
     """Stand-in runs with only training summaries: validation loss per variant per seed."""
     from types import SimpleNamespace
 
-    from difftransformer.eval.report.results import RunResults
+    from difftransformer.report.results import RunResults
     out = []
     for variant, losses in val.items():
         for seed, v in enumerate(losses):
@@ -143,7 +143,7 @@ def test_learned_lambda_reaches_the_report(evs):
     """Each DIFF run's learned lambda (the trainer's metrics key, defined once in rundir) shows in the training
     summary the report tabulates; the old parser looked for a key the trainer never wrote, so V2's stayed empty."""
     from difftransformer import rundir
-    from difftransformer.eval.report.training import training_summary
+    from difftransformer.report.training import training_summary
 
     for variant, key in (("diff_v1", rundir.LAMBDA_V1), ("diff_v2", rundir.LAMBDA_V2)):
         lam = training_summary(evs[variant])["lambda"]
@@ -156,7 +156,7 @@ def test_a_figure_wider_than_the_column_scrolls_instead_of_shrinking(tmp_path):
     one that fits the column is an ordinary (scaled) image."""
     from PIL import Image
 
-    from difftransformer.eval.report.html import COLUMN_PX, wide_image
+    from difftransformer.report.html import COLUMN_PX, wide_image
 
     for width, wide in ((COLUMN_PX, False), (2 * COLUMN_PX, True)):
         Image.new("RGB", (width, 50), "white").save(tmp_path / "f.png")

@@ -7,7 +7,7 @@ import json
 import pytest
 from report_page import check_page
 
-from difftransformer.eval.report import SMOKE, write_report
+from difftransformer.report import SMOKE, write_report
 from difftransformer.lmsweep.config import LMSweepConfig
 from difftransformer.lmsweep.sweep import run_lm_sweep, verdict_rows
 
@@ -53,7 +53,7 @@ def test_the_committed_sweep_is_rebuilt_not_trained(tmp_path):
     runs, never trained again."""
     import shutil
 
-    from difftransformer.eval.report.lmsweep import section
+    from difftransformer.report.lmsweep import section
     from difftransformer.lmsweep import committed
     from difftransformer.lmsweep.sweep import JOURNAL
 
@@ -81,7 +81,7 @@ def test_not_measurable_reaches_the_text_and_the_page(tmp_path):
     # in sweep.json's rows, the printed summary and the page's section
     import math
 
-    from difftransformer.eval.report.lmsweep import section
+    from difftransformer.report.lmsweep import section
     from difftransformer.lmsweep.analysis import NOT_MEASURABLE, Job, assemble
     from difftransformer.lmsweep.sweep import format_sweep, sensitivity_rows
     c = LMSweepConfig(widths=(16, 32), seeds=3, seed_base=0, lr_grid=(2e-3, 4e-3, 8e-3), lr_widen=0,

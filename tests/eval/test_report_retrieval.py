@@ -6,8 +6,8 @@ import json
 
 from report_page import check_page
 
-from difftransformer.eval.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
-from difftransformer.eval.report.retrieval import TABLES, failures, section, sensitivity_table
+from difftransformer.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
+from difftransformer.report.retrieval import TABLES, failures, section, sensitivity_table
 from difftransformer.retrieval.statistics import verdicts as retrieval_verdicts
 from difftransformer.retrieval.statistics import verdicts_by_policy
 
@@ -159,8 +159,8 @@ def test_report_leads_with_a_real_benchmark(runs, tmp_path):
 def test_multiplicity_note_counts_verdicts_not_smoke_rows():
     """The note counts the retrieval benchmark's verdicts and the language models', never a smoke run's rows; it
     says how many are the benchmark's unless the models' part is folded (then it sits under the benchmark)."""
-    from difftransformer.eval.report.html import multiplicity_note
-    from difftransformer.eval.report.verdicts import verdicts
+    from difftransformer.report.html import multiplicity_note
+    from difftransformer.report.verdicts import verdicts
     from difftransformer.eval.stats import smoke_run, verdict_row
 
     rrows = retrieval_verdicts(_results(B8, D8))
@@ -177,7 +177,7 @@ def test_multiplicity_note_counts_verdicts_not_smoke_rows():
 def _fake_lm_runs() -> list:
     from types import SimpleNamespace
 
-    from difftransformer.eval.report.results import RunResults
+    from difftransformer.report.results import RunResults
     return [RunResults(SimpleNamespace(attention=v, seed=s, label=f"{v} {s}"),
                        {"step": [500], "final_val_loss": 3.5 - 0.1 * (v == "diff_v1") + 0.01 * s, "spikes": [],
                         "grad_norm_max": 1.0}) for v in ("baseline", "diff_v1") for s in range(3)]
@@ -186,8 +186,8 @@ def _fake_lm_runs() -> list:
 def test_one_number_format_and_layers_named():
     """Integers with separators, decimals to 3 places everywhere (an interval's ends too), no Markdown backticks
     left in a cell, and the attention table names each layer."""
-    from difftransformer.eval.report.html import _fmt, table
-    from difftransformer.eval.report.retrieval import _interval, shares_table
+    from difftransformer.report.html import _fmt, table
+    from difftransformer.report.retrieval import _interval, shares_table
 
     assert _fmt(189888) == "189,888" and _fmt(5.06) == "5.060" and _fmt(5.024) == "5.024"
     assert _fmt(1688.3) == "1,688" and _fmt(0.0) == "0.000" and _fmt(1.5e-5) == "1.50e-05" and _fmt(True) == "yes"

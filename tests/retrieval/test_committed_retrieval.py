@@ -2,7 +2,7 @@
 the benchmark's (docs/results/retrieval-v3/jobs.jsonl) rebuilt by ``run_benchmark`` without training gives the
 committed results.json, and the diagnostic's (docs/results/retrieval-diagnostic/diag-jobs.jsonl), read against it,
 the committed diagnostic.json (timings and paths aside; numbers to ``suite_helpers.REBUILT_REL_TOL``, verdicts,
-readings and texts exactly). The answer table (``studies.answer``) is then checked against the README and the docs,
+readings and texts exactly). The answer table (``report.answer``) is then checked against the README and the docs,
 so a number that drifts from its data fails here."""
 
 import json
@@ -17,7 +17,7 @@ from difftransformer.retrieval import diagnostic as dg
 from difftransformer.retrieval.benchmark import JOURNAL, run_benchmark
 from difftransformer.retrieval.config import RetrievalConfig
 from difftransformer.rundir.files import RESULTS_NAME
-from difftransformer.studies import answer
+from difftransformer.report import answer
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = answer.RESULTS / "retrieval-v3"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from difftransformer.eval.report.retrieval import section
+from difftransformer.report.retrieval import section
 from difftransformer.retrieval.benchmark import run_benchmark
 from difftransformer.retrieval.config import Condition, RetrievalConfig
 from difftransformer.retrieval.rounding import compare, format_rounding, rounding_check

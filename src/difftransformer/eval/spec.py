@@ -1,7 +1,7 @@
 """The one shape every analysis of `difftransformer eval` and of the report is declared in.
 
 An analysis module (needles, noise, ...) exports ``SPEC = AnalysisSpec(...)``; ``analyses.ANALYSES`` lists the
-imported specs. The command line (``eval/cli.py``) and the report (``eval/report/``) read these fields and nothing
+imported specs. The command line (``eval/cli.py``) and the report (``report/``) read these fields and nothing
 else, so adding an analysis means writing its module and adding its spec to that list (plus its flags in the CLI).
 """
 

@@ -27,7 +27,7 @@ def _json(*parts: str) -> dict:
 
 
 def answer_table() -> str:
-    from ..studies import answer
+    from . import answer
     return answer.markdown()
 
 

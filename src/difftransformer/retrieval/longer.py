@@ -279,7 +279,7 @@ def markdown_table(res: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the classing
-ANSWER_CELLS = {  # the answer table's retrieval cells (studies/answer.py CELLS): name -> the row's words
+ANSWER_CELLS = {  # the answer table's retrieval cells (report/answer.py CELLS): name -> the row's words
     "diff_v1": "DIFF V1 (as published), with the norm",
     "v1_no_norm": "DIFF V1 without the norm",
     "v2_headwise_norm": "DIFF V2 with the norm",

@@ -6,8 +6,9 @@ The schemas are ``TypedDict``s: the JSON on disk is exactly what the writers bui
 results.json, ``lmsweep/sweep.py``'s sweep.json), the readers index it with keys mypy checks. A field is required
 (total) where today's writer always writes it and no reader accepts it missing; ``NotRequired`` where an older
 version of the file lacks it and the readers already say so (``.get``, ``in``). Extra keys are allowed (a newer
-writer's). The schema sits in ``rundir`` (not ``studies/``) because the report (``eval/report``), which must import
-no study, reads it too.
+writer's). The schema sits in ``rundir`` (not ``studies/``) because the report, which once sat below the studies in
+``eval/report`` and could import no study, reads it too; the report is now ``report/``, above the studies, so the
+schemas can move to their studies (issue 66 item 2, not done yet).
 
 ``validate(obj, schema, where)`` checks any JSON value against a schema type (TypedDicts, ``list``, ``dict``,
 ``Sequence``, ``Literal``, ``Optional``, the JSON scalars; ``Any`` is not looked into), so each file's validator is one

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...rundir import read_metrics
-from ..loading import EvalModel
-from ..plotting import color, pyplot, save_figure
+from ..eval.loading import EvalModel
+from ..eval.plotting import color, pyplot, save_figure
+from ..rundir import read_metrics
 from .results import RunResults
 
 TITLE = "Training: loss, validation loss, gradient norm"

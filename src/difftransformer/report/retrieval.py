@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...fileio import read_json
-from ...model.variants import label as vlabel
-from ...rundir.files import (
+from ..eval import stats
+from ..fileio import read_json
+from ..model.variants import label as vlabel
+from ..rundir.files import (
     ACCURACY_HEATMAP_PNG,
     ACCURACY_VS_DIFFICULTY_PNG,
     ACCURACY_VS_LR_PNG,
@@ -27,7 +28,7 @@ from ...rundir.files import (
     QUANTIZATION_PNG,
     ROUNDING_NAME,
 )
-from ...rundir.studies import (
+from ..rundir.studies import (
     COUNTED_POLICY,
     POLICIES,
     Policy,
@@ -39,7 +40,6 @@ from ...rundir.studies import (
     VerdictRow,
     validate_rounding,
 )
-from .. import stats
 from .html import deviations_note, inline
 
 # How the page names results.json's verdict policies (``rundir.studies.POLICIES``, the benchmark's)

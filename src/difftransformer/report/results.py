@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..loading import EvalModel
+from ..eval.loading import EvalModel
 
 
 @dataclass

@@ -9,9 +9,9 @@ import html
 from pathlib import Path
 from typing import Any, Optional
 
-from ...model.variants import label
-from ...rundir.files import LM_SWEEP_LR_PNG, LM_SWEEP_PARAMS_PNG, LM_SWEEP_TOKENS_PNG
-from ...rundir.studies import LmSweepResults
+from ..model.variants import label
+from ..rundir.files import LM_SWEEP_LR_PNG, LM_SWEEP_PARAMS_PNG, LM_SWEEP_TOKENS_PNG
+from ..rundir.studies import LmSweepResults
 from .html import deviations_note
 
 

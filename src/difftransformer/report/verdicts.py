@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ...model import variants as registry
-from ...model.variants import label
-from .. import stats
-from ..long_context import compare_context_gains
+from ..eval import stats
+from ..eval.long_context import compare_context_gains
+from ..model import variants as registry
+from ..model.variants import label
 from .results import RunResults
 
 HELD, NOT_HELD, INCONCLUSIVE, SMOKE = stats.HELD, stats.NOT_HELD, stats.INCONCLUSIVE, stats.SMOKE

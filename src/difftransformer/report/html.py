@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from ...model import variants as registry
-from ...model.variants import label
-from ..analyses import ANALYSES
-from ..spec import by_name
-from ..stats import SMOKE_MIN_STEPS
+from ..eval.analyses import ANALYSES
+from ..eval.spec import by_name
+from ..eval.stats import SMOKE_MIN_STEPS
+from ..model import variants as registry
+from ..model.variants import label
 from .results import RunResults, Settings
 from .training import TITLE as TRAINING_TITLE
 from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULE, SMOKE, min_steps, parameter_notes, summary_note

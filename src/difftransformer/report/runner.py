@@ -9,13 +9,13 @@ from typing import Any, Optional
 
 import torch
 
-from ...fileio import atomic_write
-from ...log import progress_bar
-from ...rundir import RESULTS_NAME
-from ...rundir.studies import read_lm_sweep, read_retrieval
-from ..analyses import MULTI_RUN, PER_RUN
-from ..loading import EvalModel, load_for_eval
-from ..spec import AnalysisSpec
+from ..eval.analyses import MULTI_RUN, PER_RUN
+from ..eval.loading import EvalModel, load_for_eval
+from ..eval.spec import AnalysisSpec
+from ..fileio import atomic_write
+from ..log import progress_bar
+from ..rundir import RESULTS_NAME
+from ..rundir.studies import read_lm_sweep, read_retrieval
 from .html import analysis_section, image, render_html, table
 from .results import RunResults, Settings
 from .retrieval import retrieval_verdicts
@@ -84,9 +84,9 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     (its ``sweep.json`` and plots), shown after it with its own verdicts; ``lm_sweep_provenance``: where that sweep's
     results come from when they are committed ones, not measured by this run (``lmsweep.committed.provenance``): the
     section then says so first. ``preface``: a paragraph of text (`code` spans allowed) under the title. ``answer``:
-    the HTML of the committed answer table (``studies.answer.section``), shown first. ``device``: where the models
+    the HTML of the committed answer table (``report.answer.section``), shown first. ``device``: where the models
     run (the CLI's ``--device``, checked by ``loading.device_arg``)."""
-    from ... import __version__
+    from .. import __version__
 
     if not run_dirs:
         raise ValueError("report: give at least one RUN_DIR")
