@@ -25,6 +25,8 @@ SCHEMAS = {"kv_retrieval benchmark": studies.RetrievalRun, "kv_retrieval width s
            "retrieval diagnostic": studies.RetrievalArmRun, "retrieval longer training": studies.RetrievalArmRun,
            "language-model sweep": studies.LmSweepRun, "language-model longer training": studies.LmArmRun,
            "DIFF V1 diagnostic": studies.LmArmRun, "DIFF V2 diagnostic": studies.LmArmRun}
+# journals committed while their study runs (each resumes from its committed journal): at least one record
+IN_PROGRESS = {"lm-longer/lm-longer-jobs.jsonl"}
 CHECKS = {studies.RetrievalRun: studies.validate_retrieval_run, studies.RetrievalArmRun:
           studies.validate_retrieval_arm_run, studies.LmSweepRun: studies.validate_lm_run,
           studies.LmArmRun: studies.validate_lm_arm_run}
@@ -38,12 +40,12 @@ def _schema(header: dict) -> type:
 
 
 def test_every_committed_journal_holds_its_studys_schema_and_nothing_else():
-    assert len(COMMITTED) == 10  # the sweeps, the benchmark, the diagnostics, their rounding checks, the re-reading
+    assert len(COMMITTED) == 11  # the sweeps, the benchmark, the diagnostics, their rounding checks, the re-readings
     for path in COMMITTED:
         header = json.loads(path.read_text().splitlines()[0])["journal"]
         schema = _schema(header)
         _, records = read_journal(path, CHECKS[schema])  # the readers' own call: raises on the first bad record
-        assert len(records) >= 20, path
+        assert len(records) >= (1 if path.relative_to(RESULTS).as_posix() in IN_PROGRESS else 20), path
         fields = set(typing.get_type_hints(schema))
         for rec in records.values():  # the schema is the whole record: no field the writer adds goes unnamed
             assert set(rec["result"]) <= fields, (path, set(rec["result"]) - fields)

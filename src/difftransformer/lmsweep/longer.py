@@ -148,3 +148,48 @@ def format_longer(res: dict[str, Any]) -> str:
         lines.append(f"  {n:18s} lr {r['lr']:<6g} loss {r['mean']:.4f}{d}{c}" + ("" if math.isfinite(r["mean"])
                                                                                     else "  (diverged)"))
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- the classing
+def first_d(results: Path) -> dict[str, dict[str, Any]]:
+    """Each name's D (minus the baseline) at 1x from the committed diagnostics (``docs/results``)."""
+    from ..fileio import read_json
+    v1 = read_json(results / "v1-diagnostic" / "diagnostic.json")["arms"]
+    v2 = read_json(results / "v2-diagnostic" / "diagnostic.json")["arms"]
+    return {V1: v1[V1]["D"], "no_norm": v1["no_norm"]["D"], V2: v2[V2]["D"], "v2_headwise_norm":
+            v2["v2_headwise_norm"]["D"]}
+
+
+def _side(x: dict[str, Any]) -> int:
+    lo, hi = x["ci"]
+    return 0 if lo is None else 1 if lo > 0 else -1 if hi < 0 else 0
+
+
+def classing_table(results: Path, out: Path) -> str:
+    """docs/lm-sweep.md's table: each name's D at 1x (the committed diagnostics) and at 2x the tokens, and whether
+    the verdict survives, vanishes or reverses (retrieval/LONGER.md's rule on the test-half loss); "running" while
+    the committed re-reading is not finished (no OUT/lm-longer.json)."""
+    from ..fileio import read_json
+    first = first_d(results)
+    path = out / RESULTS
+    res = read_json(path) if path.is_file() else None
+    rows = (res or {}).get("rows") or {}
+    n = sum(1 for _ in (out / JOURNAL).open()) - 1 if (out / JOURNAL).is_file() else 0
+
+    def iv(x: dict[str, Any]) -> str:
+        lo, hi = x["ci"]
+        return f"{x['estimate']:+.3f}" if lo is None else f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+    lines = ["| name | D at 1x (300 steps) | D at 2x (600 steps) | the verdict at 2x |", "| --- | --- | --- | --- |"]
+    for name, d1 in first.items():
+        if name not in rows:
+            lines.append(f"| `{name}` | {iv(d1)} | running | |")
+            continue
+        d2, side = rows[name]["D"], _side(d1)
+        now = _side(d2)
+        status = ("survives" if now == side and side else "vanishes" if now == 0 else "reverses" if side else
+                  "appears")
+        lines.append(f"| `{name}` | {iv(d1)} | {iv(d2)} | {status} |")
+    if not rows:
+        lines += ["", f"Running: {n} of {len(NAMES) * 5} jobs in the committed journal."]
+    return "\n".join(lines)

@@ -56,7 +56,13 @@ def speed_or_capability() -> str:
     return longer.classing_table(longer.rebuild(RESULTS / "retrieval-diagnostic", RESULTS / "retrieval-longer"))
 
 
+def lm_longer() -> str:
+    from ..lmsweep import longer
+    return longer.classing_table(RESULTS, RESULTS / "lm-longer")
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "lm-longer": lm_longer,
     "speed-or-capability": speed_or_capability,
     "answer-table": answer_table,
     "retrieval-diagnostic": retrieval_diagnostic,
