@@ -177,3 +177,21 @@ def test_the_language_model_at_2x_the_tokens(runs):
     assert longer.LRS == {"baseline": v1["baseline"]["lr"], "diff_v1": v1["diff_v1"]["lr"], "no_norm":
                           v1["no_norm"]["lr"], "diff_v2": v2["diff_v2"]["lr"], "v2_headwise_norm":
                           v2["v2_headwise_norm"]["lr"]} == {**longer.LRS, "baseline": v2["baseline"]["lr"]}
+
+
+def test_the_2x_tokens_classing(tmp_path):
+    """docs/lm-sweep.md's table: each name's 1x D from the committed diagnostics and its status at 2x (survives,
+    vanishes, reverses), or "running" without a finished lm-longer.json."""
+    from pathlib import Path
+
+    from difftransformer.lmsweep import longer
+    committed = Path(__file__).resolve().parents[2] / "docs" / "results"
+    assert "running" in longer.classing_table(committed, tmp_path)
+    rows = {"diff_v1": {"D": {"estimate": 0.3, "ci": [0.2, 0.4]}},  # 1x +0.329, above: survives
+            "no_norm": {"D": {"estimate": 0.01, "ci": [-0.02, 0.04]}},  # 1x -0.084, below: vanishes
+            "diff_v2": {"D": {"estimate": 0.05, "ci": [0.02, 0.08]}},  # 1x -0.106, below: reverses
+            "v2_headwise_norm": {"D": {"estimate": 0.2, "ci": [0.1, 0.3]}}}
+    (tmp_path / longer.RESULTS).write_text(json.dumps({"rows": rows}))
+    table = longer.classing_table(committed, tmp_path)
+    assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines()[2:]] == ["survives", "vanishes", "reverses",
+                                                                                   "survives"]
