@@ -26,7 +26,7 @@ SCHEMAS = {"kv_retrieval benchmark": studies.RetrievalRun, "kv_retrieval width s
            "language-model sweep": studies.LmSweepRun, "language-model longer training": studies.LmArmRun,
            "DIFF V1 diagnostic": studies.LmArmRun, "DIFF V2 diagnostic": studies.LmArmRun}
 # journals committed while their study runs (each resumes from its committed journal): at least one record
-IN_PROGRESS = {"lm-longer/lm-longer-jobs.jsonl"}
+IN_PROGRESS: set[str] = set()  # none now (the language-model re-reading finished 2026-12-01)
 CHECKS = {studies.RetrievalRun: studies.validate_retrieval_run, studies.RetrievalArmRun:
           studies.validate_retrieval_arm_run, studies.LmSweepRun: studies.validate_lm_run,
           studies.LmArmRun: studies.validate_lm_arm_run}
