@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -96,10 +97,11 @@ def arm_change(name: str) -> tuple[str, dict[str, Any]]:
     return ARMS[name]
 
 
-def arm_jobs(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]]) -> tuple[list[Job], bool]:
+def arm_jobs(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]],
+             arms: Iterable[str] = ARMS) -> tuple[list[Job], bool]:
     """Each arm's grid on every test seed, widened as the benchmark's rule says; final when every choice is."""
     jobs, final = [], True
-    for arm in ARMS:
+    for arm in arms:
         c = lr_choice(cfg, arm, done)
         jobs += [Job(arm, s, lr) for lr in c.grid for s in cfg.test_seeds]
         final = final and c.lr is not None

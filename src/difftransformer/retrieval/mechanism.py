@@ -20,7 +20,7 @@ from ..fileio import atomic_json
 from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..rundir.studies import validate_retrieval_arm_run
 from .config import RetrievalConfig
-from .diagnostic import BASE, LEARNED, STARTED, V1, V2, reading
+from .diagnostic import BASE, LEARNED, STARTED, V1, V2, arm_jobs, reading
 from .longer import crossing, first_reading
 from .protocol import Job, lr_choice
 
@@ -43,16 +43,6 @@ def run_mechanism_job(cfg_d: dict, arm: str, seed: int, lr: float, device: str =
     out = _job(cfg_d, variant, seed, lr, device, overrides)
     out["arm"] = arm
     return out
-
-
-def needed(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]]) -> tuple[list[Job], bool]:
-    """Each arm's grid on every test seed, widened as the benchmark's rule says; final when every choice is."""
-    jobs, final = [], True
-    for arm in ARMS:
-        c = lr_choice(cfg, arm, done)
-        jobs += [Job(arm, s, lr) for lr in c.grid for s in cfg.test_seeds]
-        final = final and c.lr is not None
-    return list(dict.fromkeys(jobs)), final
 
 
 def _key(cfg_d: dict[str, Any], dev: str):
@@ -106,7 +96,7 @@ def run_mechanism(diag_dir: str | Path, out_dir: str | Path, options: Optional[R
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     header = {"benchmark": "retrieval mechanism arms", "version": VERSION, "config": cfg_d}
-    spec: JobSpec[Job] = JobSpec(needed=lambda d: needed(cfg, d), run=run_mechanism_job,
+    spec: JobSpec[Job] = JobSpec(needed=lambda d: arm_jobs(cfg, d, ARMS), run=run_mechanism_job,
                                  args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                  code_path=cfg.cpu_code_path, desc="retrieval mechanism arms (jobs)")
     done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_retrieval_arm_run), options)
