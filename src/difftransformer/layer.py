@@ -4,15 +4,23 @@
     attn = DiffAttention(d_model=512, n_heads=8, variant="diff_v2", causal=False)   # "diff_v1", "baseline" too
     y = attn(x)                          # (B, T, d_model): self-attention
     y = attn(x, context=c)               # cross-attention: queries from x, keys and values from c (B, S, d_model)
-    y = attn(x, key_padding_mask=m)      # m (B, S) bool: True where a key may be attended
+    y = attn(x, key_padding_mask=m)      # m (B, S) bool, True where a key is PADDING (torch.nn.MultiheadAttention's)
+    y = attn(x, attn_mask=a)             # a: SDPA's convention (bool True = may attend, or a float added to logits)
+    y, maps = attn(x, return_maps=True)  # maps.attn1, maps.attn2, maps.attn: each head's A1, A2 and A1 - lambda A2
+
+The masks follow PyTorch: ``key_padding_mask`` means what it means in ``torch.nn.MultiheadAttention`` (True: the
+key is padding and is ignored), ``attn_mask`` what it means in ``F.scaled_dot_product_attention`` (bool True: the
+query may attend the key; float: added to the logits), broadcastable to (B, heads, T, S) with ``heads`` the
+layer's output heads (``layer.n_mask_heads``: DIFF V1's h = n_heads/2, DIFF V2's and the baseline's n_heads; one
+mask serves both softmax maps of a differential head), combined with ``causal``. Every mask is built by
+``model/attention/masks.py``, the model's own builder.
 
 The math is the language model's own: the layer holds the model's attention module of the variant
-(``model/attention/``: ``BaselineAttention``, ``DiffV1Attention``, ``DiffV2Attention``) as ``self.core`` and adds
-what a layer outside our model needs: its arguments, the masks (causal or not, key padding), the positions and
-RoPE (on or off), cross-attention and a KV cache for decoding. ``n_heads`` counts the baseline's heads, as
-``ModelConfig`` does: DIFF V1 then has the baseline's projection sizes exactly (plus its lambda vectors and norm
-weight), DIFF V2 the baseline's W_k, W_v and W_o with a W_q twice as wide and W_lambda (a layer about 25% more
-parameters than the baseline's; a whole model about 5%, the feed-forward layers being shared):
+(``model/attention/``: ``BaselineAttention``, ``DiffV1Attention``, ``DiffV2Attention``, or any registered variant)
+as ``self.core``. ``n_heads`` counts the baseline's heads, as ``ModelConfig`` does: DIFF V1 then has the
+baseline's projection sizes exactly (plus its lambda vectors and norm weight), DIFF V2 the baseline's W_k, W_v and
+W_o with a W_q twice as wide and W_lambda: **+25% parameters per attention layer** at n_kv_heads = n_heads (about
++5% in our language model, whose feed-forward layers are shared; more where a model's MLP is smaller).
 
   DIFF V1 (arXiv 2410.05258, eq. 1-3): h = n_heads / 2 heads of two d-wide query/key halves and a 2d-wide value;
       out_i = (1 - lambda_init) RMSNorm((softmax(Q1 K1^T/sqrt d) - lambda softmax(Q2 K2^T/sqrt d)) V),
@@ -21,35 +29,47 @@ parameters than the baseline's; a whole model about 5%, the feed-forward layers 
       pair i, out_i = attn_2i - sigmoid(W_lambda x)_i attn_2i+1; no norm; W_o the baseline's.
   baseline: softmax attention with n_heads query heads.
 
-Every ablation field of ``ModelConfig`` that shapes the attention is a keyword argument with the model's name
-(``headwise_norm``, ``headwise_norm_weight``, ``lambda_init``, ``v2_lambda``, ``v2_pairing``, ``v2_keys``,
-``v2_headwise_norm``,
-``v2_headwise_norm_layers``, ``head_gain``, ``backend``); a bad one is one ``ValueError`` or ``TypeError``
-naming the argument and what it allows.
+``attn_drop``: dropout on every softmax map while training, each of DIFF's two maps on its own before the pair is
+combined (as timm's layer and SDPA's ``dropout_p``), so A1 - lambda A2 is formed from the dropped maps; off in eval.
+``proj_drop``: dropout on the output. ``qkv_bias``/``proj_bias``: biases on W_q, W_k, W_v / on W_o (timm's names).
+
+Every ``ModelConfig`` field that only some variant reads (the registry's options: ``headwise_norm``,
+``lambda_init``, ``v1_layout``, ``v2_lambda``, ``head_gain``, ...) and ``backend`` are keyword arguments with the
+model's names; a bad one is one ``ValueError`` or ``TypeError`` naming the argument and what it allows.
 
 Weights: PyTorch's default ``nn.Linear`` initialisation (the layer lives in your model, whose own scheme may
 re-initialise it); DIFF V1's lambda vectors N(0, 0.1), as the reference code. The parameters are named as in our
 model (``core.wq.weight``, ..., ``core.lambda_q1``), so a layer's state dict maps one to one onto a
-``DiffTransformerLM`` layer's ``attn.*``.
+``DiffTransformerLM`` layer's ``attn.*``, plus ``_extra_state``: the arguments that change the function without
+changing a shape (``layer_idx`` and with it lambda_init, the options, ``causal``, RoPE), so that loading into a layer
+built otherwise fails loudly (a state dict without it, from before, loads with a warning).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import json
+import warnings
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
 
-from .model.attention import Attention, build_attention
+from .model import variants as registry
+from .model.attention import Attention, AttentionMaps, build_attention
 from .model.attention.base import prefill_from_start
+from .model.attention.masks import build_mask, empty_rows
 from .model.config import ModelConfig
 from .model.kv_cache import KVCache
-from .model.rope import rope_cos_sin, rope_frequencies
+from .model.rope import rotary
 
-VARIANTS = ("baseline", "diff_v1", "diff_v2")
-# ModelConfig fields a layer takes as keyword arguments (the attention's own; the rest describe a whole model)
-ABLATIONS = ("lambda_init", "headwise_norm", "headwise_norm_weight", "v2_lambda", "v2_pairing", "v2_keys",
-             "v2_headwise_norm", "v2_headwise_norm_layers", "head_gain", "backend")
+
+def attention_options() -> tuple[str, ...]:
+    """The ``ModelConfig`` fields a layer takes as keyword arguments: every registered variant's options (read now,
+    so a variant registered later is included) and ``backend``."""
+    return (*registry.all_options(), "backend")
+
+
+Output = Union[torch.Tensor, tuple[torch.Tensor, Optional[AttentionMaps]]]
 
 
 class DiffAttention(nn.Module):
@@ -58,7 +78,7 @@ class DiffAttention(nn.Module):
     Args:
         d_model: input and output width.
         n_heads: the baseline's query heads H (DIFF V1 uses H/2 heads of twice the width, DIFF V2 2H query heads).
-        variant: "diff_v1", "diff_v2" or "baseline".
+        variant: any registered variant: "diff_v1", "diff_v2", "baseline" (``model.variants.names()``).
         causal: True: query t sees keys <= t (a decoder); False: every key (an encoder, a ViT). Self-attention only:
             cross-attention (``context=``) needs ``causal=False``.
         n_kv_heads: the baseline's key/value heads (grouped-query attention); default ``n_heads``.
@@ -68,35 +88,60 @@ class DiffAttention(nn.Module):
             self-attention; cross-attention rotates only when ``rope=True`` was asked for. False: your model's own
             position scheme.
         rope_theta: RoPE's base.
-        max_seq_len: the longest sequence the KV cache (``setup_cache``) holds.
-        **ablations: ``ModelConfig``'s attention fields, by their names (``ABLATIONS``).
+        max_seq_len: the default length of the KV cache (``setup_cache``).
+        qkv_bias, proj_bias: biases on W_q, W_k, W_v and on W_o.
+        attn_drop: dropout on each softmax map while training. proj_drop: dropout on the output while training.
+        **options: ``ModelConfig``'s attention fields, by their names (``attention_options()``).
     """
 
     def __init__(self, d_model: int, n_heads: int, variant: str = "diff_v2", *, causal: bool = True,
                  n_kv_heads: Optional[int] = None, head_dim: Optional[int] = None, layer_idx: int = 0,
                  rope: Optional[bool] = None, rope_theta: float = 10000.0, max_seq_len: int = 4096,
-                 **ablations: Any) -> None:
+                 qkv_bias: bool = False, proj_bias: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 **options: Any) -> None:
         super().__init__()
-        if variant not in VARIANTS:
-            raise ValueError(f"DiffAttention: variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-        for name, val, kind in (("causal", causal, bool), ("rope", rope, (bool, type(None)))):
-            if not isinstance(val, kind):
-                raise TypeError(f"DiffAttention: {name} must be True or False, got {val!r}")
+        registry.variant(variant, "DiffAttention: variant")
+        sizes: tuple[tuple[str, Optional[int]], ...] = (("d_model", d_model), ("n_heads", n_heads),
+                                                         ("max_seq_len", max_seq_len), ("n_kv_heads", n_kv_heads),
+                                                         ("head_dim", head_dim))
+        for name, size in sizes:
+            if size is not None or name in ("d_model", "n_heads", "max_seq_len"):
+                _positive_int(name, size)
         if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
             raise ValueError(f"DiffAttention: layer_idx must be an integer >= 0, got {layer_idx!r}")
-        unknown = sorted(set(ablations) - set(ABLATIONS))
+        flags: tuple[tuple[str, Optional[bool], Any], ...] = (
+            ("causal", causal, bool), ("rope", rope, (bool, type(None))), ("qkv_bias", qkv_bias, bool),
+            ("proj_bias", proj_bias, bool))
+        for name, flag, kind in flags:
+            if not isinstance(flag, kind):
+                raise TypeError(f"DiffAttention: {name} must be True or False, got {flag!r}")
+        if isinstance(proj_drop, bool) or not isinstance(proj_drop, (int, float)) or not 0 <= proj_drop < 1:
+            raise ValueError(f"DiffAttention: proj_drop must be a number in [0, 1), got {proj_drop!r}")
+        if head_dim is None and d_model % n_heads:
+            raise ValueError(f"DiffAttention: d_model={d_model} is not divisible by n_heads={n_heads} (or give "
+                             "head_dim=)")
+        allowed = attention_options()
+        unknown = sorted(set(options) - set(allowed))
         if unknown:
             raise TypeError(f"DiffAttention: unknown argument {unknown[0]!r}; the attention's fields are "
-                            f"{', '.join(ABLATIONS)}")
-        try:  # ModelConfig validates every field (head counts, widths, the ablations' allowed values)
+                            f"{', '.join(allowed)}")
+        if options.get("headwise_norm") is False and "headwise_norm_weight" not in options:
+            options["headwise_norm_weight"] = False  # no norm, so no norm weight
+        try:  # ModelConfig validates every field (head counts, widths, the options' allowed values)
             self.cfg = ModelConfig(vocab_size=1, d_model=d_model, n_layers=layer_idx + 1, n_heads=n_heads,
                                    n_kv_heads=n_kv_heads, head_dim=head_dim,  # type: ignore[arg-type]  # None: default
-                                   attention=variant,
-                                   rope_theta=rope_theta, max_seq_len=max_seq_len, **ablations)
+                                   attention=variant, rope_theta=rope_theta, max_seq_len=max_seq_len,
+                                   qkv_bias=qkv_bias, proj_bias=proj_bias, attn_dropout=attn_drop, **options)
         except (ValueError, TypeError) as e:
-            raise type(e)(f"DiffAttention: {str(e).replace('ModelConfig.', '')}") from None
+            msg = str(e).replace("ModelConfig.", "").replace("attn_dropout", "attn_drop")
+            if "must be even (RoPE" in msg and rope is False:
+                msg += "; the layer's attention is the model's, which pairs channels even with rope=False"
+            raise type(e)(f"DiffAttention: {msg}") from None
         self.variant, self.causal, self.layer_idx, self.rope = variant, causal, layer_idx, rope
+        self.options = {k: options[k] for k in sorted(options)}
         self.core: Attention = build_attention(self.cfg, layer_idx)
+        self.proj_drop = nn.Dropout(float(proj_drop))
+        self._filled = 0  # under a KV cache: how many positions hold keys (the next call starts at or before it)
 
     # ------------------------------------------------------------------ what a caller may read
     @property
@@ -107,111 +152,236 @@ class DiffAttention(nn.Module):
     def head_dim(self) -> int:
         return self.cfg.head_dim
 
+    @property
+    def n_mask_heads(self) -> int:
+        """The head axis an ``attn_mask`` may have besides 1: the layer's output heads (DIFF V1: n_heads/2)."""
+        return int(getattr(self.core, "n_heads", self.cfg.n_heads))
+
     def extra_repr(self) -> str:
         return (f"variant={self.variant!r}, d_model={self.cfg.d_model}, n_heads={self.cfg.n_heads}, "
                 f"n_kv_heads={self.cfg.n_kv_heads}, head_dim={self.cfg.head_dim}, causal={self.causal}, "
                 f"layer_idx={self.layer_idx}")
 
+    # ------------------------------------------------------------------ what changes the function, kept with weights
+    def _record(self) -> dict[str, Any]:
+        lam = getattr(self.core, "lambda_init", None)
+        return {"variant": self.variant, "layer_idx": self.layer_idx, "lambda_init": lam, "causal": self.causal,
+                "rope": self.rope, "rope_theta": self.cfg.rope_theta, "options": self.options}
+
+    def get_extra_state(self) -> torch.Tensor:
+        """The record as UTF-8 JSON bytes in a uint8 tensor: a tensor, so that safetensors can hold it too."""
+        data = json.dumps(self._record(), sort_keys=True).encode()
+        return torch.tensor(list(data), dtype=torch.uint8)
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
+            raise ValueError("DiffAttention: the state dict's _extra_state is not a DiffAttention record")
+        try:
+            saved = json.loads(bytes(state.tolist()).decode())
+        except (UnicodeDecodeError, ValueError):
+            raise ValueError("DiffAttention: the state dict's _extra_state is not a DiffAttention record") from None
+        mine = self._record()
+        diff = [f"{k}={saved.get(k)!r} (this layer: {mine[k]!r})" for k in mine if saved.get(k) != mine[k]]
+        if diff:
+            raise ValueError(f"DiffAttention: the state dict was saved from a layer built otherwise: {'; '.join(diff)}"
+                             "; build the layer with the saved arguments")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "_extra_state"
+        if key not in state_dict and any(k.startswith(prefix + "core.") for k in state_dict):
+            warnings.warn("DiffAttention: the state dict has no _extra_state (saved before it, or from a "
+                          "DiffTransformerLM layer): layer_idx, lambda_init and the options are not checked",
+                          stacklevel=2)
+            state_dict = {**state_dict, key: self.get_extra_state()}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     # ------------------------------------------------------------------ the call
-    def forward(self, x: torch.Tensor, context: Optional[torch.Tensor] = None,
-                key_padding_mask: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
-                context_positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x (B, T, d_model) -> (B, T, d_model).
+    def forward(self, x: torch.Tensor, context: Optional[torch.Tensor] = None, *,
+                key_padding_mask: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
+                positions: Optional[torch.Tensor] = None, context_positions: Optional[torch.Tensor] = None,
+                return_maps: bool = False) -> Output:
+        """x (B, T, d_model) -> (B, T, d_model); with ``return_maps=True``, (output, ``AttentionMaps``).
 
         context: (B, S, d_model), cross-attention (keys and values from it). key_padding_mask: (B, S) (S = T for
-        self-attention) bool, True where a key may be attended. positions: (T,) or (B, T) integer positions of x for
-        RoPE (default 0..T-1; under a KV cache, where the new tokens go: required); context_positions: the
-        context's (cross-attention with ``rope=True``; default 0..S-1).
+        self-attention) bool, True where a key is padding (ignored). attn_mask: bool (True: may attend) or float
+        (added to the logits), broadcastable to (B, ``n_mask_heads``, T, S), combined with ``causal`` and the
+        padding; a self-attention row left with no key attends itself (its output means nothing). positions: (T,) or
+        (B, T) integer positions of x for RoPE (default 0..T-1; under a KV cache, where the new tokens go:
+        required); context_positions: the context's (cross-attention with ``rope=True``; default 0..S-1).
+        return_maps: also each head's maps (eager path: ``attn1`` = A1, ``attn2`` = A2, ``attn`` = A1 - lambda A2;
+        the baseline's softmax as ``attn``), in float32 or the input's float64; while training, after dropout.
         """
+        x = self._tensor("x", x)
         if x.dim() != 3 or x.shape[-1] != self.cfg.d_model:
             raise ValueError(f"DiffAttention: x must be (B, T, {self.cfg.d_model}), got {tuple(x.shape)}")
+        self._check_dtype("x", x)
+        if not isinstance(return_maps, bool):
+            raise TypeError(f"DiffAttention: return_maps must be True or False, got {return_maps!r}")
         B, T, _ = x.shape
         cross = context is not None
+        cached = self.core.kv_cache is not None
         if cross:
-            assert context is not None
+            context = self._tensor("context", context)
             if self.causal:
                 raise ValueError("DiffAttention: context= (cross-attention) needs causal=False: queries see every "
-                                 "context key (mask some with key_padding_mask)")
+                                 "context key (mask some with key_padding_mask or attn_mask)")
             if context.dim() != 3 or context.shape[0] != B or context.shape[-1] != self.cfg.d_model:
                 raise ValueError(f"DiffAttention: context must be (B={B}, S, {self.cfg.d_model}), got "
                                  f"{tuple(context.shape)}")
-            if self.core.kv_cache is not None:
+            if context.shape[1] == 0:
+                raise ValueError("DiffAttention: context has no keys (S = 0): each query's softmax needs one")
+            if context.dtype != x.dtype:
+                raise ValueError(f"DiffAttention: context is {context.dtype} but x is {x.dtype}")
+            if cached:
                 raise ValueError("DiffAttention: a KV cache is for causal self-attention; call reset_cache() first")
         kv = context if cross else x
         assert kv is not None
         S = kv.shape[1]
-        cached = self.core.kv_cache is not None
-        if cached and (positions is None or positions.dim() != 1):
-            raise ValueError("DiffAttention: under a KV cache, positions= (T,) says where the new tokens go")
-        pos_q = _positions(positions, T, x.device, "positions")
         rope_on = self.rope if self.rope is not None else not cross
+        if context_positions is not None and not (cross and rope_on):
+            raise ValueError("DiffAttention: context_positions goes with context= and rope=True (it places the "
+                             "context's keys for RoPE)")
+        if cached:
+            if key_padding_mask is not None or attn_mask is not None:
+                raise ValueError("DiffAttention: key_padding_mask and attn_mask do not go with a KV cache (decode "
+                                 "unpadded rows; the cache's causal rule is the mask)")
+            pos_q = self._cache_positions(positions, B, T)
+        else:
+            pos_q = self._positions("positions", positions, B, T, x.device)
         rope_q = rope_k = None
         if rope_on:
-            inv = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta, x.device)
-            rope_q = rope_cos_sin(pos_q, inv)
-            rope_k = rope_cos_sin(_positions(context_positions, S, x.device, "context_positions"), inv) \
-                if cross else rope_q
-        elif context_positions is not None and not cross:
-            raise ValueError("DiffAttention: context_positions goes with context=")
-        mask = self._mask(B, T, S, pos_q, key_padding_mask, cross, cached, x.device)
-        if cross:
-            out, _ = self.core(kv, rope_k, mask, query=(x, rope_q, mask))
-        else:
-            out, _ = self.core(x, rope_q, mask, input_pos=pos_q if cached else None)
-        return out
-
-    def _mask(self, B: int, T: int, S: int, pos: torch.Tensor, kpm: Optional[torch.Tensor], cross: bool,
-              cached: bool, device: torch.device) -> Optional[torch.Tensor]:
-        """The core's mask: None (causal over the whole input: the fused is_causal path) or bool (B|1, 1, T, Tk)."""
-        if kpm is not None:
-            if cached:
-                raise ValueError("DiffAttention: key_padding_mask does not go with a KV cache (decode unpadded rows)")
-            if kpm.dtype != torch.bool or kpm.shape != (B, S):
-                raise ValueError(f"DiffAttention: key_padding_mask must be a bool tensor (B={B}, S={S}), True where a "
-                                 f"key may be attended, got {kpm.dtype} {tuple(kpm.shape)}")
-            if cross and bool((~kpm).all(dim=1).any()):
-                raise ValueError("DiffAttention: key_padding_mask masks every context key of a row (its softmax "
-                                 "has no key to read)")
-        if cached:  # a prompt from position 0 attends itself (causal); any other step the cache up to its positions
+            rope_q = rotary(pos_q, self.cfg.head_dim, self.cfg.rope_theta)
+            rope_k = rope_q
+            if cross:
+                rope_k = rotary(self._positions("context_positions", context_positions, B, S, x.device),
+                                self.cfg.head_dim, self.cfg.rope_theta)
+        kpm = None if key_padding_mask is None else self._padding(key_padding_mask, B, S)
+        am = None if attn_mask is None else self._attn_mask(attn_mask, B, T, S)
+        if cached:
             assert self.core.kv_cache is not None
-            if prefill_from_start(T, pos):
-                return None
-            return (torch.arange(self.core.kv_cache.max_seq_len, device=device)[None, :] <= pos[:, None])[None, None]
-        if kpm is None:
-            # causal self-attention: None, the fused is_causal path; else every key, a (1, 1, 1, S) all-True mask
-            # broadcast over the batch and the queries
-            return None if self.causal and not cross else torch.ones(1, 1, 1, S, dtype=torch.bool, device=device)
+            mask = None if prefill_from_start(T, pos_q) else build_mask(
+                T, self.core.kv_cache.max_seq_len, causal=True, device=x.device, query_pos=pos_q)
+        else:
+            mask = build_mask(T, S, causal=self.causal and not cross, device=x.device,
+                              key_valid=None if kpm is None else ~kpm, attn_mask=am, own_slot=not cross)
+            if cross and mask is not None and (kpm is not None or am is not None) and empty_rows(mask):
+                raise ValueError("DiffAttention: key_padding_mask/attn_mask masks every context key of a row (its "
+                                 "softmax has no key to read)")
+        kind = "causal" if mask is None or (self.causal and not cross and am is None) else "general"
         if cross:
-            return kpm[:, None, None, :]
-        m = kpm[:, None, None, :].expand(B, 1, T, S)
-        if self.causal:
-            m = m & torch.ones(T, S, dtype=torch.bool, device=device).tril()
-        # a query row that sees no key (a padded position under the causal rule, or a row of padding only) attends
-        # itself alone, so that no output is NaN; it is padding, and its output means nothing
-        eye = torch.eye(T, dtype=torch.bool, device=device)
-        return m | (eye & ~m.any(dim=-1, keepdim=True))
+            out, maps = self.core(kv, rope_k, mask, query=(x, rope_q, mask), return_maps=return_maps, mask_kind=kind)
+        else:
+            out, maps = self.core(x, rope_q, mask, input_pos=pos_q if cached else None, return_maps=return_maps,
+                                  mask_kind=kind)
+        if cached and not pos_q.is_meta and not torch.compiler.is_compiling():
+            self._filled = max(self._filled, int(pos_q[-1]) + 1)
+        if self.proj_drop.p:
+            out = self.proj_drop(out)
+        return (out, maps) if return_maps else out
+
+    # ------------------------------------------------------------------ argument checks
+    @staticmethod
+    def _tensor(name: str, t: Any) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"DiffAttention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        return t
+
+    def _check_dtype(self, name: str, x: torch.Tensor) -> None:
+        if not x.is_floating_point():
+            raise TypeError(f"DiffAttention: {name} must be a floating-point tensor, got {x.dtype}")
+        wq = getattr(self.core, "wq", None)
+        w = wq.weight if isinstance(wq, nn.Linear) else next(self.core.parameters())
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(f"DiffAttention: {name} is {x.dtype} but the layer's weights are {w.dtype}: cast one "
+                             f"(layer.to({x.dtype}) or {name}.to({w.dtype})), or run under torch.autocast")
+
+    def _positions(self, name: str, p: Optional[torch.Tensor], B: int, T: int, device: torch.device) -> torch.Tensor:
+        if p is None:
+            return torch.arange(T, device=device)
+        p = self._tensor(name, p)
+        if p.dtype == torch.bool or p.is_floating_point() or p.is_complex() or p.dim() not in (1, 2) \
+                or p.shape[-1] != T or (p.dim() == 2 and p.shape[0] != B):
+            raise ValueError(f"DiffAttention: {name} must be integer positions of shape ({T},) or (B={B}, {T}), got "
+                             f"{p.dtype} {tuple(p.shape)}")
+        if p.device != device:
+            raise ValueError(f"DiffAttention: {name} is on {p.device} but x is on {device}")
+        if not p.is_meta and not torch.compiler.is_compiling() and p.numel() and bool((p < 0).any()):
+            raise ValueError(f"DiffAttention: {name} must be >= 0")
+        return p
+
+    def _cache_positions(self, p: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor:
+        cache = self.core.kv_cache
+        assert cache is not None
+        if p is None or not isinstance(p, torch.Tensor) or p.dim() != 1:
+            raise ValueError("DiffAttention: under a KV cache, positions= (T,) says where the new tokens go")
+        if B != cache.k.shape[0]:
+            raise ValueError(f"DiffAttention: x has batch {B} but the KV cache was set up for {cache.k.shape[0]} "
+                             "(setup_cache(batch_size, ...))")
+        p = self._positions("positions", p, B, T, cache.k.device)
+        if T == 0:
+            raise ValueError("DiffAttention: under a KV cache, x must hold at least one new token")
+        if not p.is_meta and not torch.compiler.is_compiling():
+            first, last = int(p[0]), int(p[-1])
+            if last >= cache.max_seq_len:
+                raise ValueError(f"DiffAttention: positions up to {last} overflow the KV cache of "
+                                 f"{cache.max_seq_len} positions (setup_cache(batch_size, max_seq_len))")
+            if not torch.equal(p, torch.arange(first, first + T, device=p.device)) or first > self._filled:
+                raise ValueError(f"DiffAttention: under a KV cache, positions must be consecutive and start at or "
+                                 f"before {self._filled} (the positions filled so far), got {first}..{last}: a gap "
+                                 "would be attended as zeros")
+        return p
+
+    def _padding(self, kpm: Any, B: int, S: int) -> torch.Tensor:
+        kpm = self._tensor("key_padding_mask", kpm)
+        if kpm.dtype != torch.bool or kpm.shape != (B, S):
+            raise ValueError(f"DiffAttention: key_padding_mask must be a bool tensor (B={B}, S={S}), True where a "
+                             f"key is padding (torch.nn.MultiheadAttention's convention), got {kpm.dtype} "
+                             f"{tuple(kpm.shape)}")
+        return kpm
+
+    def _attn_mask(self, am: Any, B: int, T: int, S: int) -> torch.Tensor:
+        am = self._tensor("attn_mask", am)
+        h = self.n_mask_heads
+        if am.dtype != torch.bool and not am.is_floating_point():
+            raise ValueError(f"DiffAttention: attn_mask must be bool (True: may attend) or floating (added to the "
+                             f"logits), got {am.dtype}")
+        full = (B, h, T, S)
+        try:
+            ok = 2 <= am.dim() <= 4 and torch.broadcast_shapes(am.shape, full) == full
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"DiffAttention: attn_mask must broadcast to (B={B}, heads={h} or 1, T={T}, S={S}) "
+                             f"(SDPA's convention), got {tuple(am.shape)}")
+        return am.reshape((1,) * (4 - am.dim()) + tuple(am.shape))
 
     # ------------------------------------------------------------------ KV cache (causal self-attention)
     def setup_cache(self, batch_size: int, max_seq_len: Optional[int] = None,
                     dtype: Optional[torch.dtype] = None) -> None:
         """A static KV cache for decoding: then call with ``positions=`` (the new tokens' positions, e.g.
-        ``torch.arange(t0, t0 + T)``); each call attends the cache up to its positions."""
+        ``torch.arange(t0, t0 + T)``, consecutive from at most the positions filled so far); each call attends the
+        cache up to its positions. dtype: the layer's (the default)."""
         if not self.causal:
             raise ValueError("DiffAttention: a KV cache is for causal self-attention (causal=True)")
-        n = max_seq_len or self.cfg.max_seq_len
+        _positive_int("batch_size", batch_size)
+        n = self.cfg.max_seq_len if max_seq_len is None else max_seq_len
+        _positive_int("max_seq_len", n)
         w = next(self.core.parameters())
-        self.core.kv_cache = KVCache(batch_size, n, *self.core.cache_layout(), dtype=dtype or w.dtype,
-                                     device=w.device)
+        if dtype is not None and dtype != w.dtype:
+            raise ValueError(f"DiffAttention: the KV cache's dtype must be the layer's ({w.dtype}), got {dtype}")
+        self.core.kv_cache = KVCache(batch_size, n, *self.core.cache_layout(), dtype=w.dtype, device=w.device)
+        self._filled = 0
 
     def reset_cache(self) -> None:
         """Drop the KV cache (back to whole-sequence calls)."""
         self.core.kv_cache = None
+        self._filled = 0
 
 
-def _positions(p: Optional[torch.Tensor], T: int, device: torch.device, name: str) -> torch.Tensor:
-    if p is None:
-        return torch.arange(T, device=device)
-    if p.is_floating_point() or p.shape[-1] != T or p.dim() not in (1, 2):
-        raise ValueError(f"DiffAttention: {name} must be integer positions of shape ({T},) or (B, {T}), got "
-                         f"{p.dtype} {tuple(p.shape)}")
-    return p
+def _positive_int(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"DiffAttention: {name} must be an integer, got {type(v).__name__} {v!r}")
+    if v <= 0:
+        raise ValueError(f"DiffAttention: {name} must be a positive integer, got {v!r}")

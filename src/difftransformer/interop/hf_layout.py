@@ -174,6 +174,13 @@ def _rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
 def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     """A ``config.json`` for DiffLlamaForCausalLM (DIFF V1) or LlamaForCausalLM (baseline)."""
     model_type = native_model_type(cfg)
+    if cfg.qkv_bias or cfg.proj_bias:
+        raise ValueError(f"qkv_bias={cfg.qkv_bias}, proj_bias={cfg.proj_bias} cannot be exported: the Hugging Face "
+                         "classes take biases on all four projections or none (attention_bias), and our models have "
+                         "none; keep the model in our format")
+    if cfg.attn_dropout:
+        raise ValueError(f"attn_dropout={cfg.attn_dropout} cannot be exported (a training setting; an import refuses "
+                         "attention_dropout): set it to 0 first")
     if cfg.attention == "diff_v1":
         if cfg.v1_layout != "paper":
             raise ValueError(f"v1_layout={cfg.v1_layout!r} cannot be exported: DiffLlama holds the paper's layout "

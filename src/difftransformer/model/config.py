@@ -112,6 +112,13 @@ class ModelConfig:
     # mean over the tokens of the layer's first forward (the first training batch), where the norm would put it.
     # DIFF V1 then drops its fixed (1 - lambda_init) multiplier (the start holds it).
     head_gain: HeadGain = "off"
+    # --- every variant: what a layer outside our language model may want (``DiffAttention``'s qkv_bias, proj_bias,
+    # attn_drop); our language models use none. Biases on W_q, W_k, W_v (qkv_bias) and on W_o (proj_bias), never on
+    # DIFF V2's W_lambda. attn_dropout: dropout on every softmax map while training (each of DIFF's two maps on its
+    # own, before the pairs are combined, as timm's layer and SDPA's dropout_p do); off in eval.
+    qkv_bias: bool = False
+    proj_bias: bool = False
+    attn_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -140,7 +147,12 @@ class ModelConfig:
             # inf passes "> 0" but makes every weight (init_std) or rotation (rope_theta) NaN
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
                 raise ValueError(f"ModelConfig.{name} must be a positive finite number, got {v!r}")
-        for name in ("tie_embeddings", "headwise_norm", "headwise_norm_weight", "v2_headwise_norm"):
+        v = self.attn_dropout
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+            raise ValueError(f"ModelConfig.attn_dropout must be a number in [0, 1), got {v!r}")
+        object.__setattr__(self, "attn_dropout", float(v))
+        for name in ("tie_embeddings", "headwise_norm", "headwise_norm_weight", "v2_headwise_norm", "qkv_bias",
+                     "proj_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
         _check_choice("rope_type", self.rope_type, ("default", "llama3"))

@@ -55,6 +55,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.flatten(-2).type_as(x)
 
 
+def rotary(positions: torch.Tensor, head_dim: int, theta: float,
+           llama3: Optional[tuple[float, float, float, int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (cos, sin) tables of ``positions`` ((T,) or (B, T)) for heads of width ``head_dim``: the one RoPE set-up of
+    the model and the layer. Frequencies in float64 (exact angles at long contexts), float32 where the device has no
+    float64 (MPS); ``llama3``: (factor, low_freq_factor, high_freq_factor, original_max_len), Llama 3.1's scaling."""
+    dtype = torch.float32 if positions.device.type == "mps" else torch.float64
+    inv_freq = rope_frequencies(head_dim, theta, positions.device, dtype)
+    if llama3 is not None:
+        inv_freq = llama3_scaled(inv_freq, *llama3)
+    return rope_cos_sin(positions, inv_freq)
+
+
 def rotate(x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """``apply_rope(x, *rope)``, or x itself where ``rope`` is None (no rotary positions: ``DiffAttention(rope=False)``,
     a caller's own position scheme, and cross-attention unless asked)."""

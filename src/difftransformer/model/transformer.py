@@ -19,11 +19,12 @@ from torch import nn
 
 from .attention import Attention, AttentionMaps, build_attention
 from .attention.base import normal_init_, prefill_from_start
+from .attention.masks import build_mask
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .norm import RMSNorm
 from .pretrained import WEIGHTS_NAME, assign_weights, read_model_dir, save_pretrained
-from .rope import llama3_scaled, rope_cos_sin, rope_frequencies
+from .rope import rotary
 
 
 class SwiGLU(nn.Module):
@@ -105,10 +106,12 @@ class DiffTransformerLM(nn.Module):
     # ------------------------------------------------------------------ init and bookkeeping
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Linear and embedding weights N(0, init_std); norm weights 1; DIFF V1 lambda vectors N(0, 0.1)."""
+        """Linear and embedding weights N(0, init_std), biases 0; norm weights 1; DIFF V1 lambda vectors N(0, 0.1)."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 normal_init_(m.weight, self.cfg.init_std)
+            if isinstance(m, nn.Linear) and m.bias is not None and not m.bias.is_meta:
+                nn.init.zeros_(m.bias)  # qkv_bias / proj_bias (off in our language models)
             elif isinstance(m, RMSNorm) and m.weight is not None:
                 nn.init.ones_(m.weight)
             if isinstance(m, Attention):
@@ -178,17 +181,11 @@ class DiffTransformerLM(nn.Module):
             if attention_mask is None or bool(attention_mask.all()):
                 return None  # plain causal over the prompt: the fast is_causal kernels
             tk = T
-        qpos = input_pos if input_pos is not None else torch.arange(T, device=device)
-        kpos = torch.arange(tk, device=device)
-        allowed = (kpos[None, :] <= qpos[:, None])[None, None]  # (1, 1, T, Tk)
-        if attention_mask is not None:
-            if attention_mask.shape != (B, tk):
-                raise ValueError(f"attention_mask must have shape (batch, {tk}) = ({B}, {tk}), "
-                                 f"got {tuple(attention_mask.shape)}")
-            allowed = allowed & attention_mask.to(torch.bool)[:, None, None, :]  # (B, 1, T, Tk)
-            own = (kpos[None, :] == qpos[:, None])[None, None]
-            allowed = allowed | (own & ~allowed.any(dim=-1, keepdim=True))
-        return allowed
+        if attention_mask is not None and attention_mask.shape != (B, tk):
+            raise ValueError(f"attention_mask must have shape (batch, {tk}) = ({B}, {tk}), "
+                             f"got {tuple(attention_mask.shape)}")
+        return build_mask(T, tk, causal=True, device=device, query_pos=input_pos,
+                          key_valid=None if attention_mask is None else attention_mask.to(torch.bool))
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 attention_mask: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None,
@@ -205,8 +202,19 @@ class DiffTransformerLM(nn.Module):
         attention_mask: (B, Tk) bool/int, 1 for real tokens, over all key positions (Tk = T, or the cache length
         when a KV cache is set up). input_pos: (T,) positions of idx, required with a KV cache (default 0..T-1).
         """
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, seq_len), got {tuple(idx.shape)}")
+        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+            raise TypeError(f"idx must hold integer token ids, got {idx.dtype}")
+        # the ids' range, read on the host where that costs nothing (the CPU) or once per call of many tokens; not per
+        # decode step on an accelerator, nor under compile (an embedding lookup out of range is a device assert)
+        if idx.numel() and not idx.is_meta and not torch.compiler.is_compiling() and (
+                idx.device.type == "cpu" or idx.shape[1] > 1):
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.cfg.vocab_size:
+                raise ValueError(f"idx holds token ids outside [0, {self.cfg.vocab_size}): {lo} .. {hi}")
         if logits_to_keep is not None:
             if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 1:
                 raise ValueError(f"logits_to_keep must be a positive integer or None, got {logits_to_keep!r}")
@@ -232,14 +240,9 @@ class DiffTransformerLM(nn.Module):
         if last > limit:
             raise ValueError(f"sequence length {last} exceeds ModelConfig.max_seq_len={limit}")
         pos = input_pos if input_pos is not None else torch.arange(T, device=idx.device)
-        # float64 frequencies (float32 where the device has no float64): exact angles at long contexts
-        fdt = torch.float32 if idx.device.type == "mps" else torch.float64
-        inv_freq = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta, idx.device, fdt)
-        if self.cfg.rope_type == "llama3":
-            c = self.cfg
-            inv_freq = llama3_scaled(inv_freq, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
-                                     c.rope_original_max_len)
-        rope = rope_cos_sin(pos, inv_freq)  # (T, 1, d/2) each
+        c = self.cfg
+        scaling = (c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_len)
+        rope = rotary(pos, c.head_dim, c.rope_theta, scaling if c.rope_type == "llama3" else None)  # (T, 1, d/2) each
         mask = self.build_mask(B, T, input_pos, attention_mask, idx.device)
 
         x = self.tok_embeddings(idx)  # (B, T, d_model)
@@ -254,7 +257,7 @@ class DiffTransformerLM(nn.Module):
             if rows_only and i == len(self.layers) - 1:
                 assert logits_at is not None
                 qrope = (rope[0][logits_at], rope[1][logits_at])  # (B, K, 1, d/2) each
-                qmask = (torch.arange(T, device=idx.device)[None, None, :] <= logits_at[:, :, None])[:, None]
+                qmask = build_mask(logits_at.shape[1], T, causal=True, device=idx.device, query_pos=logits_at)
                 x, m = layer(x, rope, mask, input_pos, return_maps, rows=(logits_at, qrope, qmask))  # (B, K, d)
             else:
                 x, m = layer(x, rope, mask, input_pos, return_maps)

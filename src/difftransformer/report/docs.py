@@ -61,6 +61,12 @@ def lm_longer() -> str:
     return longer.classing_table(RESULTS, RESULTS / "lm-longer")
 
 
+def retrieval_mechanism() -> str:
+    from ..retrieval import mechanism
+    return mechanism.markdown_table(mechanism.rebuild(RESULTS / "retrieval-diagnostic",
+                                                      RESULTS / "retrieval-mechanism"))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "lm-longer": lm_longer,
     "speed-or-capability": speed_or_capability,
@@ -69,6 +75,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "retrieval-dynamics": retrieval_dynamics,
     "lm-v2-diagnostic": lm_v2_diagnostic,
     "retrieval-longer": retrieval_longer,
+    "retrieval-mechanism": retrieval_mechanism,
 }
 
 

@@ -107,6 +107,47 @@ def run_mechanism(diag_dir: str | Path, out_dir: str | Path, options: Optional[R
     return res
 
 
+def rebuild(diag_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """OUT's journal read back (nothing trained, finished or not): the arms whose lr choice is final, as
+    ``run_mechanism`` reads them, and how many of the jobs the addition asks for are in (``complete``: the jobs needed
+    given those in, which grows where a grid widens)."""
+    from ..jobs import read_journal
+    first = first_reading(diag_dir)
+    cfg = RetrievalConfig.from_dict(first["config"])
+    header, records = read_journal(Path(out_dir) / JOURNAL, validate_retrieval_arm_run)
+    if header.get("benchmark") != "retrieval mechanism arms" or header.get("config") != first["config"]:
+        raise ValueError(f"{out_dir}: its journal is not the mechanism arms' on the configuration of {diag_dir}")
+    done = {Job(str(r["job"][0]), int(r["job"][1]), float(r["job"][2])): r["result"] for r in records.values()}
+    needed, _ = arm_jobs(cfg, done, ARMS)
+    return {"benchmark": "retrieval_mechanism", "version": VERSION, "reference": str(diag_dir),
+            "complete": [sum(j in done for j in needed), len(needed)], "rows": assess(first, done)}
+
+
+def markdown_table(res: dict[str, Any]) -> str:
+    """docs/retrieval.md's table of the mechanism arms: per arm its chosen lr, the accuracy at p48c48, D and C with
+    the reading, C' (descriptive), the runs below the floor and the speed endpoint against the baseline and against
+    C's name (steps to 1.0 nats; median paired difference, sign-test interval; negative = sooner)."""
+    def iv(x: dict[str, Any], spec: str = "+.3f") -> str:
+        lo, hi = x["ci"]
+        if x["estimate"] is None:
+            return ""
+        return f"{x['estimate']:{spec}}" if lo is None else f"{x['estimate']:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+    lines = ["| arm | lr | accuracy | D (minus baseline) | C (minus its variant): reading | C' (minus the variant's "
+             "other form) | below the floor | steps to 1.0 nats, minus baseline | minus C's name |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm, r in res["rows"].items():
+        lines.append(f"| `{arm}` | {r['lr']:g} | {r['mean']:.3f} | {iv(r['D'])} | {iv(r['C'])} against "
+                     f"`{r['C_against']}`: {r['reading']} | {iv(r['C2'])} against `{r['C2_against']}` | "
+                     f"{r['below_floor']} of {len(r['accuracy'])} | {iv(r['speed'][STARTED], '+g')} | "
+                     f"{iv(r['speed_C'][STARTED], '+g')} |")
+    done, total = res.get("complete", [None, None])
+    if done is not None and done < total:
+        lines += ["", f"Incomplete: {done} of {total} jobs are in the committed journal; an arm is shown once its lr "
+                      "choice is final."]
+    return "\n".join(lines)
+
+
 def format_mechanism(res: dict[str, Any]) -> str:
     def iv(x: dict[str, Any], spec: str = "+.3f") -> str:
         lo, hi = x["ci"]

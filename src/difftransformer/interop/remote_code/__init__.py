@@ -67,6 +67,8 @@ V1_OPTIONS = ("lambda_init", "headwise_norm", "headwise_norm_weight", "v1_layout
 V2_OPTIONS = ("v2_lambda", "v2_pairing")
 # DIFF V2's diagnostic switches (retrieval/DIAGNOSTIC.md): the modeling file does not implement them
 V2_DIAGNOSTIC_OPTIONS = ("v2_keys", "v2_headwise_norm", "v2_headwise_norm_layers", "head_gain")
+# The layer's options (DiffAttention's biases and attention dropout): the modeling file has neither
+LAYER_OPTIONS = ("qkv_bias", "proj_bias", "attn_dropout")
 LLAMA3_OPTIONS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len")
 
 
@@ -90,6 +92,10 @@ def config_to_remote(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     unread = [f"{n}={getattr(cfg, n)!r}" for n in V2_DIAGNOSTIC_OPTIONS if getattr(cfg, n) != default[n]]
     if cfg.v2_lambda == "scalar":
         unread.append("v2_lambda='scalar'")
+    layer = [f"{n}={getattr(cfg, n)!r}" for n in LAYER_OPTIONS if getattr(cfg, n) != default[n]]
+    if layer:
+        raise ValueError(f"{', '.join(layer)} has no Hugging Face remote code (the modeling file has no attention "
+                         "biases or dropout); keep the model in our format")
     if unread:
         raise ValueError(f"{', '.join(unread)} has no Hugging Face remote code (a diagnostic arm of DIFF V2); keep the "
                          "model in our format")

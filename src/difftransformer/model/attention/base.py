@@ -87,6 +87,11 @@ class Attention(nn.Module):
     def backend(self, backend: str) -> None:
         self.cfg = self.cfg.replace(backend=backend)  # validates; the model's set_backend() comes through here
 
+    @property
+    def attn_dropout(self) -> float:
+        """Dropout on every softmax map while training (``cfg.attn_dropout``, the only copy); off in eval."""
+        return self.cfg.attn_dropout
+
     def cache_layout(self) -> tuple[int, int, int, int]:
         """(key heads, key width, value heads, value width) that this variant caches."""
         raise NotImplementedError
@@ -139,13 +144,16 @@ class Attention(nn.Module):
         / r_h, r_h head h's output RMS over its channels, mean over this call's tokens: where the head-wise norm
         (its weight at 1) would put that head's output RMS, on average instead of per token."""
         assert self.head_gain is not None
-        if self.gain_pending:
+        if self.gain_pending and out.numel() and not out.is_meta:  # a call without tokens sets nothing
             if torch.compiler.is_compiling():
                 raise RuntimeError("head_gain='norm_start' is set by the first forward: run one eager forward (the "
                                    "first training batch) before compiling")
             with torch.no_grad():
                 acc = torch.promote_types(out.dtype, torch.float32)
                 r = out.detach().to(acc).pow(2).mean(-1).sqrt().mean(dim=(0, 2))  # (h,)
+                if not bool(torch.isfinite(r).all()):
+                    raise ValueError("head_gain='norm_start' is set from the first forward's head outputs, which are "
+                                     "not finite (NaN or inf in the input?); the gain stays pending for the next call")
                 self.head_gain.copy_(((1.0 - self.lambda_init) / r.clamp_min(1e-12)).to(self.head_gain.dtype))
             self.gain_pending = False
         return out * self.head_gain.to(out.dtype)[:, None, None]

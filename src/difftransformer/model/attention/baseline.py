@@ -11,6 +11,7 @@ from ..config import ModelConfig
 from ..rope import rotate
 from .base import Attention, QueryRows
 from .dispatch import softmax_attention
+from .masks import MaskKind
 
 
 class BaselineAttention(Attention):
@@ -20,10 +21,10 @@ class BaselineAttention(Attention):
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         d = self.head_dim
-        self.wq = nn.Linear(cfg.d_model, self.n_heads * d, bias=False)
-        self.wk = nn.Linear(cfg.d_model, self.n_kv_heads * d, bias=False)
-        self.wv = nn.Linear(cfg.d_model, self.n_kv_heads * d, bias=False)
-        self.wo = nn.Linear(self.n_heads * d, cfg.d_model, bias=False)
+        self.wq = nn.Linear(cfg.d_model, self.n_heads * d, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, self.n_kv_heads * d, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, self.n_kv_heads * d, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(self.n_heads * d, cfg.d_model, bias=cfg.proj_bias)
 
     def cache_layout(self) -> tuple[int, int, int, int]:
         return self.n_kv_heads, self.head_dim, self.n_kv_heads, self.head_dim
@@ -31,7 +32,8 @@ class BaselineAttention(Attention):
     takes_query_rows = True
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
-                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None):
+                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None,
+                mask_kind: MaskKind = "causal"):
         B, T, _ = x.shape
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows

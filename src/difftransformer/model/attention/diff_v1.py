@@ -38,6 +38,7 @@ from ..norm import RMSNorm
 from ..rope import rotate
 from .base import Attention, QueryRows, normal_init_
 from .dispatch import diff_attention
+from .masks import MaskKind
 
 
 def reparameterised_lambda(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor,
@@ -57,10 +58,10 @@ class DiffV1Attention(Attention):
         self.n_kv_heads = cfg.n_kv_heads if per_head else cfg.n_kv_heads // 2
         self.head_dim, self.value_dim = cfg.head_dim, cfg.v1_value_dim
         h, hkv, d, dv = self.n_heads, self.n_kv_heads, self.head_dim, self.value_dim
-        self.wq = nn.Linear(cfg.d_model, 2 * h * d, bias=False)
-        self.wk = nn.Linear(cfg.d_model, 2 * hkv * d, bias=False)
-        self.wv = nn.Linear(cfg.d_model, hkv * dv, bias=False)
-        self.wo = nn.Linear(h * dv, cfg.d_model, bias=False)
+        self.wq = nn.Linear(cfg.d_model, 2 * h * d, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, 2 * hkv * d, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, hkv * dv, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(h * dv, cfg.d_model, bias=cfg.proj_bias)
         # Eq. (2): four learnable vectors in R^d, one lambda per layer shared by its heads; kept in fp32.
         self.lambda_init = cfg.lambda_init_for(layer_idx)
         self.lambda_q1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
@@ -132,7 +133,8 @@ class DiffV1Attention(Attention):
     takes_query_rows = True
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
-                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None):
+                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None,
+                mask_kind: MaskKind = "causal"):
         B, T, _ = x.shape
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
@@ -144,7 +146,7 @@ class DiffV1Attention(Attention):
         # Eq. (1): half-heads (2i, 2i+1) are (Q1, Q2) of head i and (K1, K2) of KV group g = i // (h / h_kv); Q1
         # reads K1 and Q2 reads K2 of that group ("paired" keys: split, then repeat).
         out, maps = diff_attention(self, xq, q, k, v, self.generation_lambda(), mask, input_pos, return_maps,
-                                   keys="paired")  # (B, h, T, 2d) = (A1 - lambda A2) V
+                                   keys="paired", mask_kind=mask_kind)  # (B, h, T, 2d) = (A1 - lambda A2) V
         if self.head_gain is not None:  # the mechanism arm: a learnable gain per head, no norm, no fixed factor
             out = self.apply_head_gain(out)
         else:

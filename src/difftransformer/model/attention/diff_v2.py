@@ -34,6 +34,7 @@ from ..rope import rotate
 from .base import Attention, QueryRows, normal_init_
 from .diff_v1 import reparameterised_lambda
 from .dispatch import diff_attention
+from .masks import MaskKind
 
 
 class DiffV2Attention(Attention):
@@ -43,10 +44,10 @@ class DiffV2Attention(Attention):
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         self.keys = "paired" if cfg.v2_keys == "separate" else "shared"  # separate: K1, K2 per group
         self.n_key_heads = 2 * Hkv if self.keys == "paired" else Hkv
-        self.wq = nn.Linear(cfg.d_model, 2 * H * d, bias=False)
-        self.wk = nn.Linear(cfg.d_model, self.n_key_heads * d, bias=False)
-        self.wv = nn.Linear(cfg.d_model, Hkv * d, bias=False)
-        self.wo = nn.Linear(H * d, cfg.d_model, bias=False)
+        self.wq = nn.Linear(cfg.d_model, 2 * H * d, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, self.n_key_heads * d, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, Hkv * d, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(H * d, cfg.d_model, bias=cfg.proj_bias)
         self.wlambda = nn.Linear(cfg.d_model, H, bias=False) if cfg.v2_lambda in ("sigmoid", "raw") else None
         self.lambda_mode, self.pairing = cfg.v2_lambda, cfg.v2_pairing
         self.lambda_init = cfg.lambda_init_for(layer_idx)  # the paper's schedule: "scalar" lambda, the norm's factor
@@ -99,7 +100,8 @@ class DiffV2Attention(Attention):
     takes_query_rows = True
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Optional[torch.Tensor],
-                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None):
+                input_pos: Optional[torch.Tensor] = None, return_maps: bool = False, query: Optional[QueryRows] = None,
+                mask_kind: MaskKind = "causal"):
         B, T, _ = x.shape
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
@@ -112,7 +114,7 @@ class DiffV2Attention(Attention):
         # 2i+1, one GQA group's (v2_pairing="halves": i and H+i, across groups); out_i = attn_2i - lambda_i attn_2i+1.
         # v2_keys="separate": "paired" keys, query head 2i reads key head 2g and 2i+1 reads 2g+1 (as DIFF V1).
         out, maps = diff_attention(self, xq, q, k, v, self.lambda_values(xq), mask, input_pos, return_maps,
-                                   keys=self.keys, pairing=self.pairing)  # (B, H, Tq, d)
+                                   keys=self.keys, pairing=self.pairing, mask_kind=mask_kind)  # (B, H, Tq, d)
         if self.subln is not None:  # v2_headwise_norm: DIFF V1's eq. (3) on each d-wide head
             out = self.subln(out) * (1.0 - self.lambda_init)
         elif self.head_gain is not None:  # head_gain: a learnable gain per head, no normalisation

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from .base import Attention, AttentionMaps, LogitsHook, prefill_from_start
 from .fused import KERNEL_PATHS, Kernel, fused_kernel
+from .masks import MASK_KINDS, expand_heads
 
 KEY_LAYOUTS = ("paired", "shared")
 PAIRINGS = ("interleaved", "halves")
@@ -52,7 +53,7 @@ Output = tuple[torch.Tensor, Optional[AttentionMaps]]
 # ---------------------------------------------------------------------------------------------- the two calls
 def diff_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    lam: Optional[torch.Tensor], mask: Optional[torch.Tensor], input_pos: Optional[torch.Tensor],
-                   return_maps: bool, *, keys: str, pairing: str = "interleaved") -> Output:
+                   return_maps: bool, *, keys: str, pairing: str = "interleaved", mask_kind: str = "causal") -> Output:
     """Differential attention (A1 - lam A2) V on the path ``diff_path`` picks; returns ((B, h, T, dv), maps or None).
 
     attn: the calling layer (its ``backend``, ``scale``, KV cache and logits hook); x: its input (B, T, d_model),
@@ -60,24 +61,32 @@ def diff_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.T
     differential head as ``pairing`` says ("interleaved": heads 2i and 2i+1; "halves": i and h+i). k: ``keys=
     "paired"`` (DIFF V1) (B, 2h_kv, Tk, d) with K1 and K2 of group g at 2g and 2g+1, or ``"shared"`` (DIFF V2)
     (B, H_kv, Tk, d), standard GQA over the 2h query heads. v (B, h_kv, Tk, dv). lam: 0-dim (V1), (B, h, T, 1) (V2)
-    or None (A1 - A2). The layouts in detail: the module docstring.
+    or None (A1 - A2). The layouts in detail: the module docstring. mask: ``masks.py``'s convention, with one entry
+    per differential head where it has a head axis > 1; mask_kind: its form (``masks.MaskKind``: only "causal" ones
+    go to the fused kernels). ``attn.attn_dropout``, while training: dropout on each softmax map before the pairs
+    are combined (the fused kernels have none: a PyTorch path runs).
     """
     if keys not in KEY_LAYOUTS or pairing not in PAIRINGS or (keys == "paired" and pairing != "interleaved"):
         raise ValueError(f"keys={keys!r}, pairing={pairing!r} is not allowed; keys one of {KEY_LAYOUTS}, pairing one "
                          f"of {PAIRINGS} (paired keys pair interleaved heads)")
+    if mask_kind not in MASK_KINDS:
+        raise ValueError(f"mask_kind={mask_kind!r} is not allowed; use one of {', '.join(MASK_KINDS)}")
     d, dv, scale = q.shape[-1], v.shape[-1], attn.scale
+    drop = attn.attn_dropout if attn.training else 0.0
     # the fused kernels take paired keys with one lambda per layer (DIFF V1) and shared keys with any lambda (DIFF V2);
     # paired keys with a lambda per token (DIFF V2's v2_keys="separate" arm) run the PyTorch paths
     per_token = lam is not None and lam.dim() > 0
-    path, kernel = diff_route(attn, x, d, dv, mask, input_pos, return_maps,
-                              fused=pairing == "interleaved" and not (keys == "paired" and per_token))
+    fused = pairing == "interleaved" and not (keys == "paired" and per_token) and mask_kind == "causal" and not drop
+    path, kernel = diff_route(attn, x, d, dv, mask, input_pos, return_maps, fused=fused)
+    if keys == "shared":  # one mask per differential head -> one per softmax query head (both maps of a pair)
+        mask = expand_heads(mask, pairing)
     if path == "eager":
-        return eager_diff(q, k, v, lam, mask, scale, attn.logits_hook, keys, pairing, x.dtype, return_maps)
+        return eager_diff(q, k, v, lam, mask, scale, attn.logits_hook, keys, pairing, x.dtype, return_maps, drop)
     if path == "decode":
         assert mask is not None  # a decode step under a KV cache always has one (the model builds it)
         return decode_diff(q, k, v, lam, mask, scale, keys, pairing), None
     if path == "sdpa":
-        return sdpa_diff(q, k, v, lam, mask, scale, keys, pairing), None
+        return sdpa_diff(q, k, v, lam, mask, scale, keys, pairing, drop), None
     assert kernel is not None
     if path == "triton-decode":  # the PyTorch path a kernel falls back to where its launch fails
         assert mask is not None  # a decode step under a KV cache always has one (the model builds it)
@@ -93,16 +102,18 @@ def diff_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.T
 def softmax_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       mask: Optional[torch.Tensor], return_maps: bool) -> Output:
     """Plain (GQA) softmax attention for the baseline: q (B, H, T, d), k/v (B, H_kv, Tk, d) -> (B, H, T, d).
-    Eager with maps (as for DIFF), the decode step, else sdpa (the fused kernels are DIFF's)."""
+    Eager with maps (as for DIFF), the decode step, else sdpa (the fused kernels are DIFF's). ``attn.attn_dropout``
+    while training: dropout on the softmax map."""
+    drop = attn.attn_dropout if attn.training else 0.0
     if uses_eager(attn, return_maps):
         rep = q.shape[1] // k.shape[1]
         return eager_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, attn.scale, attn.logits_hook, x.dtype,
-                               return_maps)
+                               return_maps, drop)
     if attn.kv_cache is not None and x.shape[1] == 1:
         assert mask is not None  # a decode step under a KV cache always has one (the model builds it)
         return grouped_attention(q, k, v, mask, attn.scale), None  # (B, H, 1, d), the cache read once
     rep = q.shape[1] // k.shape[1]
-    return sdpa(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, attn.scale), None
+    return sdpa(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, attn.scale, drop), None
 
 
 # ---------------------------------------------------------------------------------------------- the rules
@@ -148,8 +159,9 @@ def eager_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def softmax_maps(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
-                 hook: Optional[LogitsHook] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager softmax(q k^T * scale) in at least float32. q (B, Hq, Tq, d), k (B, Hq, Tk, d) -> (probs, logits)."""
+                 hook: Optional[LogitsHook] = None, dropout: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager softmax(q k^T * scale) in at least float32. q (B, Hq, Tq, d), k (B, Hq, Tk, d) -> (probs, logits).
+    mask: None (causal), bool (True: attend) or float (added to the logits); dropout: on the probabilities."""
     acc = eager_dtype(q)
     logits = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
     if hook is not None:
@@ -157,8 +169,9 @@ def softmax_maps(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor],
     if mask is None:
         tq, tk = logits.shape[-2:]
         mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-    logits = logits.masked_fill(~mask, float("-inf"))
-    return torch.softmax(logits, dim=-1), logits
+    logits = logits + mask.to(acc) if mask.is_floating_point() else logits.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return (F.dropout(probs, dropout) if dropout else probs), logits
 
 
 def grouped_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -173,7 +186,8 @@ def grouped_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: f
     s = torch.matmul(q.reshape(*lead, R * T, d), k.transpose(-1, -2)).view(*lead, R, T, N)
     s = s.to(eager_dtype(q)) * scale
     m = mask.reshape(mask.shape[0], *([1] * len(lead)), T, N)  # broadcast over *G and R
-    return torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1)
+    s = s + m.to(s.dtype) if m.is_floating_point() else s.masked_fill(~m, float("-inf"))
+    return torch.softmax(s, dim=-1)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -189,26 +203,30 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return out.view(B, Hq, T, -1)
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
+         dropout: float = 0.0) -> torch.Tensor:
     """Fused attention, q (B, Hq, T, d), k/v (B, Hk, Tk, d) with Hk dividing Hq: query head j reads KV head
     j // (Hq / Hk), as ``repeat_kv`` orders them, through SDPA's own GQA (``enable_gqa``), so the KV heads are
     not copied (nor their gradients summed). On the CPU (torch 2.13, 2 threads, B=2, T=1024, 16 query heads over
     8) fwd+bwd took the same time as with the copy, with 7 kernels instead of 12 (``bench ops``). With a mask on a
     GPU the KV heads are repeated, as before: the flash kernel takes no mask, and the memory-efficient kernel's GQA
-    is not in every torch this package supports (>= 2.5)."""
+    is not in every torch this package supports (>= 2.5). A float mask is added to the logits (in q's dtype, as SDPA
+    wants it); dropout: SDPA's ``dropout_p`` on the probabilities."""
     rep = q.shape[1] // k.shape[1]
     if rep > 1 and mask is not None and q.device.type != "cpu":
         k, v = repeat_kv(k, rep), repeat_kv(v, rep)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                          enable_gqa=k.shape[1] != q.shape[1])
+    if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
+                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
 # ---------------------------------------------------------------------------------------------- plain attention
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
                     hook: Optional[LogitsHook], out_dtype: torch.dtype,
-                    want_maps: bool) -> tuple[torch.Tensor, Optional[AttentionMaps]]:
+                    want_maps: bool, dropout: float = 0.0) -> tuple[torch.Tensor, Optional[AttentionMaps]]:
     """softmax(q k^T * scale) v with the maps materialised; k/v already repeated to q's head count."""
-    probs, logits = softmax_maps(q, k, mask, scale, hook)  # (B, H, T, Tk)
+    probs, logits = softmax_maps(q, k, mask, scale, hook, dropout)  # (B, H, T, Tk)
     out = torch.matmul(probs, v.to(torch.promote_types(out_dtype, torch.float32))).to(out_dtype)
     return out, AttentionMaps(attn=probs, logits=logits) if want_maps else None
 
@@ -279,19 +297,20 @@ def pair_combine(o: torch.Tensor, lam: Optional[torch.Tensor], pairing: str) -> 
 
 def eager_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[torch.Tensor],
                mask: Optional[torch.Tensor], scale: float, hook: Optional[LogitsHook], keys: str, pairing: str,
-               out_dtype: torch.dtype, want_maps: bool) -> tuple[torch.Tensor, Optional[AttentionMaps]]:
+               out_dtype: torch.dtype, want_maps: bool,
+               dropout: float = 0.0) -> tuple[torch.Tensor, Optional[AttentionMaps]]:
     """(A1 - lam A2) V with both softmax maps materialised (in at least float32); the maps if ``want_maps``, their
-    logits in the projection's order of the 2h query heads."""
+    logits in the projection's order of the 2h query heads. dropout: on each softmax map (A1 and A2 apart)."""
     acc = torch.promote_types(out_dtype, torch.float32)
     logits: Optional[torch.Tensor] = None
     if keys == "shared":  # one softmax over the 2h query heads (standard GQA), then the pairs
-        probs, logits = softmax_maps(q, repeat_kv(k, q.shape[1] // k.shape[1]), mask, scale, hook)
+        probs, logits = softmax_maps(q, repeat_kv(k, q.shape[1] // k.shape[1]), mask, scale, hook, dropout)
         a1, a2 = split_pairs(probs, pairing)  # (B, h, T, Tk) each
     else:  # Q1 reads K1, Q2 reads K2: split, then repeat
         (q1, q2), (k1, k2) = split_pairs(q, pairing), split_keys(k, keys)
         rep = q1.shape[1] // k1.shape[1]
-        a1, logits1 = softmax_maps(q1, repeat_kv(k1, rep), mask, scale, hook)  # (B, h, T, Tk)
-        a2, logits2 = softmax_maps(q2, repeat_kv(k2, rep), mask, scale, hook)
+        a1, logits1 = softmax_maps(q1, repeat_kv(k1, rep), mask, scale, hook, dropout)  # (B, h, T, Tk)
+        a2, logits2 = softmax_maps(q2, repeat_kv(k2, rep), mask, scale, hook, dropout)
         if want_maps:
             logits = torch.stack((logits1, logits2), dim=2).flatten(1, 2)  # (B, 2h, T, Tk), projection order
     diff = combine(a1, a2, None if lam is None else lam.to(acc))
@@ -309,8 +328,9 @@ def eager_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[
 
 
 def sdpa_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[torch.Tensor],
-              mask: Optional[torch.Tensor], scale: float, keys: str, pairing: str) -> torch.Tensor:
-    """(A1 - lam A2) V with standard fused attention, as A1 V - lam A2 V.
+              mask: Optional[torch.Tensor], scale: float, keys: str, pairing: str,
+              dropout: float = 0.0) -> torch.Tensor:
+    """(A1 - lam A2) V with standard fused attention, as A1 V - lam A2 V. dropout: SDPA's, on each map.
 
     "shared" keys: one call over the 2h query heads (DIFF V2: standard kernels, GQA). "paired" keys: A1 V and A2 V
     in one call too, the two maps stacked along the batch axis; fused CPU/CUDA kernels want value width == query
@@ -319,16 +339,19 @@ def sdpa_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[t
     by ``pair_combine``.
     """
     if keys == "shared":
-        o = sdpa(q, k, v, mask, scale)  # (B, 2h, T, d), standard GQA without copying the KV heads
+        o = sdpa(q, k, v, mask, scale, dropout)  # (B, 2h, T, d), standard GQA without copying the KV heads
         return pair_combine(o, lam, pairing)
     B, h2, T, d = q.shape  # "paired" keys pair interleaved heads: Q1, Q2 of head i at 2i, 2i+1
-    if mask is not None and q.device.type == "cpu" and v.shape[-1] != d:
+    if dropout or (mask is not None and q.device.type == "cpu" and v.shape[-1] != d):
+        # With dropout: each map dropped once for its whole value (the stacked products below would drop A1 apart
+        # for each half of a 2d-wide V).
         # On the CPU with a mask (bidirectional, padding, cross-attention) the fused kernel would run all 2n products
         # in full; two calls with the whole 2d-wide V (torch's math path: each map's QK^T and softmax once) cost less:
-        # ViT shape (T 197, bidirectional) 1.48x -> 1.0x the time of timm's two calls (`bench layer`, BENCHMARKS.md).
+        # ViT shape (T 197, bidirectional) 1.10x -> 1.00x timm's time eager, 1.20x -> 1.02x compiled (`bench layer`,
+        # BENCHMARKS.md).
         # Causal calls without a mask keep the fused path, whose causal kernel skips the masked half.
-        a1 = sdpa(q[:, 0::2], k[:, 0::2], v, mask, scale)  # (B, h, T, 2d) = A1 V
-        a2 = sdpa(q[:, 1::2], k[:, 1::2], v, mask, scale)  # A2 V
+        a1 = sdpa(q[:, 0::2], k[:, 0::2], v, mask, scale, dropout)  # (B, h, T, 2d) = A1 V
+        a2 = sdpa(q[:, 1::2], k[:, 1::2], v, mask, scale, dropout)  # A2 V
         return combine(a1, a2, lam)
     hkv2, Tk = k.shape[1], k.shape[2]
     n = v.shape[-1] // d  # V's d-wide parts: (va, vb), or V itself under per_head
