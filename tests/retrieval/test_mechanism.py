@@ -48,3 +48,63 @@ def test_rebuild_refuses_another_studys_journal(tmp_path):
     j.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
     with pytest.raises(ValueError):
         M.rebuild(DIAG, tmp_path / "m")
+
+
+# ---------------------------------------------------------------------------------------------- at 2,400 steps
+def test_a_longer_key_is_the_600_step_key_at_600_steps_and_another_at_2400():
+    first = json.loads((DIAG / "diagnostic.json").read_text())
+    cfg = first["config"]
+    short, longer = M._key(cfg, "cpu"), M._longer_key(cfg, "cpu")
+    job = Job("v2_gain", 1000, 0.002)
+    assert longer(M.LongJob("v2_gain", cfg["steps"], 1000, 0.002)) == short(job)
+    assert longer(M.LongJob("v2_gain", M.LONGEST, 1000, 0.002)) != short(job)
+
+
+def _run(seed: int, acc: float, first_below: int) -> dict:
+    return {"conditions": {"p48c48": {"accuracy": acc, "n_queries": 2000}}, "failed": acc < 0.3,  # primary
+            "loss_thresholds": {M.STARTED: first_below, M.LEARNED: first_below + 100}}
+
+
+def test_the_longer_reading_pairs_each_arm_with_the_rereadings_runs():
+    """Synthetic runs: D, C and C' are the paired differences against the re-reading's row at that length (the
+    baseline, the arm's variant, its other form), the speed endpoint the paired crossing differences."""
+    first = json.loads((DIAG / "diagnostic.json").read_text())
+    from difftransformer.retrieval.config import RetrievalConfig
+    cfg = RetrievalConfig.from_dict(first["config"])
+    seeds = cfg.test_seeds
+    names = {"baseline", "diff_v1", "diff_v2", "v1_no_norm", "v2_headwise_norm"}
+    thr_keys = (M.STARTED, M.LEARNED)
+    base_acc = [0.90 + 0.001 * i for i in range(12)]
+    row = {n: {"accuracy": [a + (0.02 if n == "diff_v2" else 0.0) for a in base_acc],
+               "first_step_below": {t: [300] * 12 for t in thr_keys}} for n in names}
+    lrs = {a: 0.002 for a in M.ARMS}
+    done = {M.LongJob(a, M.LONGEST, s, 0.002): _run(s, base_acc[i] + 0.05, 250)
+            for a in M.ARMS for i, s in enumerate(seeds)}
+    rows = M.assess_longer(first, lrs, row, done)
+    assert set(rows) == set(M.ARMS)
+    v2 = rows["v2_gain"]
+    assert v2["D"]["estimate"] == pytest.approx(0.05) and v2["C"]["estimate"] == pytest.approx(0.03)
+    assert v2["C2"]["estimate"] == pytest.approx(0.05) and v2["speed"][M.STARTED]["estimate"] == -50
+    missing = dict(done)
+    missing.pop(M.LongJob("v1_gain", M.LONGEST, seeds[0], 0.002))
+    assert "v1_gain" not in M.assess_longer(first, lrs, row, missing)  # read only when all its jobs are in
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--longer", "1200"], "the arms are read at 2400 steps"),
+    ([], "--longer-reference"),
+    (["--longer-reference", "nowhere"], "no diagnostic.json there|nowhere"),
+])
+def test_the_longer_arms_refuse_before_any_job(extra, match, tmp_path, capsys):
+    from difftransformer.cli import main
+    argv = ["retrieval", "--out", str(tmp_path / "o"), "--mechanism", "--reference", str(DIAG)]
+    if "--longer" not in extra:
+        argv += ["--longer", "2400"]
+    rc = main(argv + extra)
+    assert rc == 2 and not (tmp_path / "o").exists()
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_longer_arms_need_the_600_step_run_in_out(tmp_path):
+    with pytest.raises(ValueError, match="needs the arms' finished 600-step run first"):
+        M.chosen_lrs(DIAG, tmp_path)

@@ -29,6 +29,8 @@ REFERENCE_NOTE = " (it takes its configuration from --reference DIR)"
 # What the command does, picked by its flags (the first that matches), and the flags each takes ("config": every
 # RetrievalConfig field's flag, "jobs": where the jobs run); any other flag given is refused in one line
 MODES = (
+    Mode("--mechanism --longer", ("mechanism", "longer"), ("jobs",), ("reference", "longer_reference"),
+         REFERENCE_NOTE),
     Mode("--longer", ("longer",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--mechanism", ("mechanism",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--diagnostic", ("diagnostic",), ("rounding_check", "jobs"), ("reference",),
@@ -65,7 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
     m.add_argument("--longer", metavar="STEPS[,STEPS]",
                    help="the re-reading at longer training (LONGER.md): the answer table's names at their "
                         "600-step lrs, 1200 and/or 2400 steps")
-    m.add_argument("--mechanism", action="store_true", help="the norm's mechanism arms (LONGER.md)")
+    m.add_argument("--mechanism", action="store_true",
+                   help="the norm's mechanism arms (LONGER.md) at 600 steps; with --longer 2400 and "
+                        "--longer-reference: the same arms at their 600-step lrs trained 2,400 steps, into the OUT of "
+                        "the 600-step run, read against the re-reading's 2,400-step runs")
+    m.add_argument("--longer-reference", metavar="DIR",
+                   help="with --mechanism --longer 2400: the finished re-reading at longer training (retrieval "
+                        "--longer's OUT, e.g. docs/results/retrieval-longer)")
     m.add_argument("--reference", metavar="DIR",
                    help="--diagnostic: a finished benchmark run ON THIS MACHINE, whose configuration, lrs and runs "
                         "it reads; --longer, --mechanism: a finished diagnostic")
@@ -160,6 +168,18 @@ def _run_cli(args) -> int:
             raise ValueError(f"--rounding-check {args.rounding_check}: the benchmark runs that CPU code path itself "
                              "(--cpu-code-path); name another")
         check_pin(args.rounding_check, options, "--rounding-check")
+    if mode.name == "--mechanism --longer":
+        from . import longer, mechanism
+        if ints(args.longer, "--longer") != (mechanism.LONGEST,):
+            raise ValueError(f"--mechanism --longer: the arms are read at {mechanism.LONGEST} steps (LONGER.md's "
+                             f"addition of 17:10: the longest length read), got --longer {args.longer}")
+        longer.first_reading(args.reference)  # before any job: every reference is read first
+        mechanism._longer_row(args.reference, args.longer_reference, mechanism.LONGEST)
+        mechanism.chosen_lrs(args.reference, args.out)
+        print(mechanism.format_mechanism(mechanism.run_mechanism_longer(args.reference, args.longer_reference,
+                                                                        args.out, options)))
+        print(f"wrote {args.out}/{mechanism.LONGER_RESULTS}")
+        return 0
     if mode.name == "--longer":
         from . import longer
         steps = longer.check_steps(ints(args.longer, "--longer"))
@@ -210,7 +230,8 @@ def _run_cli(args) -> int:
 USAGE = """%(prog)s --out DIR [--quick] [--rounding-check CODE_PATH] [configuration] [where the jobs run]
        %(prog)s --out DIR --sweep-width W1,W2,... [--reuse-jobs JOURNAL] [--quick] [configuration] [...]
        %(prog)s --out DIR --diagnostic --reference DIR [--rounding-check CODE_PATH] [where the jobs run]
-       %(prog)s --out DIR --longer 1200,2400 | --mechanism --reference DIAGNOSTIC_DIR [where the jobs run]"""
+       %(prog)s --out DIR --longer 1200,2400 | --mechanism --reference DIAGNOSTIC_DIR [where the jobs run]
+       %(prog)s --out MECHANISM_DIR --mechanism --longer 2400 --reference DIAGNOSTIC_DIR --longer-reference DIR [...]"""
 
 
 def register(sub) -> None:

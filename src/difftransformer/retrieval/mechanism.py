@@ -21,12 +21,16 @@ from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..rundir.studies import validate_retrieval_arm_run
 from .config import RetrievalConfig
 from .diagnostic import BASE, LEARNED, STARTED, V1, V2, arm_jobs, reading
-from .longer import crossing, first_reading
+from .longer import LongJob, crossing, first_reading
 from .protocol import Job, lr_choice
 
 VERSION = 1
 JOURNAL = "mechanism-jobs.jsonl"
 RESULTS = "mechanism.json"
+# The addition's "the longest length read above": each arm at its 600-step lr, read against the re-reading's runs
+LONGEST = 2400
+LONGER_JOURNAL = "mechanism-longer-jobs.jsonl"
+LONGER_RESULTS = "mechanism-longer.json"
 # arm -> (variant, its one change, the name C reads against, the name C' reads against)
 ARMS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "v2_gain": (V2, {"head_gain": "norm_start"}, V2, "v2_headwise_norm"),
@@ -53,6 +57,18 @@ def _key(cfg_d: dict[str, Any], dev: str):
         return job_key({"mechanism_version": VERSION, "arm": j.variant, "overrides": overrides,
                         **job_description(cfg_d, (variant, j.seed, j.lr), dev)})
     return key
+
+
+def _longer_key(cfg_d: dict[str, Any], dev: str):
+    """A longer job's key: the 600-step key's description with ``steps`` replaced (at 600 steps, the same key)."""
+    def key(j: LongJob) -> str:
+        return _key({**cfg_d, "steps": j.steps}, dev)(Job(j.name, j.seed, j.lr))
+    return key
+
+
+def run_mechanism_longer_job(cfg_d: dict, arm: str, steps: int, seed: int, lr: float,
+                             device: str = "cpu") -> dict[str, Any]:
+    return run_mechanism_job({**cfg_d, "steps": steps}, arm, seed, lr, device)
 
 
 def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
@@ -107,6 +123,103 @@ def run_mechanism(diag_dir: str | Path, out_dir: str | Path, options: Optional[R
     return res
 
 
+# ---------------------------------------------------------------------------------------------- at 2,400 steps
+def chosen_lrs(diag_dir: str | Path, out_dir: str | Path) -> dict[str, float]:
+    """Each arm's 600-step lr from OUT's finished 600-step journal; a ValueError naming --mechanism when an arm's
+    choice is not final there (run ``--mechanism`` into the same OUT first)."""
+    res: dict[str, Any] = rebuild(diag_dir, out_dir) if (Path(out_dir) / JOURNAL).is_file() else {
+        "rows": {}, "complete": [0, 0]}
+    missing = [a for a in ARMS if a not in res["rows"]]
+    if missing or res["complete"][0] < res["complete"][1]:
+        raise ValueError(f"--mechanism --longer: {out_dir} needs the arms' finished 600-step run first (no final lr "
+                         f"for {', '.join(missing) or 'every arm'}; run --mechanism --out {out_dir})")
+    return {a: float(res["rows"][a]["lr"]) for a in ARMS}
+
+
+def longer_jobs(cfg: RetrievalConfig, lrs: dict[str, float], steps: int = LONGEST) -> list[LongJob]:
+    return [LongJob(a, steps, s, lrs[a]) for s in cfg.test_seeds for a in ARMS]
+
+
+def assess_longer(first: dict[str, Any], lrs: dict[str, float], longer_row: dict[str, Any],
+                  done: dict[LongJob, dict[str, Any]], steps: int = LONGEST) -> dict[str, Any]:
+    """Per arm at ``steps`` (read only when all its jobs are in): D, C with the reading and C' against the
+    re-reading's runs of the baseline and the arm's names at the same length, and the speed endpoint."""
+    cfg = RetrievalConfig.from_dict(first["config"])
+    P, S = cfg.primary, cfg.test_seeds
+    rows: dict[str, Any] = {}
+    for arm, (_, overrides, c_name, c2_name) in ARMS.items():
+        jobs = [LongJob(arm, steps, s, lrs[arm]) for s in S]
+        if not all(j in done for j in jobs):
+            continue
+        runs = [done[j] for j in jobs]
+        acc = [r["conditions"][P]["accuracy"] for r in runs]
+        thr = {t: [r["loss_thresholds"][t] for r in runs] for t in (STARTED, LEARNED)}
+        R = longer_row
+        d, cc = _interval(R[BASE]["accuracy"], acc), _interval(R[c_name]["accuracy"], acc)
+        n_q = runs[0]["conditions"][P]["n_queries"]
+        rows[arm] = {"lr": lrs[arm], "overrides": overrides, "accuracy": acc, "mean": statistics.fmean(acc),
+                     "below_floor": sum(r["failed"] for r in runs), "D": d, "C": cc, "C_against": c_name,
+                     "reading": reading(d, cc, _interval(R[BASE]["accuracy"], R[c_name]["accuracy"])["estimate"],
+                                        stats.above_chance(acc, n_q, 1.0 / cfg.n_values)),
+                     "C2": _interval(R[c2_name]["accuracy"], acc), "C2_against": c2_name,
+                     "speed": {t: crossing(R[BASE]["first_step_below"][t], thr[t], steps) for t in thr},
+                     "speed_C": {t: crossing(R[c_name]["first_step_below"][t], thr[t], steps) for t in thr}}
+    return rows
+
+
+def _longer_row(diag_dir: str | Path, longer_dir: str | Path, steps: int) -> dict[str, Any]:
+    from . import longer
+    lengths = longer.rebuild(diag_dir, longer_dir)["lengths"]
+    if str(steps) not in lengths:
+        raise ValueError(f"--longer-reference {longer_dir}: the re-reading has no finished {steps}-step length")
+    return lengths[str(steps)]
+
+
+def run_mechanism_longer(diag_dir: str | Path, longer_dir: str | Path, out_dir: str | Path,
+                         options: Optional[RunOptions] = None, steps: int = LONGEST) -> dict[str, Any]:
+    """The arms at ``steps`` (their 600-step lrs from OUT), journaled in OUT/mechanism-longer-jobs.jsonl, read
+    against the finished re-reading in ``longer_dir`` (``retrieval --longer``'s OUT)."""
+    options = options or RunOptions(workers=2)
+    first = first_reading(diag_dir)
+    cfg = RetrievalConfig.from_dict(first["config"])
+    row, lrs = _longer_row(diag_dir, longer_dir, steps), chosen_lrs(diag_dir, out_dir)
+    cfg_d, dev, out = first["config"], options.device, Path(out_dir)
+    t0 = time.perf_counter()
+    header = {"benchmark": "retrieval mechanism arms, longer", "version": VERSION, "config": cfg_d, "steps": steps,
+              "lrs": lrs}
+    todo = longer_jobs(cfg, lrs, steps)
+    spec: JobSpec[LongJob] = JobSpec(needed=lambda d: (todo, True), run=run_mechanism_longer_job,
+                                     args=lambda j: (cfg_d, j.name, j.steps, j.seed, j.lr, dev),
+                                     key=_longer_key(cfg_d, dev), code_path=cfg.cpu_code_path,
+                                     desc=f"retrieval mechanism arms at {steps} steps (jobs)")
+    done, ran = run_jobs(spec, Journal(out / LONGER_JOURNAL, header, validate_retrieval_arm_run), options)
+    res = {"benchmark": "retrieval_mechanism_longer", "version": VERSION, "reference": str(diag_dir),
+           "longer_reference": str(longer_dir), "steps": steps,
+           "rows": assess_longer(first, lrs, row, {LongJob(*j): r for j, r in done.items()}, steps),
+           "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
+    atomic_json(out / LONGER_RESULTS, res)
+    return res
+
+
+def rebuild_longer(diag_dir: str | Path, longer_dir: str | Path, out_dir: str | Path,
+                   steps: int = LONGEST) -> dict[str, Any]:
+    """OUT's longer journal read back, finished or not (``complete``: its jobs in, of those asked for)."""
+    from ..jobs import read_journal
+    first = first_reading(diag_dir)
+    cfg = RetrievalConfig.from_dict(first["config"])
+    header, records = read_journal(Path(out_dir) / LONGER_JOURNAL, validate_retrieval_arm_run)
+    if header.get("benchmark") != "retrieval mechanism arms, longer" or header.get("config") != first["config"]:
+        raise ValueError(f"{out_dir}: its journal is not the mechanism arms' longer run on {diag_dir}")
+    lrs = {str(k): float(v) for k, v in header["lrs"].items()}
+    done = {LongJob(str(r["job"][0]), int(r["job"][1]), int(r["job"][2]), float(r["job"][3])): r["result"]
+            for r in records.values()}
+    todo = longer_jobs(cfg, lrs, steps)
+    return {"benchmark": "retrieval_mechanism_longer", "version": VERSION, "steps": steps,
+            "complete": [sum(j in done for j in todo), len(todo)],
+            "rows": assess_longer(first, lrs, _longer_row(diag_dir, longer_dir, steps), done, steps)}
+
+
+# ---------------------------------------------------------------------------------------------- read back
 def rebuild(diag_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """OUT's journal read back (nothing trained, finished or not): the arms whose lr choice is final, as
     ``run_mechanism`` reads them, and how many of the jobs the addition asks for are in (``complete``: the jobs needed
