@@ -200,7 +200,7 @@ CASES: list[tuple[list[str], str]] = [
     (["bench", "decode", "--no-hf", "--backend", "triton"], "--backend triton needs --device cuda"),
     *[(["bench", "layer", flag, value], flag) for flag, value in [
         ("--rounds", "0"), ("--warmup", "-1"), ("--threads", "-1"), ("--batch", "-1"), ("--seq-len", "-1"),
-        ("--shapes", "vit,nope"), ("--modes", "jit")]],
+        ("--shapes", "vit,nope"), ("--modes", "jit"), ("--batch", "100000"), ("--seq-len", "1000000")]],
     # --- eval, report, retrieval, demo ----------------------------------------------------------------------
     *[(["eval", "needles", "--run", "{ws}/run", flag, value], why) for flag, value, why in [
         ("--lengths", "inf", "--lengths expects finite"), ("--lengths", "nan", "--lengths expects finite"),

@@ -108,3 +108,27 @@ def test_the_longer_arms_refuse_before_any_job(extra, match, tmp_path, capsys):
 def test_the_longer_arms_need_the_600_step_run_in_out(tmp_path):
     with pytest.raises(ValueError, match="needs the arms' finished 600-step run first"):
         M.chosen_lrs(DIAG, tmp_path)
+
+
+@pytest.mark.parametrize("lr", [0, -0.001, float("nan"), "0.002"])
+def test_a_reference_with_a_bad_lr_is_refused_before_out_is_made(lr, tmp_path, capsys):
+    """retrieval --longer and --mechanism read their lrs from the reference: 0, negative, NaN or text is one line, and
+    no OUT (issue 70 item 8)."""
+    from difftransformer.cli import main
+    ref = tmp_path / "ref"
+    shutil.copytree(DIAG, ref)
+    d = json.loads((ref / "diagnostic.json").read_text())
+    d["rows"]["diff_v2"]["lr"] = lr
+    (ref / "diagnostic.json").write_text(json.dumps(d))
+    for mode in (["--longer", "1200"], ["--mechanism"]):
+        rc = main(["retrieval", "--out", str(tmp_path / "o"), *mode, "--reference", str(ref)])
+        err = capsys.readouterr().err
+        assert rc == 2 and "rows.diff_v2.lr" in err and err.count("\n") == 1, err
+        assert not (tmp_path / "o").exists()
+
+
+def test_a_refused_device_leaves_no_out(tmp_path, capsys):
+    from difftransformer.cli import main
+    rc = main(["retrieval", "--out", str(tmp_path / "o"), "--longer", "1200", "--reference", str(DIAG),
+               "--device", "cuda"])
+    assert rc == 2 and not (tmp_path / "o").exists(), capsys.readouterr().err

@@ -33,6 +33,7 @@ import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import statistics
 import sys
 import types
@@ -210,6 +211,8 @@ def check(args: argparse.Namespace) -> tuple[list[Shape], list[str]]:
     modes = _choices("--modes", args.modes, MODES)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but CUDA is not available")
+    for shape in shapes:
+        _refuse_what_cannot_fit(shape, args.device)
     timm_diff_attention()  # timm missing: one line naming the pip install, before any timing
     return shapes, modes
 
@@ -226,6 +229,25 @@ def _table(shape: Shape, mode: str, times: dict[str, list[float]], diff: float) 
                                 f"{median_ratio(times, label, BASE):.3f}x", vs_timm), WIDTHS))
     lines.append(f"# ours V1 holds timm's weights: largest |ours V1 - timm| over the output = {diff:.1e}")
     return lines
+
+
+def _memory(device: str) -> int:
+    if device == "cuda":
+        return int(torch.cuda.mem_get_info()[1])
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _refuse_what_cannot_fit(shape: Shape, device: str) -> None:
+    """An absurd --batch or --seq-len refused in one line before any work, not an allocator traceback: timm's manual
+    path and our eager maps hold every softmax map of every head in float32 through the backward, about six such
+    (B, 2h, T, T) tensors at once, plus the activations."""
+    maps = shape.batch * shape.n_heads * shape.seq_len ** 2 * 4  # one (B, 2h, T, T) float32 set: 2h = n_heads
+    need = 6 * maps + 16 * shape.batch * shape.seq_len * shape.d_model * 4
+    have = _memory(device)
+    if need > have:
+        raise ValueError(f"--batch {shape.batch} --seq-len {shape.seq_len}: the {shape.name} shape needs about "
+                         f"{need / 2**30:,.1f} GiB for its attention maps and activations, more than the "
+                         f"{have / 2**30:,.1f} GiB of this {device}; lower --batch or --seq-len")
 
 
 def run(args: argparse.Namespace) -> int:

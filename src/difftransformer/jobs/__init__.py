@@ -6,8 +6,8 @@ nothing here imports a study."""
 from .codepath import CODE_PATHS, DEVICES, check_code_path, code_path_env, device_key, in_code_path, one_thread
 from .journal import Journal, job_key, parse, read_journal
 from .outcome import EXIT_FAILED, EXIT_TIME_LIMIT, Incomplete, JobError
-from .runner import EXECUTORS, JobSpec, RunOptions, open_executor, run_jobs
+from .runner import EXECUTORS, JobSpec, RunOptions, open_executor, run_jobs, run_jobs_into
 
 __all__ = ["CODE_PATHS", "DEVICES", "EXECUTORS", "EXIT_FAILED", "EXIT_TIME_LIMIT", "Incomplete", "JobError",
            "JobSpec", "Journal", "RunOptions", "check_code_path", "code_path_env", "device_key", "in_code_path",
-           "job_key", "one_thread", "open_executor", "parse", "read_journal", "run_jobs"]
+           "job_key", "one_thread", "open_executor", "parse", "read_journal", "run_jobs", "run_jobs_into"]

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, Literal, Optional, TypeVar, get_args
 
 from .codepath import (
@@ -206,6 +207,19 @@ def run_jobs(spec: JobSpec[J], journal: Journal, options: Optional[RunOptions] =
         if executor is None:
             ex.close()
     return done, ran
+
+
+def run_jobs_into(spec: JobSpec[J], path: Path, header: dict[str, Any], check: Any,
+                  options: Optional[RunOptions] = None) -> tuple[dict[J, dict], int]:
+    """``run_jobs`` into the journal at ``path``, whose directory (a study's OUT) is made only once the executor is
+    open: a refusal of the device, the CPU code path or the cluster leaves no directory behind."""
+    options = options or RunOptions()
+    ex = open_executor(spec.code_path, options)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return run_jobs(spec, Journal(path, header, check), options, executor=ex)
+    finally:
+        ex.close()
 
 
 def _submit(ex: Any, spec: JobSpec[J], job: J) -> Future:

@@ -173,6 +173,9 @@ def classing_table(results: Path, out: Path) -> str:
     first = first_d(results)
     path = out / RESULTS
     res = read_json(path) if path.is_file() else None
+    if res is not None and (not isinstance(res, dict) or not isinstance(res.get("rows"), dict)):
+        raise ValueError(f"{path}: not a language-model re-reading's results (a JSON object with its rows); a "
+                         "results file of another shape is not read as a run in progress")
     rows = (res or {}).get("rows") or {}
     n = sum(1 for _ in (out / JOURNAL).open()) - 1 if (out / JOURNAL).is_file() else 0
 

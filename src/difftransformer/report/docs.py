@@ -23,7 +23,12 @@ PATTERN = re.compile(r"<!-- generated: ([\w-]+) \(make docs\) -->\n(.*?)<!-- end
 
 def _json(*parts: str) -> dict:
     from ..fileio import read_json
-    return read_json(RESULTS.joinpath(*parts))
+    path = RESULTS.joinpath(*parts)
+    data = read_json(path)
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{path.relative_to(ROOT)} holds {type(data).__name__} {str(data)[:20]}, not a study's "
+                         "results (a JSON object)")
+    return data
 
 
 def answer_table() -> str:
@@ -86,7 +91,13 @@ def render(text: str, where: str, cache: dict[str, str]) -> str:
         if name not in BLOCKS:
             raise ValueError(f"{where}: unknown generated block {name!r}; known: {', '.join(BLOCKS)}")
         if name not in cache:
-            cache[name] = BLOCKS[name]().rstrip("\n")
+            try:
+                cache[name] = BLOCKS[name]().rstrip("\n")
+            except ValueError as e:
+                raise ValueError(f"{where}: block {name!r}: {e}") from None
+            except (OSError, KeyError, IndexError, TypeError, AttributeError) as e:  # a file missing or of another shape
+                raise ValueError(f"{where}: block {name!r} cannot be made from docs/results/: "
+                                 f"{type(e).__name__}: {e}") from None
         return f"{OPEN.format(name=name)}\n{cache[name]}\n{CLOSE.format(name=name)}"
     return PATTERN.sub(fill, text)
 

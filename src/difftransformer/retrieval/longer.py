@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Optional
 
 from ..eval import stats
 from ..fileio import atomic_json
-from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
+from ..jobs import JobSpec, RunOptions, job_key, run_jobs_into
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
 from ..rundir.studies import validate_diagnostic, validate_retrieval_arm_run
 from .config import RetrievalConfig
@@ -53,6 +53,11 @@ def first_reading(diag_dir: str | Path) -> dict[str, Any]:
     if res["benchmark"] != "retrieval_diagnostic" or any(n not in res["rows"] for n in NAMES):
         raise ValueError(f"--reference {diag_dir}: not this version's retrieval diagnostic (it needs the rows "
                          f"{', '.join(NAMES)})")
+    for n in NAMES:
+        lr = res["rows"][n].get("lr")
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+            raise ValueError(f"--reference {diag_dir}: diagnostic.json's rows.{n}.lr must be a positive finite "
+                             f"number, got {lr!r}")
     return res
 
 
@@ -189,7 +194,6 @@ def run_longer(diag_dir: str | Path, out_dir: str | Path, steps: tuple[int, ...]
     steps = check_steps(steps)
     cfg_d, dev = first["config"], options.device
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     header = {"benchmark": "retrieval longer training", "version": VERSION, "config": cfg_d,
               "lrs": {n: first["rows"][n]["lr"] for n in NAMES}}
@@ -198,7 +202,7 @@ def run_longer(diag_dir: str | Path, out_dir: str | Path, steps: tuple[int, ...]
                                      args=lambda j: (cfg_d, j.name, j.steps, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                      code_path=RetrievalConfig.from_dict(cfg_d).cpu_code_path,
                                      desc="retrieval at longer training (jobs)")
-    done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_retrieval_arm_run), options)
+    done, ran = run_jobs_into(spec, out / JOURNAL, header, validate_retrieval_arm_run, options)
     res = {"benchmark": "retrieval_longer", "version": VERSION, "reference": str(diag_dir),
            "lengths": assess(first, {LongJob(*j): r for j, r in done.items()}),
            "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done),

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from ..eval import stats
 from ..fileio import atomic_json
-from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
+from ..jobs import JobSpec, RunOptions, job_key, run_jobs_into
 from ..rundir.studies import validate_retrieval_arm_run
 from .config import RetrievalConfig
 from .diagnostic import BASE, LEARNED, STARTED, V1, V2, arm_jobs, reading
@@ -109,13 +109,12 @@ def run_mechanism(diag_dir: str | Path, out_dir: str | Path, options: Optional[R
     cfg = RetrievalConfig.from_dict(first["config"])
     cfg_d, dev = first["config"], options.device
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     header = {"benchmark": "retrieval mechanism arms", "version": VERSION, "config": cfg_d}
     spec: JobSpec[Job] = JobSpec(needed=lambda d: arm_jobs(cfg, d, ARMS), run=run_mechanism_job,
                                  args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                  code_path=cfg.cpu_code_path, desc="retrieval mechanism arms (jobs)")
-    done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_retrieval_arm_run), options)
+    done, ran = run_jobs_into(spec, out / JOURNAL, header, validate_retrieval_arm_run, options)
     res = {"benchmark": "retrieval_mechanism", "version": VERSION, "reference": str(diag_dir),
            "rows": assess(first, {Job(*j): r for j, r in done.items()}),
            "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
@@ -192,7 +191,7 @@ def run_mechanism_longer(diag_dir: str | Path, longer_dir: str | Path, out_dir: 
                                      args=lambda j: (cfg_d, j.name, j.steps, j.seed, j.lr, dev),
                                      key=_longer_key(cfg_d, dev), code_path=cfg.cpu_code_path,
                                      desc=f"retrieval mechanism arms at {steps} steps (jobs)")
-    done, ran = run_jobs(spec, Journal(out / LONGER_JOURNAL, header, validate_retrieval_arm_run), options)
+    done, ran = run_jobs_into(spec, out / LONGER_JOURNAL, header, validate_retrieval_arm_run, options)
     res = {"benchmark": "retrieval_mechanism_longer", "version": VERSION, "reference": str(diag_dir),
            "longer_reference": str(longer_dir), "steps": steps,
            "rows": assess_longer(first, lrs, row, {LongJob(*j): r for j, r in done.items()}, steps),
