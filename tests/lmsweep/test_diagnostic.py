@@ -195,3 +195,42 @@ def test_the_2x_tokens_classing(tmp_path):
     table = longer.classing_table(committed, tmp_path)
     assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines()[2:]] == ["survives", "vanishes", "reverses",
                                                                                    "survives"]
+
+
+def test_the_mechanism_arms_at_toy_size(runs, capsys):
+    """lm-sweep --mechanism (retrieval/LONGER.md's addition of 2026-12-02 00:04) on the toy reference: each arm's grid
+    on every seed, its lr by the sweep's rule, D, C and C' the paired differences against the diagnostics' own runs
+    (their baseline rerun, their variant's rerun, the variant's other form at its chosen lr), the V2 rule's reading; a
+    second run runs nothing; the rebuild from the journal reads the same; refusals before any OUT."""
+    import shutil
+
+    from difftransformer.cli import main
+    from difftransformer.lmsweep import mechanism as mech
+    root, _ = runs
+    diags = root / "diags"
+    if not (diags / "v1-diagnostic").exists():
+        shutil.copytree(root / "diag", diags / "v1-diagnostic")
+        dg.run_diagnostic(root / "ref", diags / "v2-diagnostic", RunOptions(workers=1, progress=False),
+                          spec=dg.v2_spec(("v2_headwise_norm",)))
+    res = mech.run_mechanism(root / "ref", diags, root / "mech", RunOptions(workers=1, progress=False))
+    rows = res["rows"]
+    assert set(rows) == set(mech.ARMS) and res["timings"]["jobs_run"] == len(mech.ARMS) * 2 * 2
+    v1 = json.loads((diags / "v1-diagnostic" / dg.RESULTS).read_text())["arms"]
+    v2 = json.loads((diags / "v2-diagnostic" / dg.RESULTS).read_text())["arms"]
+    for arm, (variant, overrides, diag, _, other) in mech.ARMS.items():
+        r, ref = rows[arm], (v1 if diag == "v1-diagnostic" else v2)
+        assert r["overrides"] == overrides and r["lr"] in TINY.lr_grid and len(r["test_loss"]) == 2
+        assert r["D"]["estimate"] - r["C"]["estimate"] == pytest.approx(ref[variant]["D"]["estimate"])
+        mean = sum(r["test_loss"]) / 2 - sum(ref[other]["test_loss"]) / 2
+        assert r["C2"]["estimate"] == pytest.approx(mean)
+        assert r["reading"] in dg.V2_READINGS
+    again = mech.run_mechanism(root / "ref", diags, root / "mech", RunOptions(workers=1, progress=False))
+    assert again["timings"]["jobs_run"] == 0 and again["rows"] == rows
+    back = mech.rebuild(root / "ref", diags, root / "mech")
+    assert back["rows"] == rows and back["complete"][0] == back["complete"][1]
+    assert "v2_gain" in mech.format_mechanism(res) and "`v1_gain`" in mech.markdown_table(back)
+    assert main(["lm-sweep", "--out", str(root / "m2"), "--mechanism", "--reference", str(root / "ref")]) == 2
+    assert "--mechanism needs --diagnostics" in capsys.readouterr().err
+    assert main(["lm-sweep", "--out", str(root / "m2"), "--mechanism", "--reference", str(root / "ref"),
+                 "--diagnostics", str(root)]) == 2
+    assert "no finished v1-diagnostic" in capsys.readouterr().err and not (root / "m2").exists()

@@ -35,6 +35,7 @@ MODES = (
     Mode("--diagnostic v1", ("diagnostic=v1",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--diagnostic v2", ("diagnostic=v2",), ("arms", "jobs"), ("reference",), REFERENCE_NOTE),
     Mode("--longer", ("longer",), ("jobs",), ("reference",), REFERENCE_NOTE),
+    Mode("--mechanism", ("mechanism",), ("jobs",), ("reference", "diagnostics"), REFERENCE_NOTE),
     Mode("--rounding-partial", ("rounding_partial",), ("rounding_scope",), (), " (it trains nothing)"),
     Mode("--rounding-of", ("rounding_of",), ("config", "quick", "rounding_scope", "jobs")),
     Mode("the sweep", (), ("config", "quick", "jobs")),
@@ -65,9 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
     m.add_argument("--longer", action="store_true",
                    help="instead of the sweep, the answer table's names at 2x the tokens (retrieval/LONGER.md): "
                         "the largest width, 1x lrs (OUT/lm-longer.json); needs --reference")
+    m.add_argument("--mechanism", action="store_true",
+                   help="instead of the sweep, the head-wise norm's mechanism arms v2_gain, v2_gain_one, v1_gain "
+                        "(retrieval/LONGER.md) at the largest width, each lr chosen by the sweep's rule, read against "
+                        "the committed diagnostics' runs (OUT/lm-mechanism.json; about 45 jobs); needs --reference "
+                        "and --diagnostics")
+    m.add_argument("--diagnostics", metavar="DIR",
+                   help="with --mechanism: the folder holding the finished v1-diagnostic/ and v2-diagnostic/ (e.g. "
+                        "docs/results)")
     m.add_argument("--reference", metavar="DIR",
-                   help="with --diagnostic or --longer: a finished protocol-version-2 sweep (its lm-jobs.jsonl) whose "
-                        "configuration, data and lr choices it uses, e.g. docs/results/lm-sweep-v2")
+                   help="with --diagnostic, --longer or --mechanism: a finished protocol-version-2 sweep (its "
+                        "lm-jobs.jsonl) whose configuration, data and lr choices it uses: docs/results/lm-sweep-v2")
     m.add_argument("--arms", metavar="ARM,...",
                    help="with --diagnostic v2: of v2_headwise_norm (default), v2_lambda_scalar, v2_separate_keys, "
                         "v2_headwise_norm_after_first")
@@ -130,6 +139,19 @@ def _run_cli(args) -> int:
             spec = dg.v2_spec(tuple(a.strip() for a in (args.arms or "v2_headwise_norm").split(",") if a.strip()))
             print(dg.format_v2_diagnostic(dg.run_diagnostic(args.reference, args.out, options, spec=spec)))
         return 0
+    if mode.name == "--mechanism":
+        from pathlib import Path
+
+        from ..rundir.studies import read_study
+        from . import diagnostic as dg
+        from . import mechanism
+        cfg, _, _ = dg.reference(Path(args.reference))
+        read_study(args.reference, "lm-sweep", "--reference")  # finished, before OUT is made
+        mechanism.comparison_runs(args.diagnostics, cfg, cfg.largest)
+        print(mechanism.format_mechanism(mechanism.run_mechanism(args.reference, args.diagnostics, args.out,
+                                                                 options)))
+        print(f"wrote {args.out}/{mechanism.RESULTS}")
+        return 0
     if mode.name == "--longer":
         from pathlib import Path
 
@@ -183,7 +205,8 @@ USAGE = """%(prog)s --out DIR [--quick] [configuration] [where the jobs run]
        %(prog)s --out DIR --rounding-partial REF_DIR [--rounding-scope all|chosen]
        %(prog)s --out DIR --diagnostic v1|v2 --reference DIR [--arms ARM,...] [where the jobs run]
        %(prog)s --out DIR --diagnostic v1|v2 --reference DIR --rounding-check CODE_PATH [where the jobs run]
-       %(prog)s --out DIR --longer --reference DIR [where the jobs run]"""
+       %(prog)s --out DIR --longer --reference DIR [where the jobs run]
+       %(prog)s --out DIR --mechanism --reference DIR --diagnostics DIR [where the jobs run]"""
 
 
 def register(sub) -> None:

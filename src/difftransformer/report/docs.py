@@ -95,7 +95,7 @@ def render(text: str, where: str, cache: dict[str, str]) -> str:
                 cache[name] = BLOCKS[name]().rstrip("\n")
             except ValueError as e:
                 raise ValueError(f"{where}: block {name!r}: {e}") from None
-            except (OSError, KeyError, IndexError, TypeError, AttributeError) as e:  # a file missing or of another shape
+            except (OSError, KeyError, IndexError, TypeError, AttributeError) as e:  # missing, or of another shape
                 raise ValueError(f"{where}: block {name!r} cannot be made from docs/results/: "
                                  f"{type(e).__name__}: {e}") from None
         return f"{OPEN.format(name=name)}\n{cache[name]}\n{CLOSE.format(name=name)}"
