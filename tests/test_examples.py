@@ -57,7 +57,8 @@ def test_vit_without_the_baseline_prints_no_difference():
 
 @pytest.mark.parametrize(("script", "flags", "expected"), [
     ("gpt.py", ["--variant", "diff_v3"], "invalid choice: 'diff_v3'"),
-    ("gpt.py", ["--d-model", "30"], "--d-model 30: DiffAttention: head_dim=7 must be even"),
+    ("gpt.py", ["--d-model", "30"], "--d-model 30: DiffAttention: d_model=30 is not divisible by n_heads=4"),
+    ("gpt.py", ["--d-model", "28"], "--d-model 28: DiffAttention: head_dim=7 must be even"),
     ("vit_digits.py", ["--seeds", "0"], "--seeds, --epochs and --depth must be at least 1"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_a_bad_flag_is_one_error_line(script, flags, expected):

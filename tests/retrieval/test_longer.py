@@ -113,3 +113,36 @@ def test_a_lead_that_survives_is_a_capability_reading_and_a_reversal_is_neither(
     c = L.classify(_lengths(acc600, later, {}))
     assert c["diff_v1"]["class"] == "capability" and not c["diff_v1"]["lengths"]["2400"]["at_ceiling"]
     assert c["diff_v2"]["lengths"]["2400"]["status"] == "reverses" and c["diff_v2"]["class"] == "none"
+
+
+def test_the_rounding_check_compares_every_length_and_class(monkeypatch, tmp_path):
+    """``retrieval --longer 1200,2400 --rounding-check avx2``: the committed re-reading against a second run (here
+    the same runs with one seed's accuracy moved, so that nothing trains): per length the readings that differ and
+    the runs bitwise equal, and each cell's class under both code paths."""
+    import copy
+    import shutil
+
+    one = L.rebuild(DIAG, OUT)
+    two = copy.deepcopy(one)
+    moved = two["lengths"]["2400"]["diff_v1"]
+    moved["accuracy"][0] -= 0.5  # a rounding that is not a rounding: the check must see it
+    calls = []
+
+    def fake_run(diag, out, steps, options, code_path):
+        calls.append((Path(out).name, steps, code_path))
+        return two
+
+    monkeypatch.setattr(L, "run_longer", fake_run)
+    shutil.copytree(OUT, tmp_path / "longer")
+    check = L.rounding_check(DIAG, tmp_path / "longer", "avx2")
+    assert calls == [("rounding-avx2", L.STEPS, "avx2")]
+    assert check["code_paths"] == ["machine", "avx2"]
+    eq = check["lengths"]["2400"]["rows"]["diff_v1"]["equal_runs"]
+    assert eq == [11, 12] and check["lengths"]["1200"]["equal_runs"][0] == check["lengths"]["1200"]["equal_runs"][1]
+    assert set(check["classes"]) == set(L.NAMES[1:])
+    assert all(a == b for n, (a, b) in check["classes"].items() if n != "diff_v1")
+    assert "classes that differ" in L.format_rounding(check)
+    with pytest.raises(ValueError, match="already ran that CPU code path"):
+        L.rounding_check(DIAG, tmp_path / "longer", "machine")
+    with pytest.raises(ValueError, match="no re-reading there"):
+        L.rounding_check(DIAG, tmp_path / "nothing", "avx2")

@@ -31,6 +31,8 @@ REFERENCE_NOTE = " (it takes its configuration from --reference DIR)"
 MODES = (
     Mode("--mechanism --longer", ("mechanism", "longer"), ("jobs",), ("reference", "longer_reference"),
          REFERENCE_NOTE),
+    Mode("--longer --rounding-check", ("longer", "rounding_check"), ("jobs",), ("reference",),
+         " (it reruns the re-reading in OUT)"),
     Mode("--longer", ("longer",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--mechanism", ("mechanism",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--diagnostic", ("diagnostic",), ("rounding_check", "jobs"), ("reference",),
@@ -179,6 +181,20 @@ def _run_cli(args) -> int:
         print(mechanism.format_mechanism(mechanism.run_mechanism_longer(args.reference, args.longer_reference,
                                                                         args.out, options)))
         print(f"wrote {args.out}/{mechanism.LONGER_RESULTS}")
+        return 0
+    if mode.name == "--longer --rounding-check":
+        from ..fileio import atomic_json
+        from . import longer
+        if longer.check_steps(ints(args.longer, "--longer")) != longer.STEPS:
+            raise ValueError("--longer --rounding-check: the check reruns every length: --longer "
+                             + ",".join(map(str, longer.STEPS)))
+        check_pin(args.rounding_check, options, "--rounding-check")
+        longer.first_reading(args.reference)
+        check = longer.rounding_check(args.reference, args.out, args.rounding_check, options)
+        where = Path(args.out) / longer.ROUNDING.format(code_path=args.rounding_check) / longer.ROUNDING_RESULTS
+        atomic_json(where, check)
+        print(longer.format_rounding(check))
+        print(f"wrote {where}")
         return 0
     if mode.name == "--longer":
         from . import longer
