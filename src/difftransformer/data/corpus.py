@@ -78,6 +78,44 @@ def _files(path: Path) -> Iterable[Path]:
     return [path]
 
 
+def check_sources(sources: list[str], flag: str = "data.sources") -> None:
+    """Every source an embedded name or an existing .txt/.jsonl file or folder of them, checked before any work (one
+    ValueError naming ``flag``); the files are read later, by ``load_corpus``."""
+    for src in sources:
+        if src in EMBEDDED:
+            continue
+        path = Path(src).expanduser()
+        if not path.exists():
+            raise ValueError(f"{flag}: {src} does not exist (give .txt/.jsonl files or folders of them)")
+        try:
+            _files(path)
+        except ValueError as e:
+            raise ValueError(str(e).replace("data.sources", flag)) from None
+
+
+def contents_digest(sources: list[str]) -> str | None:
+    """A SHA-256 over the bytes of every file the non-embedded ``sources`` name (in ``load_corpus``'s order), so that
+    tokens prepared from a file are not reused once it changes; None when every source is embedded (or a path is
+    missing: ``load_corpus`` says so)."""
+    import hashlib
+    if all(s in EMBEDDED for s in sources):
+        return None
+    h = hashlib.sha256()
+    for src in sources:
+        if src in EMBEDDED:
+            h.update(src.encode())
+            continue
+        path = Path(src).expanduser()
+        if not path.exists():
+            return None
+        for f in _files(path):
+            h.update(f.name.encode() + b"\0")
+            with f.open("rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
+
+
 def load_corpus(sources: list[str]) -> list[str]:
     """All documents of ``sources`` in order (an embedded name, or files/folders); clear errors for bad input."""
     docs: list[str] = []

@@ -41,9 +41,13 @@ ENCODE_CHUNK = 256  # documents per encode_batch call (one progress-bar tick)
 
 def fingerprint(data_cfg) -> str:
     """Hash of every option that changes the tokens (not where prepared shards are shared from)."""
+    from .corpus import contents_digest
     d = dataclasses.asdict(data_cfg)
     for k in ("prepared_dir", "seq_len"):
         d.pop(k, None)
+    digest = contents_digest(list(d.get("sources") or []))
+    if digest is not None:  # your own files: their contents too (the embedded corpus's fingerprints are unchanged)
+        d["contents"] = digest
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -35,6 +35,10 @@ class LMSweepConfig:
     n_heads: int = flag(4, "the baseline's heads at every width, even (DIFF V1: 2 differential heads, DIFF V2: 8 "
                            "query heads); head_dim = d_model / n_heads")
     preset: str = flag("demo", "the preset whose [data] section (tokens, tokenizer) and other [model] options are used")
+    data: tuple[str, ...] = flag((), "your own corpus instead of the preset's: .txt/.jsonl files or folders, comma-"
+                                     "separated; a byte-level BPE tokenizer of the preset's size is trained on them "
+                                     "and the protocol is otherwise as fixed (default: the preset's sources, the "
+                                     "embedded King James Bible)")
     seq_len: int = flag(128, "training and validation window, tokens")
     batch: int = flag(16, "windows per optimizer step (one micro-batch); gpu scale 64")
     steps: int = flag(300, "optimizer steps per run; gpu scale 600")
@@ -55,7 +59,7 @@ class LMSweepConfig:
                                               "(rerun under another to check the verdicts against rounding)")
 
     def __post_init__(self) -> None:
-        as_tuples(self, "widths", "variants")
+        as_tuples(self, "widths", "variants", "data")
         object.__setattr__(self, "lr_grid", tuple(float(x) for x in self.lr_grid))
         self.validate()
 
@@ -66,6 +70,8 @@ class LMSweepConfig:
             check_int(name, getattr(self, name), lo)
         if self.n_heads % 2:
             raise ValueError(f"n_heads must be even (DIFF V1 pairs the baseline's heads), got {self.n_heads}")
+        if any(not isinstance(x, str) or not x.strip() for x in self.data):
+            raise ValueError(f"data must list paths to .txt/.jsonl files or folders, got {list(self.data)}")
         if len(self.widths) < 2 or len(set(self.widths)) != len(self.widths):
             raise ValueError(f"widths must list at least two distinct model widths, got {list(self.widths)}")
         for w in self.widths:
@@ -100,7 +106,10 @@ class LMSweepConfig:
         return max(self.widths)
 
     def to_dict(self) -> dict[str, Any]:
-        return to_dict(self, "widths", "lr_grid", "variants")
+        d = to_dict(self, "widths", "lr_grid", "variants", "data")
+        if not self.data:  # written only when set: every run before the field keeps its keys and headers
+            del d["data"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LMSweepConfig:

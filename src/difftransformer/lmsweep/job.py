@@ -33,7 +33,7 @@ def train_config(cfg: LMSweepConfig, width: int, variant: str, seed: int, lr: fl
     return load_config(cfg.preset, {
         "model": {"attention": variant, "d_model": width, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
                   "max_seq_len": max(cfg.seq_len, 8), **(model_overrides or {})},
-        "data": {"prepared_dir": data_dir, "seq_len": cfg.seq_len},
+        "data": {"prepared_dir": data_dir, "seq_len": cfg.seq_len, **({"sources": list(cfg.data)} if cfg.data else {})},
         "train": {"steps": cfg.steps, "batch_size": cfg.batch, "micro_batch_size": cfg.batch, "lr": lr,
                   "min_lr": lr * cfg.min_lr_ratio, "warmup_steps": cfg.warmup_steps, "seed": seed, "device": device,
                   "precision": "float32", "compile": False, "eval_every": cfg.steps},

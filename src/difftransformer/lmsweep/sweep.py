@@ -74,6 +74,8 @@ def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, prog
     those lrs; the same journal keys as the whole sweep's, so a later run without them completes it."""
     options = options or RunOptions(workers=workers, progress=progress)
     refuse_other_version(Path(out_dir) / JOURNAL)  # before the executor starts and the tokens are prepared
+    from ..data.corpus import check_sources
+    check_sources(list(cfg.data), "--data")  # your own corpus: every path there, before OUT is made
     ex = open_executor(cfg.cpu_code_path, options)  # a refusal (no GPU, no cluster) before the tokens are prepared
     try:
         return _run(cfg, Path(out_dir), options, ex, choices)
@@ -275,10 +277,18 @@ def sensitivity_rows(res: dict[str, Any]) -> list[SensitivityRow]:
     return rows
 
 
+def corpus(cfg_d: dict[str, Any]) -> str:
+    """Which text a sweep trained on: the user's files (``--data``) or the preset's own sources."""
+    if cfg_d.get("data"):
+        return "your own (--data): " + ", ".join(cfg_d["data"])
+    return f"the {cfg_d.get('preset', 'demo')} preset's (the embedded King James Bible unless the preset says other)"
+
+
 def format_sweep(res: dict[str, Any]) -> str:
     from ..eval.plotting import label
     lines = [f"language-model sweep (protocol v{res['protocol_version']}): {len(res['seeds'])} seeds, "
-             f"{res['tokens_per_run']:,} training tokens per run; test-half loss at each variant's lr (seed mean)"]
+             f"{res['tokens_per_run']:,} training tokens per run; test-half loss at each variant's lr (seed mean)",
+             f"corpus: {corpus(res.get('config', {}))}"]
     ws = res["widths"]
     lines.append(f"{'variant':<10}" + "".join(f"{'d=' + str(w):>26}" for w in ws))
     for v, rows in res["table"].items():
