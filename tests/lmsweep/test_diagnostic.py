@@ -191,7 +191,11 @@ def test_the_2x_tokens_classing(tmp_path):
             "no_norm": {"D": {"estimate": 0.01, "ci": [-0.02, 0.04]}},  # 1x -0.084, below: vanishes
             "diff_v2": {"D": {"estimate": 0.05, "ci": [0.02, 0.08]}},  # 1x -0.106, below: reverses
             "v2_headwise_norm": {"D": {"estimate": 0.2, "ci": [0.1, 0.3]}}}
-    (tmp_path / longer.RESULTS).write_text(json.dumps({"rows": rows}))
+    iv = {"n": 5, "method": "paired t, df=4"}
+    full = {n: {"lr": 4e-3, "test_loss": [1.0] * 5, "mean": 1.0, "failed": 0, "D": {**r["D"], **iv}}
+            for n, r in rows.items()}
+    (tmp_path / longer.RESULTS).write_text(json.dumps({"benchmark": "lm_longer", "version": 1, "reference": "r",
+                                                       "width": 96, "steps": 600, "rows": full, "timings": {}}))
     table = longer.classing_table(committed, tmp_path)
     assert [line.rsplit("|", 2)[1].strip() for line in table.splitlines()[2:]] == ["survives", "vanishes", "reverses",
                                                                                    "survives"]

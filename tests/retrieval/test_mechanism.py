@@ -32,7 +32,8 @@ def test_the_committed_journal_rebuilds():
     done, total = res["complete"]
     assert done == len(lines) and total >= 3 * 3 * 12  # three arms, a grid of at least three lrs, 12 seeds
     if done == total:  # finished: the committed results are this rebuild's reading, number for number
-        committed = json.loads((OUT / M.RESULTS).read_text())
+        from difftransformer.retrieval.schema import read, validate_mechanism
+        committed = read(OUT / M.RESULTS, validate_mechanism)  # the schema the writer checks
         assert set(committed["rows"]) == set(M.ARMS)
         assert json.loads(json.dumps(res["rows"])) == committed["rows"]
     for arm, row in res["rows"].items():

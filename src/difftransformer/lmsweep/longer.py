@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from ..eval import stats
-from ..fileio import atomic_json
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
-from ..rundir.studies import validate_lm_arm_run
+from ..rundir.studies import validate_lm_arm_run, write_checked
 from .config import LMSweepConfig
 from .diagnostic import (
     ARMS,
@@ -34,6 +33,7 @@ from .diagnostic import (
     prepare_reference_tokens,
     reference,
 )
+from .schema import validate_longer
 
 VERSION = 1  # LONGER.md's language-model addition: in every job key and the journal header
 JOURNAL = "lm-longer-jobs.jsonl"
@@ -131,7 +131,7 @@ def run_longer(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOp
     res = {"benchmark": "lm_longer", "version": VERSION, "reference": str(ref_dir), "width": width, "steps": steps,
            "rows": assess(cfg, steps, {LongJob(*j): r for j, r in done.items()}, cap_of(vocab)),
            "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
-    atomic_json(out / RESULTS, res)
+    write_checked(out / RESULTS, res, validate_longer)
     return res
 
 
@@ -169,13 +169,10 @@ def classing_table(results: Path, out: Path) -> str:
     """docs/lm-sweep.md's table: each name's D at 1x (the committed diagnostics) and at 2x the tokens, and whether
     the verdict survives, vanishes or reverses (retrieval/LONGER.md's rule on the test-half loss); "running" while
     the committed re-reading is not finished (no OUT/lm-longer.json)."""
-    from ..fileio import read_json
     first = first_d(results)
     path = out / RESULTS
-    res = read_json(path) if path.is_file() else None
-    if res is not None and (not isinstance(res, dict) or not isinstance(res.get("rows"), dict)):
-        raise ValueError(f"{path}: not a language-model re-reading's results (a JSON object with its rows); a "
-                         "results file of another shape is not read as a run in progress")
+    from .schema import read
+    res = read(path, validate_longer) if path.is_file() else None  # another shape: one error, never "running"
     rows = (res or {}).get("rows") or {}
     n = sum(1 for _ in (out / JOURNAL).open()) - 1 if (out / JOURNAL).is_file() else 0
 

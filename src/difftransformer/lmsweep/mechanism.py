@@ -19,7 +19,7 @@ from typing import Any, Optional
 from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
 from ..jobs.journal import Journal
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_lm_arm_run
+from ..rundir.studies import validate_lm_arm_run, write_checked
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
 from .diagnostic import (
@@ -36,6 +36,7 @@ from .diagnostic import (
 from .diagnostic import (
     JOURNAL as DIAG_JOURNAL,
 )
+from .schema import validate_mechanism
 
 VERSION = 1
 JOURNAL = "lm-mechanism-jobs.jsonl"
@@ -138,7 +139,6 @@ def _key(cfg_d: dict[str, Any], fp: str, dev: str):
 def run_mechanism(ref_dir: str | Path, diag_root: str | Path, out_dir: str | Path,
                   options: Optional[RunOptions] = None) -> dict[str, Any]:
     """Run (or resume) every job of the addition and read the arms."""
-    from ..fileio import atomic_json
     options = options or RunOptions(workers=2)
     cfg, fp, _ = reference(Path(ref_dir))
     width = cfg.largest
@@ -163,7 +163,7 @@ def run_mechanism(ref_dir: str | Path, diag_root: str | Path, out_dir: str | Pat
     res = {"benchmark": "lm_mechanism", "version": VERSION, "reference": str(ref_dir), "diagnostics": str(diag_root),
            "width": width, "rows": assess(cfg, width, runs_of, done, cap),
            "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
-    atomic_json(out / RESULTS, res)
+    write_checked(out / RESULTS, res, validate_mechanism)
     return res
 
 

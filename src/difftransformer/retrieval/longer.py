@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from ..eval import stats
-from ..fileio import atomic_json
 from ..jobs import JobSpec, RunOptions, job_key, run_jobs_into
-from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_diagnostic, validate_retrieval_arm_run
+from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, ROUNDING_NAME
+from ..rundir.studies import validate_diagnostic, validate_retrieval_arm_run, write_checked
 from .config import RetrievalConfig
 from .diagnostic import ARMS, BASE, LEARNED, STARTED, V1, V2, arm_change, reading, run_arm_job
+from .schema import validate_longer
 
 VERSION = 1  # LONGER.md's version: in every job key and the journal header
 JOURNAL = "longer-jobs.jsonl"
@@ -211,12 +211,12 @@ def run_longer(diag_dir: str | Path, out_dir: str | Path, steps: tuple[int, ...]
            "lengths": assess(first, {LongJob(*j): r for j, r in done.items()}),
            "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done),
                        "jobs_run": ran}}
-    atomic_json(out / RESULTS, res)
+    write_checked(out / RESULTS, res, validate_longer)
     return res
 
 
 ROUNDING = "rounding-{code_path}"  # the rounding check's OUT, inside the re-reading's
-ROUNDING_RESULTS = "rounding.json"
+ROUNDING_RESULTS = ROUNDING_NAME
 
 
 def rounding_check(diag_dir: str | Path, out_dir: str | Path, code_path: str,

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..eval import stats
-from ..fileio import atomic_json
 from ..jobs import JobSpec, RunOptions, job_key, run_jobs_into
-from ..rundir.studies import validate_retrieval_arm_run
+from ..rundir.studies import validate_retrieval_arm_run, write_checked
 from .config import RetrievalConfig
 from .diagnostic import BASE, LEARNED, STARTED, V1, V2, arm_jobs, reading
 from .longer import LongJob, crossing, first_reading
 from .protocol import Job, lr_choice
+from .schema import validate_mechanism
 
 VERSION = 1
 JOURNAL = "mechanism-jobs.jsonl"
@@ -118,7 +118,7 @@ def run_mechanism(diag_dir: str | Path, out_dir: str | Path, options: Optional[R
     res = {"benchmark": "retrieval_mechanism", "version": VERSION, "reference": str(diag_dir),
            "rows": assess(first, {Job(*j): r for j, r in done.items()}),
            "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
-    atomic_json(out / RESULTS, res)
+    write_checked(out / RESULTS, res, validate_mechanism)
     return res
 
 
@@ -196,7 +196,7 @@ def run_mechanism_longer(diag_dir: str | Path, longer_dir: str | Path, out_dir: 
            "longer_reference": str(longer_dir), "steps": steps,
            "rows": assess_longer(first, lrs, row, {LongJob(*j): r for j, r in done.items()}, steps),
            "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
-    atomic_json(out / LONGER_RESULTS, res)
+    write_checked(out / LONGER_RESULTS, res, validate_mechanism)
     return res
 
 

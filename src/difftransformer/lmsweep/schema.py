@@ -1,0 +1,69 @@
+"""The language-model follow-ups' result files, beside their code: the 2x-tokens re-reading (``lm-longer.json``) and
+the mechanism arms (``lm-mechanism.json``), checked when written and when read (one ValueError naming the file and
+the field); the sweep's and the diagnostics' own schemas are in ``rundir.studies``."""
+
+# no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
+from pathlib import Path
+from typing import Any, Union
+
+from typing_extensions import NotRequired, TypedDict
+
+from ..rundir.studies import Interval, LmLrScore, checker
+
+
+class LongerRow(TypedDict):
+    lr: float
+    test_loss: list[float]
+    mean: float
+    failed: int
+    D: NotRequired[Interval]
+    reading_D: NotRequired[str]
+    C: NotRequired[Interval]
+    reading: NotRequired[str]
+
+
+class LongerResults(TypedDict):
+    benchmark: str
+    version: int
+    reference: str
+    width: int
+    steps: int
+    rows: dict[str, LongerRow]
+    timings: dict[str, Any]
+
+
+class MechanismRow(TypedDict):
+    lr: float
+    variant: str
+    overrides: dict[str, Any]
+    against: str
+    grid: list[LmLrScore]
+    widened: list[float]
+    unresolved_edge: bool
+    test_loss: list[float]
+    failed: int
+    D: Interval
+    C: Interval
+    C_against: str
+    reading: str
+    C2: Interval
+    C2_against: str
+
+
+class MechanismResults(TypedDict):
+    benchmark: str
+    version: int
+    reference: str
+    diagnostics: str
+    width: int
+    rows: dict[str, MechanismRow]
+    timings: dict[str, Any]
+
+
+validate_longer = checker(LongerResults)
+validate_mechanism = checker(MechanismResults)
+
+
+def read(path: Union[str, Path], check: Any) -> Any:
+    from ..fileio import read_json
+    return check(read_json(Path(path)), str(path))

@@ -1,0 +1,81 @@
+"""The retrieval follow-ups' result files, beside their code: the re-reading at longer training (``longer.json``), the
+mechanism arms (``mechanism.json``, ``mechanism-longer.json``). Each is checked when written (``write_checked``) and
+when read (``read``), one ValueError naming the file and the field; the benchmark's and the diagnostic's own schemas
+are in ``rundir.studies``."""
+
+# no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from typing_extensions import NotRequired, TypedDict
+
+from ..rundir.studies import Interval, checker
+
+
+class Speed(TypedDict):
+    """The speed endpoint (``longer.crossing``): median paired difference of the first step below a loss threshold,
+    its sign-test interval and coverage, per seed, and how many runs never crossed."""
+    estimate: Optional[float]
+    ci: list[Optional[float]]
+    method: str
+    coverage: float
+    per_seed: list[float]
+    never: list[int]
+
+
+class LongerRow(TypedDict):
+    accuracy: list[float]
+    mean: float
+    extrapolation: list[float]
+    below_floor: int
+    first_step_below: dict[str, list[Optional[int]]]
+    D: NotRequired[Interval]
+    D_extrapolation: NotRequired[Interval]
+    speed: NotRequired[dict[str, Speed]]
+    C: NotRequired[Interval]
+    speed_C: NotRequired[dict[str, Speed]]
+    reading: NotRequired[str]
+
+
+class LongerResults(TypedDict):
+    benchmark: str
+    version: int
+    reference: str
+    lengths: dict[str, dict[str, LongerRow]]
+    timings: dict[str, Any]
+
+
+class MechanismRow(TypedDict):
+    lr: float
+    overrides: dict[str, Any]
+    accuracy: list[float]
+    mean: float
+    below_floor: int
+    D: Interval
+    C: Interval
+    C_against: str
+    reading: str
+    C2: Interval
+    C2_against: str
+    speed: dict[str, Speed]
+    speed_C: dict[str, Speed]
+
+
+class MechanismResults(TypedDict):
+    benchmark: str
+    version: int
+    reference: str
+    rows: dict[str, MechanismRow]
+    timings: dict[str, Any]
+    steps: NotRequired[int]
+    longer_reference: NotRequired[str]
+
+
+validate_longer = checker(LongerResults)
+validate_mechanism = checker(MechanismResults)
+
+
+def read(path: Union[str, Path], check: Any) -> Any:
+    """A follow-up's result file, read and checked (one ValueError naming the file)."""
+    from ..fileio import read_json
+    return check(read_json(Path(path)), str(path))
