@@ -4,11 +4,15 @@ not quietly shrink ``make test-fast``, drop a test from the serial pass or reord
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
-import conftest
-
 ROOT = Path(__file__).resolve().parents[1]
+# tests/conftest.py by its path: ``import conftest`` may find another folder's conftest module first
+_spec = importlib.util.spec_from_file_location("tests_conftest_lists", ROOT / "tests" / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conftest)
 
 
 def _functions(path: Path) -> set[str]:

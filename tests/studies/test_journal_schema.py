@@ -24,7 +24,10 @@ COMMITTED = sorted(RESULTS.rglob("*.jsonl"))
 SCHEMAS = {"kv_retrieval benchmark": studies.RetrievalRun, "kv_retrieval width sweep": studies.RetrievalRun,
            "retrieval diagnostic": studies.RetrievalArmRun, "retrieval longer training": studies.RetrievalArmRun,
            "language-model sweep": studies.LmSweepRun, "language-model longer training": studies.LmArmRun,
-           "DIFF V1 diagnostic": studies.LmArmRun, "DIFF V2 diagnostic": studies.LmArmRun}
+           "DIFF V1 diagnostic": studies.LmArmRun, "DIFF V2 diagnostic": studies.LmArmRun,
+           "retrieval mechanism arms": studies.RetrievalArmRun,
+           "retrieval mechanism arms, longer": studies.RetrievalArmRun,
+           "language-model mechanism arms": studies.LmArmRun}
 # journals committed while their study runs (each resumes from its committed journal): at least one record
 IN_PROGRESS: set[str] = set()  # none now (the language-model re-reading finished 2026-12-01)
 CHECKS = {studies.RetrievalRun: studies.validate_retrieval_run, studies.RetrievalArmRun:
@@ -40,7 +43,8 @@ def _schema(header: dict) -> type:
 
 
 def test_every_committed_journal_holds_its_studys_schema_and_nothing_else():
-    assert len(COMMITTED) == 11  # the sweeps, the benchmark, the diagnostics, their rounding checks, the re-readings
+    # the sweeps, the benchmark, the diagnostics, their rounding checks, the re-readings, the mechanism arms
+    assert len(COMMITTED) == 12
     for path in COMMITTED:
         header = json.loads(path.read_text().splitlines()[0])["journal"]
         schema = _schema(header)

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from .codepath import DEVICES
-from .outcome import EXIT_FAILED, EXIT_TIME_LIMIT, Incomplete
+from .outcome import EXIT_TIME_LIMIT, Incomplete
 from .runner import EXECUTORS, RunOptions
 
 
@@ -18,28 +18,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="local worker processes, one torch thread each (default 2; --executor local); the numbers "
                         "do not depend on it")
     p.add_argument("--executor", choices=EXECUTORS, default="local",
-                   help="where jobs run: 'local' (default) worker processes on this machine; 'ray' one Ray task per "
-                        "job on a Ray cluster (pip install 'difftransformer[ray]'; docs/cluster.md); the results are "
-                        "the same, the journal the same (a run may move between them and resume)")
+                   help="'local' (default): worker processes here; 'ray': one Ray task per job on a cluster "
+                        "(docs/cluster.md); the same results and journal")
     p.add_argument("--ray-address", type=text_arg, metavar="HOST:PORT",
-                   help="with --executor ray: the cluster to join (its head's HOST:PORT, or 'auto' for the one this "
-                        "node belongs to); without it, Ray's own rule: $RAY_ADDRESS, else a cluster `ray start` "
-                        "runs on this node, else a new local instance on this machine, stopped at the end")
+                   help="with --executor ray: the cluster's head, or 'auto' (default: Ray's own rule, "
+                        "docs/cluster.md)")
     p.add_argument("--cpus-per-job", type=float, default=1,
                    help="with --executor ray: CPUs each job's task asks for (default 1; a job uses one thread)")
     p.add_argument("--gpus-per-job", type=float, default=0,
-                   help="with --executor ray: GPUs each job's task asks for (default 0; a fraction such as 0.125 "
-                        "runs several small jobs on one GPU; needed with --device cuda)")
+                   help="with --executor ray: GPUs each job asks for (default 0; 0.125 shares one GPU by 8)")
     p.add_argument("--device", choices=DEVICES, default="cpu",
-                   help="where each job trains: 'cpu' (default) or 'cuda' (the GPU its process was given); GPU "
-                        "results differ from CPU ones and are journaled apart (the device and precision are part "
-                        "of the job's key)")
+                   help="where each job trains (default cpu); GPU results are journaled apart (the device and "
+                        "precision are in the job's key)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
-                   help="no job starts later than SECONDS after the command started; the running ones finish and are "
-                        "journaled, then the command prints 'incomplete: rerun the same command to resume' and exits "
-                        f"with code {EXIT_TIME_LIMIT} (for a machine held for a fixed time: leave the longest job's "
-                        f"time to spare). A job that fails does not stop the others: exit code {EXIT_FAILED}, "
-                        "OUT/failed/KEY.txt holds its traceback, a rerun retries it")
+                   help=f"no job starts after SECONDS; the running ones finish, then exit code {EXIT_TIME_LIMIT} "
+                        "(rerun the same command to resume)")
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:

@@ -67,16 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                    help="instead of the sweep, the answer table's names at 2x the tokens (retrieval/LONGER.md): "
                         "the largest width, 1x lrs (OUT/lm-longer.json); needs --reference")
     m.add_argument("--mechanism", action="store_true",
-                   help="instead of the sweep, the head-wise norm's mechanism arms v2_gain, v2_gain_one, v1_gain "
-                        "(retrieval/LONGER.md) at the largest width, each lr chosen by the sweep's rule, read against "
-                        "the committed diagnostics' runs (OUT/lm-mechanism.json; about 45 jobs); needs --reference "
-                        "and --diagnostics")
-    m.add_argument("--diagnostics", metavar="DIR",
-                   help="with --mechanism: the folder holding the finished v1-diagnostic/ and v2-diagnostic/ (e.g. "
-                        "docs/results)")
+                   help="the norm's mechanism arms (retrieval/LONGER.md; about 45 jobs); needs --diagnostics")
+    m.add_argument("--diagnostics", metavar="DIR", help="with --mechanism: holds v1-diagnostic/, v2-diagnostic/")
     m.add_argument("--reference", metavar="DIR",
                    help="with --diagnostic, --longer or --mechanism: a finished protocol-version-2 sweep (its "
-                        "lm-jobs.jsonl) whose configuration, data and lr choices it uses: docs/results/lm-sweep-v2")
+                        "lm-jobs.jsonl) whose configuration, data and lr choices it uses")
     m.add_argument("--arms", metavar="ARM,...",
                    help="with --diagnostic v2: of v2_headwise_norm (default), v2_lambda_scalar, v2_separate_keys, "
                         "v2_headwise_norm_after_first")

@@ -35,10 +35,8 @@ class LMSweepConfig:
     n_heads: int = flag(4, "the baseline's heads at every width, even (DIFF V1: 2 differential heads, DIFF V2: 8 "
                            "query heads); head_dim = d_model / n_heads")
     preset: str = flag("demo", "the preset whose [data] section (tokens, tokenizer) and other [model] options are used")
-    data: tuple[str, ...] = flag((), "your own corpus instead of the preset's: .txt/.jsonl files or folders, comma-"
-                                     "separated; a byte-level BPE tokenizer of the preset's size is trained on them "
-                                     "and the protocol is otherwise as fixed (default: the preset's sources, the "
-                                     "embedded King James Bible)")
+    data: tuple[str, ...] = flag((), "your own corpus: .txt/.jsonl files or folders, comma-separated (a tokenizer "
+                                     "is trained on them; docs/lm-sweep.md)")
     seq_len: int = flag(128, "training and validation window, tokens")
     batch: int = flag(16, "windows per optimizer step (one micro-batch); gpu scale 64")
     steps: int = flag(300, "optimizer steps per run; gpu scale 600")
@@ -53,9 +51,11 @@ class LMSweepConfig:
     outlier_windows: int = 8  # test-half windows for the activation-outlier measure
     variants: tuple[str, ...] = flag(factory=registry.names, help="a subset of the registered variants; the "
                                      "reference (every ratio's) is added when not named")
-    scale: Scale = flag("cpu",  # noqa: RUF009 (flag is a dataclasses.field) "the pre-registered scale the other values start from: cpu (99 minutes on 2 cores, "
+    scale: Scale = flag(  # noqa: RUF009 (flag is a dataclasses.field)
+        "cpu", "the pre-registered scale the other values start from: cpu (99 minutes on 2 cores, "
                                "measured once) or gpu (wider, 8x the tokens, 6 seeds; for --device cuda)")
-    cpu_code_path: CodePath = flag("machine",  # noqa: RUF009 (flag is a dataclasses.field) "the CPU kernels every job runs: machine, or a pinned instruction set "
+    cpu_code_path: CodePath = flag(  # noqa: RUF009 (flag is a dataclasses.field)
+        "machine", "the CPU kernels every job runs: machine, or a pinned instruction set "
                                               "(rerun under another to check the verdicts against rounding)")
 
     def __post_init__(self) -> None:

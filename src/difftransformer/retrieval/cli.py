@@ -70,12 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                    help="the re-reading at longer training (LONGER.md): the answer table's names at their "
                         "600-step lrs, 1200 and/or 2400 steps")
     m.add_argument("--mechanism", action="store_true",
-                   help="the norm's mechanism arms (LONGER.md) at 600 steps; with --longer 2400 and "
-                        "--longer-reference: the same arms at their 600-step lrs trained 2,400 steps, into the OUT of "
-                        "the 600-step run, read against the re-reading's 2,400-step runs")
+                   help="the norm's mechanism arms (LONGER.md); with --longer 2400: at 2,400 steps")
     m.add_argument("--longer-reference", metavar="DIR",
-                   help="with --mechanism --longer 2400: the finished re-reading at longer training (retrieval "
-                        "--longer's OUT, e.g. docs/results/retrieval-longer)")
+                   help="with --mechanism --longer 2400: the finished re-reading (retrieval --longer's OUT)")
     m.add_argument("--reference", metavar="DIR",
                    help="--diagnostic: a finished benchmark run ON THIS MACHINE, whose configuration, lrs and runs "
                         "it reads; --longer, --mechanism: a finished diagnostic")

@@ -139,7 +139,8 @@ class RetrievalConfig:
     quant_bits: tuple[int, ...] = (8, 6, 4, 3)
     data_seed: int = 1234  # training stream; validation uses data_seed + 1, test data_seed + 2
     # the CPU kernels every job runs (jobs/codepath.py)
-    cpu_code_path: CodePath = flag("machine",  # noqa: RUF009 (flag is a dataclasses.field) "the CPU kernels every job runs: machine lets each library pick them; "
+    cpu_code_path: CodePath = flag(  # noqa: RUF009 (flag is a dataclasses.field)
+        "machine", "the CPU kernels every job runs: machine lets each library pick them; "
                                               "avx2/avx512 pin PyTorch's, MKL's and oneDNN's (PROTOCOL.md, "
                                               "'Reproducibility')")
 
