@@ -132,17 +132,18 @@ def test_the_rounding_check_compares_every_length_and_class(monkeypatch, tmp_pat
         calls.append((Path(out).name, steps, code_path))
         return two
 
-    monkeypatch.setattr(L, "run_longer", fake_run)
+    from difftransformer.retrieval import longer_rounding as LR
+    monkeypatch.setattr(LR, "_run", fake_run)
     shutil.copytree(OUT, tmp_path / "longer")
-    check = L.rounding_check(DIAG, tmp_path / "longer", "avx2")
+    check = LR.rounding_check(DIAG, tmp_path / "longer", "avx2")
     assert calls == [("rounding-avx2", L.STEPS, "avx2")]
     assert check["code_paths"] == ["machine", "avx2"]
     eq = check["lengths"]["2400"]["rows"]["diff_v1"]["equal_runs"]
     assert eq == [11, 12] and check["lengths"]["1200"]["equal_runs"][0] == check["lengths"]["1200"]["equal_runs"][1]
     assert set(check["classes"]) == set(L.NAMES[1:])
     assert all(a == b for n, (a, b) in check["classes"].items() if n != "diff_v1")
-    assert "classes that differ" in L.format_rounding(check)
+    assert "classes that differ" in LR.format_rounding(check)
     with pytest.raises(ValueError, match="already ran that CPU code path"):
-        L.rounding_check(DIAG, tmp_path / "longer", "machine")
+        LR.rounding_check(DIAG, tmp_path / "longer", "machine")
     with pytest.raises(ValueError, match="no re-reading there"):
-        L.rounding_check(DIAG, tmp_path / "nothing", "avx2")
+        LR.rounding_check(DIAG, tmp_path / "nothing", "avx2")

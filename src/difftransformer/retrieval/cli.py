@@ -181,16 +181,17 @@ def _run_cli(args) -> int:
         return 0
     if mode.name == "--longer --rounding-check":
         from ..fileio import atomic_json
-        from . import longer
+        from . import longer, longer_rounding
         if longer.check_steps(ints(args.longer, "--longer")) != longer.STEPS:
             raise ValueError("--longer --rounding-check: the check reruns every length: --longer "
                              + ",".join(map(str, longer.STEPS)))
         check_pin(args.rounding_check, options, "--rounding-check")
         longer.first_reading(args.reference)
-        check = longer.rounding_check(args.reference, args.out, args.rounding_check, options)
-        where = Path(args.out) / longer.ROUNDING.format(code_path=args.rounding_check) / longer.ROUNDING_RESULTS
+        check = longer_rounding.rounding_check(args.reference, args.out, args.rounding_check, options)
+        lr_ = longer_rounding
+        where = Path(args.out) / lr_.ROUNDING.format(code_path=args.rounding_check) / lr_.ROUNDING_RESULTS
         atomic_json(where, check)
-        print(longer.format_rounding(check))
+        print(longer_rounding.format_rounding(check))
         print(f"wrote {where}")
         return 0
     if mode.name == "--longer":
