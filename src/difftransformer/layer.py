@@ -266,7 +266,8 @@ class DiffAttention(nn.Module):
         else:
             mask = build_mask(T, S, causal=self.causal and not cross, device=x.device,
                               key_valid=None if kpm is None else ~kpm, attn_mask=am, own_slot=not cross)
-            if cross and mask is not None and (kpm is not None or am is not None) and empty_rows(mask):
+            if (cross and mask is not None and (kpm is not None or am is not None) and not mask.is_meta
+                    and not torch.compiler.is_compiling() and empty_rows(mask)):
                 raise ValueError("DiffAttention: key_padding_mask/attn_mask masks every context key of a row (its "
                                  "softmax has no key to read)")
         kind = "causal" if mask is None or (self.causal and not cross and am is None) else "general"

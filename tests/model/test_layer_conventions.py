@@ -387,3 +387,31 @@ def test_mask_builder_matches_the_remote_codes():
                 continue
             assert ours is not None
             torch.testing.assert_close(theirs.expand(B, 1, T, past + T), ours.expand(B, 1, T, past + T))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_masks_compile_in_one_graph_and_build_on_the_inputs_device(variant):
+    """torch.compile(fullgraph=True) with a bool and a float attn_mask and with a padded cross-attention (no host
+    read of the mask under compile), equal to eager; and the same calls on the meta device (every tensor made there)."""
+    from torch._dynamo.testing import CompileCounter
+    torch._dynamo.reset()
+    layer = make(variant, causal=True)
+    x = torch.randn(2, 9, D_MODEL, dtype=torch.float64)
+    m = sliding(9, 3)
+    f = torch.zeros(9, 9, dtype=torch.float64).masked_fill(~m, float("-inf"))
+    compiled = torch.compile(layer, backend=CompileCounter(), fullgraph=True)
+    for am in (m, f):
+        torch.testing.assert_close(compiled(x, attn_mask=am), layer(x, attn_mask=am), rtol=1e-12, atol=1e-12)
+    cross = make(variant, causal=False)
+    c, kpm = torch.randn(2, 5, D_MODEL, dtype=torch.float64), torch.zeros(2, 5, dtype=torch.bool)
+    kpm[0, -2:] = True
+    cc = torch.compile(cross, backend=CompileCounter(), fullgraph=True)
+    torch.testing.assert_close(cc(x, context=c, key_padding_mask=kpm), cross(x, context=c, key_padding_mask=kpm),
+                               rtol=1e-12, atol=1e-12)
+    torch._dynamo.reset()
+    with torch.device("meta"):
+        meta = DiffAttention(D_MODEL, 4, variant, causal=False)
+        xm, cm = torch.empty(2, 6, D_MODEL), torch.empty(2, 4, D_MODEL)
+        km, am = torch.zeros(2, 4, dtype=torch.bool), torch.ones(6, 6, dtype=torch.bool)
+    assert meta(xm, context=cm, key_padding_mask=km).device.type == "meta"
+    assert meta(xm, attn_mask=am).device.type == "meta"
