@@ -16,8 +16,8 @@ key head i // (h / h_kv), k1 is k2 for DIFF V2's shared keys) with the PyTorch p
   Triton's CPU interpreter (``TRITON_INTERPRET=1``, for tests). Where Triton was wanted and cannot run (not
   installed, not on CUDA), one line says so, once per process.
 * ``blocked`` -- the row-blocked kernel (``blocked.py``), which forms A1 - lambda*A2 block by block before
-  multiplying by V; with ``backend="blocked"``, on the CPU only (on CUDA the fused SDPA kernels are 4-7x faster than
-  it, measured on an H100) and only without a mask (no padding, no KV cache other than a prefill from 0).
+  multiplying by V; with ``backend="blocked"``, on the CPU only (on an H100, DIFF's own SDPA path was 2.7-5.2x faster
+  than it: BENCHMARKS.md) and only without a mask (no padding, no KV cache other than a prefill from 0).
 
 When a Triton launch fails (out of shared memory, a compile error, a GPU older than sm_80), one RuntimeWarning names
 the reason and that call, and every later call of the same kind (device, dtype, head sizes and pass:
