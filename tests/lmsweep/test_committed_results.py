@@ -15,6 +15,8 @@ from suite_helpers import assert_results_close, results_differences
 
 from difftransformer.jobs import RunOptions
 from difftransformer.lmsweep import diagnostic as dg
+from difftransformer.lmsweep import diagnostic_rounding as dr
+from difftransformer.lmsweep import diagnostic_text as dt
 from difftransformer.lmsweep.config import LMSweepConfig
 from difftransformer.lmsweep.sweep import JOURNAL, run_lm_sweep
 from difftransformer.rundir import SWEEP_RESULTS_NAME
@@ -130,7 +132,7 @@ def test_the_committed_v2_diagnostic_journal_rebuilds_the_committed_diagnostic(r
         r.pop("timings"), r.pop("reference")
     assert_results_close(rebuilt, committed)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "lm-sweep.md").read_text()
-    assert dg.v2_markdown_table(rebuilt) in doc  # docs/lm-sweep.md quotes the rebuilt numbers
+    assert dt.v2_markdown_table(rebuilt) in doc  # docs/lm-sweep.md quotes the rebuilt numbers
 
 
 @pytest.mark.parametrize("where", ["v2-diagnostic", "v1-diagnostic"])
@@ -145,7 +147,7 @@ def test_the_committed_diagnostic_rounding_checks_rebuild(rebuilt_sweep, tmp_pat
     shutil.copy(src / dg.RESULTS, tmp_path / dg.RESULTS)
     shutil.copytree(src / "rounding-avx2", tmp_path / "rounding-avx2")
     shutil.copytree(sweep_out / "data", tmp_path / "rounding-avx2" / "data")
-    check = json.loads(json.dumps(dg.rounding_check(RESULTS, tmp_path, "avx2", RunOptions(workers=1,
+    check = json.loads(json.dumps(dr.rounding_check(RESULTS, tmp_path, "avx2", RunOptions(workers=1,
                                                                                               progress=False))))
     assert check["timings"]["jobs_run"] == 0
     committed = json.loads((src / "rounding.json").read_text())

@@ -13,6 +13,8 @@ import pytest
 
 from difftransformer.jobs import RunOptions
 from difftransformer.lmsweep import diagnostic as dg
+from difftransformer.lmsweep import diagnostic_rounding as dr
+from difftransformer.lmsweep import diagnostic_text as dt
 from difftransformer.lmsweep import sweep
 from difftransformer.lmsweep.config import LMSweepConfig
 from difftransformer.lmsweep.sweep import run_lm_sweep
@@ -52,7 +54,7 @@ def test_the_arms_run_on_the_reference_and_reuse_its_jobs(runs):
         assert a["D"]["estimate"] - a["C"]["estimate"] == pytest.approx(res["arms"]["diff_v1"]["D"]["estimate"])
     assert json.loads((root / "diag" / dg.RESULTS).read_text())["arms"].keys() == res["arms"].keys()
     assert (root / "diag" / dg.PLOT).stat().st_size > 1000
-    assert "the reruns against the reference's runs: reproduced bit for bit" in dg.format_diagnostic(res)
+    assert "the reruns against the reference's runs: reproduced bit for bit" in dt.format_diagnostic(res)
 
 
 def test_each_arm_makes_its_one_change(runs):
@@ -105,12 +107,12 @@ def test_the_v2_diagnostic_reruns_and_reads_its_arm(runs):
     assert a["reading"] in dg.V2_READINGS and a["lr"] in TINY.lr_grid
     assert a["params_non_embedding"] - v2["params_non_embedding"] == TINY.n_layers * (32 // TINY.n_heads)  # norm g
     assert a["D"]["estimate"] - a["C"]["estimate"] == pytest.approx(v2["D"]["estimate"])
-    assert "v2_headwise_norm" in dg.format_v2_diagnostic(res)
+    assert "v2_headwise_norm" in dt.format_v2_diagnostic(res)
     again = dg.run_diagnostic(ref, out, RunOptions(workers=1, progress=False), spec=spec)
     assert again["timings"]["jobs_run"] == 0 and again["arms"] == res["arms"]
     with pytest.raises(ValueError, match="--arms no_such"):
         dg.v2_spec(("no_such",))
-    check = dg.rounding_check(ref, out, "avx2", RunOptions(workers=1, progress=False))
+    check = dr.rounding_check(ref, out, "avx2", RunOptions(workers=1, progress=False))
     assert list(check["rows"]) == ["baseline", "diff_v2", "v2_headwise_norm"] and check["timings"]["jobs_run"] == 6
     assert check["rows"]["v2_headwise_norm"]["second"]["reading"] in dg.V2_READINGS
 

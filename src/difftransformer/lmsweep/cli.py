@@ -122,17 +122,19 @@ def _run_cli(args) -> int:
 
         from ..rundir.studies import read_study
         from . import diagnostic as dg
+        from . import diagnostic_rounding, diagnostic_text
         dg.reference(Path(args.reference))  # its journal: a protocol-version-2 sweep
         read_study(args.reference, "lm-sweep", "--reference")  # and finished (its sweep.json), before OUT is made
         if args.rounding_check is not None:
             from ..studies.rounding import format_readings
-            check = dg.rounding_check(args.reference, args.out, args.rounding_check, options)
+            check = diagnostic_rounding.rounding_check(args.reference, args.out, args.rounding_check, options)
             write_rounding(args.out, check, format_readings(check, check["study"]))
         elif args.diagnostic == "v1":
-            print(dg.format_diagnostic(dg.run_diagnostic(args.reference, args.out, options, spec=dg.V1_SPEC)))
+            res = dg.run_diagnostic(args.reference, args.out, options, spec=dg.V1_SPEC)
+            print(diagnostic_text.format_diagnostic(res))
         else:
             spec = dg.v2_spec(tuple(a.strip() for a in (args.arms or "v2_headwise_norm").split(",") if a.strip()))
-            print(dg.format_v2_diagnostic(dg.run_diagnostic(args.reference, args.out, options, spec=spec)))
+            print(diagnostic_text.format_v2_diagnostic(dg.run_diagnostic(args.reference, args.out, options, spec=spec)))
         return 0
     if mode.name == "--mechanism":
         from pathlib import Path

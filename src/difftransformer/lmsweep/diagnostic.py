@@ -13,7 +13,6 @@ recorded by every DIFF V1 job; ``rerun_check``.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import shutil
 import statistics
@@ -25,7 +24,7 @@ from typing import Any, Optional
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_diagnostic, validate_lm_arm_run, validate_lm_run, validate_readings, write_checked
+from ..rundir.studies import validate_diagnostic, validate_lm_arm_run, validate_lm_run, write_checked
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
 
@@ -343,87 +342,6 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
     return res
 
 
-def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
-                   options: Optional[RunOptions] = None) -> dict[str, Any]:
-    """retrieval/DIAGNOSTIC.md "Rounding": the finished diagnostic in ``out_dir`` (V1's or V2's, from its
-    diagnostic.json), its reruns and arms at their chosen lrs on every seed again under ``code_path`` into
-    OUT/rounding-CODE_PATH (resumable), every D, C and reading side by side (``studies.rounding``); the command
-    writes OUT/rounding.json."""
-    from ..fileio import read_json
-    from ..studies.rounding import compare_readings
-    from .sweep import prepare
-    options = options or RunOptions(workers=2)
-    path = Path(out_dir) / RESULTS
-    if not path.is_file():
-        raise ValueError(f"--rounding-check: {out_dir} holds no finished diagnostic ({RESULTS}); run the diagnostic "
-                         "there first")
-    first = read_json(path, "--out")
-    validate_diagnostic(first, f"--out {out_dir}: {RESULTS} is not a diagnostic's")
-    kind = {"v1_diagnostic": "v1", "v2_diagnostic": "v2"}.get(str(first["benchmark"]))
-    if kind is None:
-        raise ValueError(f"--out {out_dir}: {RESULTS} is not a language-model diagnostic's")
-    cfg, fp, _ = reference(Path(ref_dir))
-    if first["config"] != cfg.to_dict():
-        raise ValueError(f"--out {out_dir}: that diagnostic read another reference than --reference {ref_dir}")
-    if code_path == cfg.cpu_code_path:
-        raise ValueError(f"--rounding-check {code_path}: the diagnostic already ran that CPU code path; name another")
-    a, width = first["arms"], first["width"]
-    spec = V1_SPEC if kind == "v1" else v2_spec(tuple(n for n in a if n not in (BASE, V2)))
-    lr = {**{name: a[variant]["lr"] for name, variant in spec.reruns.items()}, **{n: a[n]["lr"] for n in spec.arms}}
-    t0 = time.perf_counter()
-    other = cfg.replace(cpu_code_path=code_path)
-    out = Path(out_dir) / f"rounding-{code_path}"
-    out.mkdir(parents=True, exist_ok=True)
-    ex = open_executor(code_path, options)
-    try:
-        data, fp_here, vocab = prepare(other, out, options.progress)
-        if fp_here != fp:
-            raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
-                             f"({fp_here})")
-        dev, cfg_d, data_dir = options.device, other.to_dict(), str(data.directory)
-        jobs = [Job(width, name, s, x) for name, x in lr.items() for s in cfg.test_seeds]
-        which = {} if spec.name == "v1" else {"diagnostic": spec.name}
-        header = {"benchmark": f"{spec.title} rounding check", "version": spec.version, "config": cfg_d, "data": fp,
-                  "width": width, "scope": "chosen"}
-        job_spec: JobSpec[Job] = JobSpec(
-            needed=lambda d: (jobs, True), run=run_arm_job,
-            args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev, spec.name),
-            key=lambda j: job_key({"diagnostic_version": spec.version, **which, "config": cfg_d, "data": fp,
-                                   "job": list(j), "overrides": spec.arms.get(j.variant, {}), **device_key(dev)}),
-            code_path=code_path, desc=f"{spec.title} rounding check ({code_path})")
-        done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
-    finally:
-        ex.close()
-    cap = cap_of(vocab)
-
-    def loss(r: dict[str, Any]) -> float:
-        return loss_of(r, "test_loss", cap)
-
-    runs = {name: [done[Job(width, name, s, x)] for s in cfg.test_seeds] for name, x in lr.items()}
-    base_name, var_name = list(spec.reruns)
-    base, var = runs[base_name], runs[var_name]
-    second: dict[str, dict[str, Any]] = {BASE: {"lr": lr[base_name]},
-                                         spec.variant: {"lr": lr[var_name], "D": _interval(_compare(base, var, loss))}}
-    for arm in spec.arms:
-        d, c = _compare(base, runs[arm], loss), _compare(var, runs[arm], loss)
-        bad = not all(passed(r) for r in base + var + runs[arm])
-        second[arm] = {"lr": lr[arm], "D": _interval(d), "C": _interval(c),
-                       "reading": reading(d, c, bad) if kind == "v1" else v2_reading(c, bad)}
-    names = [BASE, spec.variant, *spec.arms]
-    first_rows = {n: {k: v for k, v in a[n].items() if k in ("lr", "D", "C", "reading")} for n in names}
-    first_loss = {n: a[n]["test_loss"] for n in names}
-    here = {n: [loss(r) for r in runs[m]] for n, m in zip(names, [base_name, var_name, *spec.arms])}
-    check = compare_readings(first_rows, {n: second[n] for n in names},
-                             {n: [sum(x == y for x, y in zip(first_loss[n], here[n])), len(here[n])] for n in names})
-    caps = sorted({str(r.get("cpu_capability")) for r in done.values()})
-    check.update(study=spec.title, reference=str(ref_dir), width=width,
-                 code_paths=[f"{cfg.cpu_code_path} (the first run's)", f"{code_path} ({', '.join(caps)})"],
-                 timings={"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done),
-                          "jobs_run": ran})
-    validate_readings(json.loads(json.dumps(check)), f"the {spec.title}'s rounding.json (as written)")
-    return check
-
-
 def assess_v2(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], arms: dict[Job, dict[str, Any]],
               cap: float, spec: Spec) -> dict[str, Any]:
     """retrieval/DIAGNOSTIC.md "The cross-study check": per DIFF V2 arm its lr choice, D (arm - baseline), C (arm -
@@ -454,42 +372,6 @@ def assess_v2(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], ar
     return out
 
 
-def iv(x: dict[str, Any]) -> str:
-    """An estimate with its interval, as the summaries print it (the estimate alone where there is no interval)."""
-    lo, hi = x["ci"]
-    return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{x['estimate']:+.3f}"
-
-
-def format_v2_diagnostic(res: dict[str, Any]) -> str:
-    """The DIFF V2 diagnostic's text summary: one line per arm and the rerun check."""
-    a = res["arms"]
-
-    lines = [f"DIFF V2 diagnostic at d_model {res['width']} (test-half loss, n = {a[V2]['D']['n']} paired seeds, 95%)",
-             f"  DIFF V2 (lr {a[V2]['lr']:g}) minus baseline (lr {a[BASE]['lr']:g}): D {iv(a[V2]['D'])}"]
-    for arm, x in a.items():
-        if arm in (BASE, V2):
-            continue
-        edge = ", unresolved edge" if x["unresolved_edge"] else ""
-        lines.append(f"  {arm:18s} lr {x['lr']:g}{edge}: D {iv(x['D'])}, C {iv(x['C'])}: {x['reading']}")
-    lines.append(f"  the reruns against the reference's runs: {res['rerun']['verdict']}")
-    return "\n".join(lines)
-
-
-def v2_markdown_table(res: dict[str, Any]) -> str:
-    """docs/lm-sweep.md's table of the DIFF V2 diagnostic: per row its non-embedding parameters, chosen lr (and the
-    grid's tuning-half losses for an arm), mean test loss, D, C and reading."""
-    a = res["arms"]
-    lines = ["| arm (one change to DIFF V2) | non-embedding params | chosen lr | tuning-half loss over the grid | "
-             "test loss | D (arm - baseline) | C (arm - DIFF V2) | reading |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, x in a.items():
-        grid = " / ".join(f"{g['lr']:g}: {g['tune_loss']:.3f}" for g in x.get("grid") or [])
-        lines.append(f"| {'`' + name + '`' if name not in (BASE, V2) else name} | {x['params_non_embedding']:,} | "
-                     f"{x['lr']:g} | {grid} | {statistics.fmean(x['test_loss']):.3f} | "
-                     f"{iv(x['D']) if 'D' in x else ''} | {iv(x['C']) if 'C' in x else ''} | {x.get('reading', '')} |")
-    return "\n".join(lines)
-
-
 def plot_curves(cfg: LMSweepConfig, width: int, arms: dict[Job, dict[str, Any]],
                 res: dict[str, Any], path: Path) -> Path:
     """The seed-mean test-half curves of the baseline and DIFF V1 (their runs on this machine, ``RERUNS``: the runs D
@@ -515,20 +397,3 @@ def plot_curves(cfg: LMSweepConfig, width: int, arms: dict[Job, dict[str, Any]],
     ax.set_title(f"DIFF V1 diagnostic, d_model {width}: seed means at each one's chosen lr", fontsize=9)
     save_figure(fig, [ax], path)
     return path
-
-
-def format_diagnostic(res: dict[str, Any]) -> str:
-    """The text summary: one line per arm and the rerun check."""
-    a = res["arms"]
-
-    lines = [f"DIFF V1 diagnostic at d_model {res['width']} (n = {a[V1]['D']['n']} paired seeds, 95%)",
-             f"  DIFF V1 (lr {a[V1]['lr']:g}) minus baseline (lr {a[BASE]['lr']:g}): D {iv(a[V1]['D'])}"]
-    for arm in ARMS:
-        x = a[arm]
-        share = "" if x["share_closed"] is None else f", share closed {x['share_closed']:+.0%}"
-        edge = ", unresolved edge" if x["unresolved_edge"] else ""
-        lines.append(f"  {arm:10s} lr {x['lr']:g}{edge}: D {iv(x['D'])}, C {iv(x['C'])}{share}: {x['reading']}")
-    lines.append(f"  the reruns against the reference's runs: {res['rerun']['verdict']}")
-    lines.append(f"  sensitivity, with the reference's own baseline and DIFF V1 runs: DIFF V1 D "
-                 f"{iv(a[V1]['D_reference'])}; " + "; ".join(f"{arm} {a[arm]['reading_reference']}" for arm in ARMS))
-    return "\n".join(lines)

@@ -48,7 +48,8 @@ def retrieval_dynamics() -> str:
 
 def lm_v2_diagnostic() -> str:
     from ..lmsweep import diagnostic as dg
-    return dg.v2_markdown_table(_json("v2-diagnostic", dg.RESULTS))
+    from ..lmsweep.diagnostic_text import v2_markdown_table
+    return v2_markdown_table(_json("v2-diagnostic", dg.RESULTS))
 
 
 def retrieval_longer() -> str:
