@@ -14,6 +14,7 @@ from suite_helpers import assert_results_close
 
 from difftransformer.jobs import RunOptions, read_journal
 from difftransformer.retrieval import diagnostic as dg
+from difftransformer.retrieval import diagnostic_rounding
 from difftransformer.retrieval.benchmark import JOURNAL, run_benchmark
 from difftransformer.retrieval.config import RetrievalConfig
 from difftransformer.rundir.files import RESULTS_NAME
@@ -72,7 +73,7 @@ def test_the_committed_rounding_check_rebuilds(rebuilt, tmp_path):
     shutil.copy(DIAG / dg.RESULTS, tmp_path / dg.RESULTS)
     (tmp_path / "rounding-avx2").mkdir()
     shutil.copy(DIAG / "rounding-avx2" / dg.JOURNAL, tmp_path / "rounding-avx2" / dg.JOURNAL)
-    check = json.loads(json.dumps(dg.rounding_check(out, tmp_path, "avx2", RunOptions(workers=1, progress=False))))
+    check = json.loads(json.dumps(diagnostic_rounding.rounding_check(out, tmp_path, "avx2", RunOptions(workers=1, progress=False))))
     assert check["timings"]["jobs_run"] == 0
     committed = json.loads((DIAG / "rounding.json").read_text())
     assert_results_close(_strip(check), _strip(committed))

@@ -214,7 +214,8 @@ def _run_cli(args) -> int:
         read_study(args.reference, "retrieval", "--reference")  # and finished (its results.json), before OUT is made
         if args.rounding_check is not None:
             from ..studies.rounding import format_readings
-            check = dg.rounding_check(args.reference, args.out, args.rounding_check, options)
+            from . import diagnostic_rounding
+            check = diagnostic_rounding.rounding_check(args.reference, args.out, args.rounding_check, options)
             write_rounding(args.out, check, format_readings(check, "retrieval diagnostic"))
             return 0
         print(dg.format_diagnostic(dg.run_diagnostic(args.reference, args.out, options)))
