@@ -99,6 +99,7 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 # (argv with {ws} for the workspace, a text the error line must hold)
+ROOT = Path(__file__).resolve().parents[1]
 CASES: list[tuple[list[str], str]] = [
     # --- train: every config section, non-finite and out of range -----------------------------------------
     *[([*TRAIN, "--out", "{ws}/new", f"--{key}={value}"], key.split(".", 1)[1]) for key, value in [
@@ -256,6 +257,20 @@ CASES: list[tuple[list[str], str]] = [
     (["lm-sweep", "--out", "{ws}/o", "--diagnostic", "v1"], "--diagnostic v1 needs --reference DIR"),
     (["lm-sweep", "--out", "{ws}/o", "--diagnostic", "v1", "--reference", "{ws}/nothing"], "no lm-jobs.jsonl there"),
     (["lm-sweep", "--out", "{ws}/o", "--lr-grid", "1e-3,-1"], "lr_grid"),
+    # the follow-ups (issue 70 item 8): one line, no OUT, before any job or token
+    (["lm-sweep", "--out", "{ws}/o", "--data", "{ws}/nothing.txt"], "--data: {ws}/nothing.txt does not exist"),
+    (["lm-sweep", "--out", "{ws}/o", "--mechanism", "--reference", "{ws}/nothing"], "--mechanism needs --diagnostics"),
+    (["lm-sweep", "--out", "{ws}/o", "--mechanism", "--reference", "{root}/docs/results/lm-sweep-v2", "--diagnostics",
+      "{ws}"], "no finished v1-diagnostic"),
+    (["retrieval", "--out", "{ws}/o", "--longer", "1200", "--reference", "{ws}/nothing"], "no diagnostic.json there"),
+    (["retrieval", "--out", "{ws}/o", "--mechanism", "--longer", "1200", "--reference",
+      "{root}/docs/results/retrieval-diagnostic", "--longer-reference", "{root}/docs/results/retrieval-longer"],
+     "the arms are read at 2400 steps"),
+    (["retrieval", "--out", "{ws}/o", "--mechanism", "--longer", "2400", "--reference",
+      "{root}/docs/results/retrieval-diagnostic", "--longer-reference", "{root}/docs/results/retrieval-longer"],
+     "needs the arms' finished 600-step run first"),
+    (["retrieval", "--out", "{ws}/o", "--longer", "1200,2400", "--rounding-check", "avx2", "--reference",
+      "{root}/docs/results/retrieval-diagnostic"], "no re-reading there"),
     (["lm-sweep", "--out", "{ws}/o", "--steps", "10", "--warmup-steps", "10"], "warmup_steps"),
     (["report", "{ws}/nothing", "--lm-sweep", "{ws}/nothing"], "nothing"),
     # --- every option that takes a study's output: a file of the wrong shape, named with what it lacks (issue 57)
@@ -323,7 +338,7 @@ def test_the_table_is_large():
 @pytest.mark.parametrize("argv,text", CASES, ids=[" ".join(a[:3] + a[-2:]) for a, _ in CASES])
 def test_bad_input_is_one_line_and_changes_nothing(ws, capsys, monkeypatch, argv, text):
     monkeypatch.delenv("DIFFTRANSFORMER_DEBUG", raising=False)
-    argv = [a.replace("{ws}", str(ws)) for a in argv]
+    argv = [a.replace("{ws}", str(ws)).replace("{root}", str(ROOT)) for a in argv]
     before = snapshot(ws)
     capsys.readouterr()
     try:
