@@ -133,3 +133,22 @@ def test_a_refused_device_leaves_no_out(tmp_path, capsys):
     rc = main(["retrieval", "--out", str(tmp_path / "o"), "--longer", "1200", "--reference", str(DIAG),
                "--device", "cuda"])
     assert rc == 2 and not (tmp_path / "o").exists(), capsys.readouterr().err
+
+
+def test_the_committed_longer_journal_rebuilds():
+    """The arms at 2,400 steps: every record's key is the one the study computes, at the 600-step run's final lrs,
+    and once complete the rebuild is the committed mechanism-longer.json, number for number."""
+    from difftransformer.retrieval.schema import read, validate_mechanism
+    first = json.loads((DIAG / "diagnostic.json").read_text())
+    key = M._longer_key(first["config"], "cpu")
+    lrs = M.chosen_lrs(DIAG, OUT)
+    lines = (OUT / M.LONGER_JOURNAL).read_text().splitlines()
+    assert json.loads(lines[0])["journal"]["lrs"] == lrs
+    for line in lines[1:]:
+        rec = json.loads(line)
+        job = M.LongJob(*rec["job"])
+        assert rec["key"] == key(job) and job.steps == M.LONGEST and job.lr == lrs[job.name]
+    res = M.rebuild_longer(DIAG, ROOT / "docs" / "results" / "retrieval-longer", OUT)
+    if res["complete"][0] == res["complete"][1]:
+        committed = read(OUT / M.LONGER_RESULTS, validate_mechanism)
+        assert json.loads(json.dumps(res["rows"])) == committed["rows"]

@@ -73,6 +73,13 @@ def retrieval_mechanism() -> str:
                                                       RESULTS / "retrieval-mechanism"))
 
 
+def retrieval_mechanism_longer() -> str:
+    from ..retrieval import mechanism
+    return mechanism.markdown_table(mechanism.rebuild_longer(RESULTS / "retrieval-diagnostic",
+                                                             RESULTS / "retrieval-longer",
+                                                             RESULTS / "retrieval-mechanism"))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "lm-longer": lm_longer,
     "speed-or-capability": speed_or_capability,
@@ -82,6 +89,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "lm-v2-diagnostic": lm_v2_diagnostic,
     "retrieval-longer": retrieval_longer,
     "retrieval-mechanism": retrieval_mechanism,
+    "retrieval-mechanism-longer": retrieval_mechanism_longer,
 }
 
 
