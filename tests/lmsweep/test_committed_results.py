@@ -162,3 +162,23 @@ def test_the_committed_diagnostic_rounding_checks_rebuild(rebuilt_sweep, tmp_pat
     moves = [abs(r["first"][k]["estimate"] - r["second"][k]["estimate"]) for r in committed["rows"].values()
              for k in ("D", "C") if k in r["first"]]
     assert max(moves) <= float(said) < max(moves) + 0.001, (said, max(moves))
+
+
+def test_the_committed_mechanism_journal_rebuilds():
+    """The language-model mechanism arms' committed journal (complete or not): every record's key is the one the
+    study computes from the reference sweep's configuration and data, every arm one of the addition's, and the
+    rebuild reads it against the committed diagnostics' runs."""
+    from difftransformer.lmsweep import mechanism as mech
+    out = DOCS / "lm-mechanism"
+    cfg, fp, _ = dg.reference(RESULTS)
+    key = mech._key(cfg.to_dict(), fp, "cpu")
+    lines = (out / mech.JOURNAL).read_text().splitlines()
+    assert json.loads(lines[0])["journal"]["config"] == cfg.to_dict() and len(lines) > 1
+    for line in lines[1:]:
+        rec = json.loads(line)
+        from difftransformer.lmsweep.analysis import Job
+        job = Job(*rec["job"])
+        assert job.variant in mech.ARMS
+        assert rec["key"] == key(job)
+    res = mech.rebuild(RESULTS, DOCS, out)
+    assert res["complete"][0] == len(lines) - 1 and res["complete"][1] >= 45

@@ -80,6 +80,11 @@ def retrieval_mechanism_longer() -> str:
                                                              RESULTS / "retrieval-mechanism"))
 
 
+def lm_mechanism() -> str:
+    from ..lmsweep import mechanism
+    return mechanism.markdown_table(mechanism.rebuild(RESULTS / "lm-sweep-v2", RESULTS, RESULTS / "lm-mechanism"))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "lm-longer": lm_longer,
     "speed-or-capability": speed_or_capability,
@@ -90,6 +95,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "retrieval-longer": retrieval_longer,
     "retrieval-mechanism": retrieval_mechanism,
     "retrieval-mechanism-longer": retrieval_mechanism_longer,
+    "lm-mechanism": lm_mechanism,
 }
 
 
