@@ -240,3 +240,16 @@ def test_the_mechanism_arms_at_toy_size(runs, capsys):
     assert main(["lm-sweep", "--out", str(root / "m2"), "--mechanism", "--reference", str(root / "ref"),
                  "--diagnostics", str(root)]) == 2
     assert "no finished v1-diagnostic" in capsys.readouterr().err and not (root / "m2").exists()
+
+
+def test_lm_longer_refuses_a_journal_of_another_shape_before_preparing_tokens(runs, tmp_path):
+    """Issue 70 item 8: a journal of another configuration in OUT is refused before the reference's tokens are
+    prepared into OUT (no OUT/data left behind)."""
+    from difftransformer.lmsweep import longer
+    root, _ = runs
+    out = tmp_path / "longer"
+    out.mkdir()
+    (out / longer.JOURNAL).write_text(json.dumps({"journal": {"benchmark": "something else"}}) + "\n")
+    with pytest.raises(ValueError, match="holds jobs of another configuration"):
+        longer.run_longer(root / "ref", out, RunOptions(workers=1, progress=False))
+    assert not (out / "data").exists()

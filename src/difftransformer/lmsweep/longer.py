@@ -110,14 +110,16 @@ def run_longer(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOp
     width, steps = cfg.largest, FACTOR * cfg.steps
     out = Path(out_dir)
     t0 = time.perf_counter()
+    cfg_d = cfg.to_dict()
+    header = {"benchmark": "language-model longer training", "version": VERSION, "config": cfg_d, "data": fp,
+              "width": width, "steps": steps}
+    journal = Journal(out / JOURNAL, header, validate_lm_arm_run)  # a journal of another shape: refused before tokens
     ex = open_executor(cfg.cpu_code_path, options)
     try:
         with out_removed_on_refusal(out):
             data, vocab = prepare_reference_tokens(cfg, fp, out, ref_dir, options.progress)
-        dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
+        dev, data_dir = options.device, str(data.directory)
         todo = [LongJob(n, steps, s, LRS[n]) for s in cfg.test_seeds for n in NAMES]
-        header = {"benchmark": "language-model longer training", "version": VERSION, "config": cfg_d, "data": fp,
-                  "width": width, "steps": steps}
         spec: JobSpec[LongJob] = JobSpec(
             needed=lambda d: (todo, True), run=run_longer_job,
             args=lambda j: (cfg_d, data_dir, width, j.name, j.steps, j.seed, j.lr, dev),
@@ -125,7 +127,7 @@ def run_longer(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOp
                                    "width": width, "job": list(j), "overrides": NAMES[j.name][1],
                                    **device_key(dev)}),
             code_path=cfg.cpu_code_path, desc="language model at 2x the tokens (jobs)")
-        done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
+        done, ran = run_jobs(spec, journal, options, ex)
     finally:
         ex.close()
     res = {"benchmark": "lm_longer", "version": VERSION, "reference": str(ref_dir), "width": width, "steps": steps,
