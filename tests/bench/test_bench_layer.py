@@ -58,3 +58,13 @@ def test_missing_timm_is_one_line_naming_the_install(capsys, monkeypatch):
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "pip install timm" in captured.err
     assert sys.modules["timm"] is None  # sys.modules left as it was
+
+
+def test_rope_on_times_every_layer_with_rope_against_the_baseline_with_rope(capsys):
+    assert main(["bench", "layer", *TINY, "--shapes", "lm", "--rope", "off,on"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    titles = [line.split(":")[0] for line in out if line.startswith("## ")]
+    assert titles == ["## lm, eager", "## lm, eager, RoPE on"]
+    assert any(line.startswith("# RoPE on in ours") for line in out)
+    assert main(["bench", "layer", *TINY, "--rope", "maybe"]) == 2
+    assert "--rope" in capsys.readouterr().err

@@ -132,16 +132,17 @@ def copy_timm_weights(ours: DiffAttention, t: Any) -> None:
     sd: dict[str, Any] = {"core.wq.weight": wq, "core.wk.weight": wk, "core.wv.weight": wv,
                           "core.wo.weight": t.proj.weight, "core.subln.weight": t.sub_norm.weight,
                           **{f"core.lambda_{n}": getattr(t, f"lambda_{n}") for n in ("q1", "k1", "q2", "k2")}}
-    ours.load_state_dict({k: v.detach().clone() for k, v in sd.items()})
+    ours.load_state_dict({**{k: v.detach().clone() for k, v in sd.items()}, "_extra_state": ours.get_extra_state()})
 
 
 # ---------------------------------------------------------------------------------------------- the cases
-def _modules(Timm: type[nn.Module], shape: Shape, args: argparse.Namespace) -> dict[str, nn.Module]:
-    """The four layers of one table, on the device and in the dtype asked for; ours V1 holds timm's weights."""
+def _modules(Timm: type[nn.Module], shape: Shape, args: argparse.Namespace, rope: bool = False) -> dict[str, nn.Module]:
+    """The four layers of one table, on the device and in the dtype asked for; ours V1 holds timm's weights. ``rope``:
+    ours (all three) rotate their queries and keys; timm's layer has no RoPE, so it is then not the same work."""
     torch.manual_seed(0)
     t: Any = Timm(shape.d_model, num_heads=shape.n_heads // 2, qkv_bias=False, proj_bias=False)
     t.fused_attn = True  # timm's SDPA path (its default where torch has SDPA)
-    kw: dict[str, Any] = {"causal": shape.causal, "rope": False}
+    kw: dict[str, Any] = {"causal": shape.causal, "rope": rope}
     v1 = DiffAttention(shape.d_model, shape.n_heads, "diff_v1", **kw)
     copy_timm_weights(v1, t)
     mods = {TIMM: t, V1: v1, V2: DiffAttention(shape.d_model, shape.n_heads, "diff_v2", **kw),
@@ -165,14 +166,15 @@ def _step(label: str, module: nn.Module, x: torch.Tensor, causal: bool) -> Calla
     return step
 
 
-def measure(shape: Shape, mode: str, args: argparse.Namespace) -> tuple[dict[str, list[float]], float]:
+def measure(shape: Shape, mode: str, args: argparse.Namespace,
+            rope: bool = False) -> tuple[dict[str, list[float]], float]:
     """Round-robin times (seconds per round) of the four cases at ``shape`` in ``mode``, and the largest absolute
     difference between ours V1's output and timm's (the same weights, the same input)."""
     torch.manual_seed(1)
     x = torch.randn(shape.batch, shape.seq_len, shape.d_model, device=args.device, dtype=getattr(torch, args.dtype),
                     requires_grad=True)
     with timm_modules() as Timm:
-        mods = _modules(Timm, shape, args)
+        mods = _modules(Timm, shape, args, rope)
         if mode == "compile":
             torch._dynamo.reset()  # each table compiles its own modules afresh (no recompiles, no dynamic shapes)
             mods = {label: torch.compile(m) for label, m in mods.items()}  # type: ignore[misc]
@@ -209,6 +211,7 @@ def check(args: argparse.Namespace) -> tuple[list[Shape], list[str]]:
             raise ValueError(f"{flag} must be an integer >= {low}, got {v}")
     shapes = _shapes(args)
     modes = _choices("--modes", args.modes, MODES)
+    _choices("--rope", args.rope, ("off", "on"))
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but CUDA is not available")
     for shape in shapes:
@@ -217,17 +220,22 @@ def check(args: argparse.Namespace) -> tuple[list[Shape], list[str]]:
     return shapes, modes
 
 
-def _table(shape: Shape, mode: str, times: dict[str, list[float]], diff: float) -> list[str]:
+def _table(shape: Shape, mode: str, times: dict[str, list[float]], diff: float, rope: bool = False) -> list[str]:
     heads = (f"{shape.n_heads} baseline heads of {shape.head_dim} (DIFF V1: {shape.n_heads // 2} heads of "
              f"{2 * shape.head_dim}, timm num_heads={shape.n_heads // 2})")
-    lines = [f"## {shape.name}, {mode}: B={shape.batch} T={shape.seq_len} d_model={shape.d_model}, {heads}, "
+    tag = ", RoPE on" if rope else ""
+    lines = [f"## {shape.name}, {mode}{tag}: B={shape.batch} T={shape.seq_len} d_model={shape.d_model}, {heads}, "
              f"{'causal' if shape.causal else 'bidirectional'} ({shape.what})",
              table_row(("case", "ms fwd+bwd", "vs baseline", "vs timm"), WIDTHS)]
     for label in CASES:
         vs_timm = f"{median_ratio(times, label, TIMM):.3f}x" if label == V1 else ""
         lines.append(table_row((label, f"{statistics.median(times[label]) * 1e3:.2f}",
                                 f"{median_ratio(times, label, BASE):.3f}x", vs_timm), WIDTHS))
-    lines.append(f"# ours V1 holds timm's weights: largest |ours V1 - timm| over the output = {diff:.1e}")
+    if rope:
+        lines.append("# RoPE on in ours (all three), none in timm's layer: 'vs timm' is not the same work; 'vs "
+                     "baseline' is (the baseline rotates too)")
+    else:
+        lines.append(f"# ours V1 holds timm's weights: largest |ours V1 - timm| over the output = {diff:.1e}")
     return lines
 
 
@@ -252,6 +260,7 @@ def _refuse_what_cannot_fit(shape: Shape, device: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     shapes, modes = check(args)
+    ropes = [r == "on" for r in _choices("--rope", args.rope, ("off", "on"))]
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -264,8 +273,9 @@ def run(args: argparse.Namespace) -> int:
         print_load("before")
         for shape in shapes:
             for mode in modes:
-                times, diff = measure(shape, mode, args)
-                print("\n".join(_table(shape, mode, times, diff)), flush=True)
+                for rope in ropes:
+                    times, diff = measure(shape, mode, args, rope)
+                    print("\n".join(_table(shape, mode, times, diff, rope)), flush=True)
         print_load("after")
     finally:
         torch.set_num_threads(threads)
@@ -280,6 +290,9 @@ def register(sub) -> None:
                        f"{'causal' if s.causal else 'bidirectional'}" for s in SHAPES.values())
     p.add_argument("--shapes", default=",".join(SHAPES), metavar="S[,S]",
                    help=f"comma-separated shapes to time ({shapes}; default {','.join(SHAPES)})")
+    p.add_argument("--rope", default="off", metavar="off|on|off,on",
+                   help="RoPE in our three layers (timm's has none: with 'on' its column is not the same work, and "
+                        "the ratio to read is ours against our baseline with RoPE); default off")
     p.add_argument("--modes", default=",".join(MODES), metavar="M[,M]",
                    help=f"comma-separated modes: eager, compile (torch.compile, default inductor; the compile time is "
                         f"not timed) (default {','.join(MODES)})")
