@@ -85,6 +85,16 @@ def lm_mechanism() -> str:
     return mechanism.markdown_table(mechanism.rebuild(RESULTS / "lm-sweep-v2", RESULTS, RESULTS / "lm-mechanism"))
 
 
+def lm_sweep_lrs() -> str:
+    from ..lmsweep import sweep
+    return sweep.markdown_lr_table(_json("lm-sweep-v2", "sweep.json"))
+
+
+def lm_sweep_verdicts() -> str:
+    from ..lmsweep import sweep
+    return sweep.markdown_verdicts(_json("lm-sweep-v2", "sweep.json"))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "lm-longer": lm_longer,
     "speed-or-capability": speed_or_capability,
@@ -96,6 +106,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "retrieval-mechanism": retrieval_mechanism,
     "retrieval-mechanism-longer": retrieval_mechanism_longer,
     "lm-mechanism": lm_mechanism,
+    "lm-sweep-lrs": lm_sweep_lrs,
+    "lm-sweep-verdicts": lm_sweep_verdicts,
 }
 
 
