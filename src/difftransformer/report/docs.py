@@ -87,12 +87,14 @@ def lm_mechanism() -> str:
 
 def lm_sweep_lrs() -> str:
     from ..lmsweep import sweep
-    return sweep.markdown_lr_table(_json("lm-sweep-v2", "sweep.json"))
+    from ..rundir.files import SWEEP_RESULTS_NAME
+    return sweep.markdown_lr_table(_json("lm-sweep-v2", SWEEP_RESULTS_NAME))
 
 
 def lm_sweep_verdicts() -> str:
     from ..lmsweep import sweep
-    return sweep.markdown_verdicts(_json("lm-sweep-v2", "sweep.json"))
+    from ..rundir.files import SWEEP_RESULTS_NAME
+    return sweep.markdown_verdicts(_json("lm-sweep-v2", SWEEP_RESULTS_NAME))
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
