@@ -182,3 +182,6 @@ def test_the_committed_mechanism_journal_rebuilds():
         assert rec["key"] == key(job)
     res = mech.rebuild(RESULTS, DOCS, out)
     assert res["complete"][0] == len(lines) - 1 and res["complete"][1] >= 45
+    if res["complete"][0] == res["complete"][1]:  # finished: the committed results are the rebuild, number for number
+        from difftransformer.lmsweep.schema import read, validate_mechanism
+        assert json.loads(json.dumps(res["rows"])) == read(out / mech.RESULTS, validate_mechanism)["rows"]

@@ -29,7 +29,8 @@ SCHEMAS = {"kv_retrieval benchmark": studies.RetrievalRun, "kv_retrieval width s
            "retrieval mechanism arms, longer": studies.RetrievalArmRun,
            "language-model mechanism arms": studies.LmArmRun}
 # journals committed while their study runs (each resumes from its committed journal): at least one record
-IN_PROGRESS: set[str] = {"lm-mechanism/lm-mechanism-jobs.jsonl"}  # started 2026-12-02
+IN_PROGRESS: set[str] = {"lm-mechanism/lm-mechanism-jobs.jsonl",  # started 2026-12-02
+                          "retrieval-longer/rounding-avx2/longer-jobs.jsonl"}
 CHECKS = {studies.RetrievalRun: studies.validate_retrieval_run, studies.RetrievalArmRun:
           studies.validate_retrieval_arm_run, studies.LmSweepRun: studies.validate_lm_run,
           studies.LmArmRun: studies.validate_lm_arm_run}
@@ -44,7 +45,7 @@ def _schema(header: dict) -> type:
 
 def test_every_committed_journal_holds_its_studys_schema_and_nothing_else():
     # the sweeps, the benchmark, the diagnostics, their rounding checks, the re-readings, the mechanism arms
-    assert len(COMMITTED) == 14
+    assert len(COMMITTED) == 15
     for path in COMMITTED:
         header = json.loads(path.read_text().splitlines()[0])["journal"]
         schema = _schema(header)
