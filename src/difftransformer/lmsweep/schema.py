@@ -3,12 +3,11 @@ the mechanism arms (``lm-mechanism.json``), checked when written and when read (
 the field); the sweep's and the diagnostics' own schemas are in ``rundir.studies``."""
 
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
-from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from typing_extensions import NotRequired, TypedDict
 
-from ..rundir.studies import Interval, LmLrScore, checker
+from ..rundir.studies import Interval, LmLrScore, checker, read_checked
 
 
 class LongerRow(TypedDict):
@@ -63,7 +62,4 @@ class MechanismResults(TypedDict):
 validate_longer = checker(LongerResults)
 validate_mechanism = checker(MechanismResults)
 
-
-def read(path: Union[str, Path], check: Any) -> Any:
-    from ..fileio import read_json
-    return check(read_json(Path(path)), str(path))
+read = read_checked  # a follow-up's result file, read and checked

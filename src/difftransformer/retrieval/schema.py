@@ -4,12 +4,11 @@ when read (``read``), one ValueError naming the file and the field; the benchmar
 are in ``rundir.studies``."""
 
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
-from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from typing_extensions import NotRequired, TypedDict
 
-from ..rundir.studies import Interval, checker
+from ..rundir.studies import Interval, checker, read_checked
 
 
 class Speed(TypedDict):
@@ -74,8 +73,4 @@ class MechanismResults(TypedDict):
 validate_longer = checker(LongerResults)
 validate_mechanism = checker(MechanismResults)
 
-
-def read(path: Union[str, Path], check: Any) -> Any:
-    """A follow-up's result file, read and checked (one ValueError naming the file)."""
-    from ..fileio import read_json
-    return check(read_json(Path(path)), str(path))
+read = read_checked  # a follow-up's result file, read and checked

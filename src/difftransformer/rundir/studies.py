@@ -293,6 +293,11 @@ def validate_readings(obj: Any, where: str) -> ReadingsCheck:
     return validate(obj, ReadingsCheck, where)
 
 
+def read_checked(path: str | Path, check: typing.Callable[[Any, str], Any]) -> Any:
+    """A result file read and checked by its schema's validator (one ValueError naming the file and the field)."""
+    return check(read_json(Path(path)), str(path))
+
+
 def write_checked(path: Path, obj: Any, check: typing.Callable[[Any, str], Any]) -> None:
     """``obj`` written as the JSON file ``path`` (atomically) once ``check``, its schema's validator, takes it as it
     reads back: a writer that departs from what the readers take fails here, naming the field."""
