@@ -223,7 +223,7 @@ def test_the_mechanism_arms_at_toy_size(runs, capsys):
     assert set(rows) == set(mech.ARMS) and res["timings"]["jobs_run"] == len(mech.ARMS) * 2 * 2
     v1 = json.loads((diags / "v1-diagnostic" / dg.RESULTS).read_text())["arms"]
     v2 = json.loads((diags / "v2-diagnostic" / dg.RESULTS).read_text())["arms"]
-    for arm, (variant, overrides, diag, _, other) in mech.ARMS.items():
+    for arm, (variant, overrides, _, other, diag) in mech.ARMS.items():
         r, ref = rows[arm], (v1 if diag == "v1-diagnostic" else v2)
         assert r["overrides"] == overrides and r["lr"] in TINY.lr_grid and len(r["test_loss"]) == 2
         assert r["D"]["estimate"] - r["C"]["estimate"] == pytest.approx(ref[variant]["D"]["estimate"])

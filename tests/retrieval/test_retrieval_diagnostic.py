@@ -32,8 +32,8 @@ def test_the_arms_run_on_the_reference(runs):
     assert set(rows) == {"baseline", "diff_v1", "diff_v2", *dg.ARMS}
     n_grid = sum(len(rows[a]["grid"]) for a in dg.ARMS) * 2  # each arm's grid (widened or not) on 2 seeds
     assert res["timings"]["jobs_run"] == n_grid  # none of the reference's jobs ran again
-    for arm, (variant, overrides) in dg.ARMS.items():
-        r = rows[arm]
+    for arm, spec in dg.ARMS.items():
+        variant, overrides, r = spec.variant, spec.change, rows[arm]
         assert r["variant"] == variant and r["overrides"] == overrides and r["lr"] in [g["lr"] for g in r["grid"]]
         assert r["reading"] in (*dg.GAP_READINGS, *dg.LEAD_READINGS, dg.INCONCLUSIVE)
         # C = arm - variant and D = arm - baseline, paired: D - C is the variant's own D
@@ -142,7 +142,7 @@ def test_the_mechanism_arms_on_the_diagnostic(runs):
     res = mech.run_mechanism(root / "diag", root / "mech", RunOptions(workers=1, progress=False))
     rows, ref = res["rows"], diag["rows"]
     assert set(rows) == set(mech.ARMS) and res["timings"]["jobs_run"] >= len(mech.ARMS) * 2
-    for arm, (_, overrides, c_name, c2_name) in mech.ARMS.items():
+    for arm, (_, overrides, c_name, c2_name, _) in mech.ARMS.items():
         r = rows[arm]
         assert r["overrides"] == overrides and r["C_against"] == c_name and r["C2_against"] == c2_name
         assert r["D"]["estimate"] - r["C"]["estimate"] == pytest.approx(ref[c_name]["D"]["estimate"]

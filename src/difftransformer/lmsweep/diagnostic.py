@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
+from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor, read_journal
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_diagnostic, validate_lm_arm_run, validate_lm_run, write_checked
+from ..rundir.studies import validate_diagnostic, validate_lm_arm_run, validate_lm_run
+from ..studies.followup import Arm, FollowUp, loss_reading
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
 
@@ -33,13 +34,13 @@ JOURNAL = "diag-jobs.jsonl"
 RESULTS = DIAGNOSTIC_RESULTS_NAME
 PLOT = "diagnostic-curves.png"
 # DIAGNOSTIC.md "Arms": the one change of DIFF V1 each arm makes (ModelConfig fields).
-ARMS: dict[str, dict[str, Any]] = {
-    "per_head": {"v1_layout": "per_head"},
-    "no_norm": {"headwise_norm": False, "headwise_norm_weight": False},
-    "lambda_08": {"lambda_init": 0.8},
-    "lambda_05": {"lambda_init": 0.5},
+BASE, V1, V2 = "baseline", "diff_v1", "diff_v2"
+ARMS: dict[str, Arm] = {
+    "per_head": Arm(V1, {"v1_layout": "per_head"}),
+    "no_norm": Arm(V1, {"headwise_norm": False, "headwise_norm_weight": False}),
+    "lambda_08": Arm(V1, {"lambda_init": 0.8}),
+    "lambda_05": Arm(V1, {"lambda_init": 0.5}),
 }
-BASE, V1 = "baseline", "diff_v1"
 # The baseline and DIFF V1 unchanged, at the reference's chosen lrs on every seed, run here ("Deviations").
 RERUNS = {"baseline_rerun": BASE, "diff_v1_rerun": V1}
 READINGS = ("closes the gap", "closes part of the gap", "no detectable effect", "widens the gap", "inconclusive")
@@ -47,12 +48,11 @@ READINGS = ("closes the gap", "closes part of the gap", "no detectable effect", 
 # The cross-study check of the retrieval diagnostic (retrieval/DIAGNOSTIC.md, "The cross-study check"): DIFF V2 arms
 # at the sweep's primary width, the baseline and DIFF V2 rerun here. The arms run are chosen by --arms (the
 # pre-registered rule names v2_headwise_norm and at most one more).
-V2 = "diff_v2"
-V2_ARMS: dict[str, dict[str, Any]] = {
-    "v2_headwise_norm": {"v2_headwise_norm": True},
-    "v2_lambda_scalar": {"v2_lambda": "scalar"},
-    "v2_separate_keys": {"v2_keys": "separate"},
-    "v2_headwise_norm_after_first": {"v2_headwise_norm": True, "v2_headwise_norm_layers": "after_first"},
+V2_ARMS: dict[str, Arm] = {
+    "v2_headwise_norm": Arm(V2, {"v2_headwise_norm": True}),
+    "v2_lambda_scalar": Arm(V2, {"v2_lambda": "scalar"}),
+    "v2_separate_keys": Arm(V2, {"v2_keys": "separate"}),
+    "v2_headwise_norm_after_first": Arm(V2, {"v2_headwise_norm": True, "v2_headwise_norm_layers": "after_first"}),
 }
 V2_READINGS = ("costs loss", "lowers the loss", "no detectable effect", "inconclusive")
 
@@ -64,11 +64,20 @@ class Spec:
 
     name: str
     variant: str
-    arms: dict[str, dict[str, Any]]
+    arms: dict[str, Arm]
     reruns: dict[str, str]
     version: int
     title: str
     measure: bool
+
+    def change(self, name: str) -> dict[str, Any]:
+        """A job name's ModelConfig change: an arm's, a rerun's none."""
+        return self.arms[name].change if name in self.arms else {}
+
+    @property
+    def study(self) -> FollowUp[Job]:
+        return FollowUp(self.title, f"{self.name}_diagnostic", self.version, JOURNAL, RESULTS, Job,
+                        (int, str, int, float), validate_lm_arm_run, validate_diagnostic)
 
 
 V1_SPEC = Spec("v1", V1, ARMS, RERUNS, VERSION, "DIFF V1 diagnostic", True)
@@ -83,12 +92,7 @@ def v2_spec(arms: Sequence[str] = ("v2_headwise_norm",)) -> Spec:
                 "DIFF V2 diagnostic", False)
 
 
-def v2_reading(c: dict[str, Any], inconclusive: bool) -> str:
-    """retrieval/DIAGNOSTIC.md "The cross-study check": a V2 arm's language-model reading from C's interval."""
-    if inconclusive or None in c["ci"]:
-        return V2_READINGS[3]
-    lo, hi = c["ci"]
-    return V2_READINGS[0] if lo > 0 else V2_READINGS[1] if hi < 0 else V2_READINGS[2]
+v2_reading = loss_reading  # retrieval/DIAGNOSTIC.md "The cross-study check": a V2 arm's reading from C (V2_READINGS)
 
 
 # ---------------------------------------------------------------------------------------------- the reference
@@ -159,7 +163,7 @@ def run_arm_job(cfg_d: dict, data_dir: str, width: int, arm: str, seed: int, lr:
     spec = V1_SPEC if diagnostic == "v1" else v2_spec(tuple(V2_ARMS))
     variant = spec.reruns.get(arm, spec.variant)
     out = _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, variant, seed, lr, device,
-               model_overrides=spec.arms.get(arm, {}), measure=v1_scales if spec.measure and variant == V1 else None)
+               model_overrides=spec.change(arm), measure=v1_scales if spec.measure and variant == V1 else None)
     out["arm"] = arm
     return out
 
@@ -224,7 +228,7 @@ def assess(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], arms:
         d_ref, c_ref = _compare(base_ref, runs, loss), _compare(v1_ref, runs, loss)
         bad = not all(passed(r) for r in base + v1 + runs)
         bad_ref = not all(passed(r) for r in base_ref + v1_ref + runs)
-        out[arm] = {**info, "overrides": ARMS[arm], "params_non_embedding": runs[0]["params_non_embedding"],
+        out[arm] = {**info, "overrides": ARMS[arm].change, "params_non_embedding": runs[0]["params_non_embedding"],
                     "test_loss": [loss(r) for r in runs], "D": _interval(d), "C": _interval(c),
                     "share_closed": (-c["estimate"] / d_v1["estimate"]) if d_v1["estimate"] else None,
                     "reading": reading(d, c, bad), "v1_scales": mean_scales(runs),
@@ -302,7 +306,7 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
     options = options or RunOptions(workers=2)
     cfg, fp, ref = reference(Path(ref_dir))
     width = width or cfg.largest
-    out = Path(out_dir)
+    out, study = Path(out_dir), spec.study
     t0 = time.perf_counter()
     ex = open_executor(cfg.cpu_code_path, options)
     try:
@@ -315,28 +319,22 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
                                  f"d_model {width} is not finished there")
         reruns = [Job(width, name, s, lr) for name, lr in lrs.items() if lr is not None for s in cfg.test_seeds]
         dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
-        header = {"benchmark": spec.title, "version": spec.version, "config": cfg_d, "data": fp, "width": width}
+        header = study.header(config=cfg_d, data=fp, width=width)
         which = {} if spec.name == "v1" else {"diagnostic": spec.name}  # V1's keys as they were before V2 came
         job_spec: JobSpec[Job] = JobSpec(
             needed=lambda d: needed_jobs(cfg, width, reruns, d, cap, spec), run=run_arm_job,
             args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev, spec.name),
             key=lambda j: job_key({"diagnostic_version": spec.version, **which, "config": cfg_d, "data": fp,
-                                   "job": list(j), "overrides": spec.arms.get(j.variant, {}), **device_key(dev)}),
+                                   "job": list(j), "overrides": spec.change(j.variant), **device_key(dev)}),
             code_path=cfg.cpu_code_path, desc=f"{spec.title} (jobs)")
-        done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
+        done, ran = study.journaled(job_spec, out, header, options, ex)
     finally:
         ex.close()
-    if spec.name == "v1":
-        res: dict[str, Any] = {"benchmark": "v1_diagnostic", "version": VERSION, "width": width,
-                               "reference": str(ref_dir), "config": cfg.to_dict(),
-                               "arms": assess(cfg, width, ref, done, cap), "rerun": rerun_check(ref, reruns, done)}
-    else:
-        res = {"benchmark": "v2_diagnostic", "version": spec.version, "width": width, "reference": str(ref_dir),
-               "config": cfg.to_dict(), "arms": assess_v2(cfg, width, ref, done, cap, spec),
-               "rerun": rerun_check(ref, reruns, done, spec.reruns)}
-    res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
-                      "job_cpu_s": sum(r.get("train_cpu_s", 0.0) for r in done.values())}
-    write_checked(out / RESULTS, res, validate_diagnostic)  # the schema the readers take
+    arms = (assess(cfg, width, ref, done, cap) if spec.name == "v1" else
+            assess_v2(cfg, width, ref, done, cap, spec))
+    res = study.write(out, {"width": width, "reference": str(ref_dir), "config": cfg.to_dict(), "arms": arms,
+                            "rerun": rerun_check(ref, reruns, done, spec.reruns)}, done, ran, t0, options,
+                      job_cpu_s=sum(r.get("train_cpu_s", 0.0) for r in done.values()))
     if spec.name == "v1":
         plot_curves(cfg, width, done, res, out / PLOT)
     return res
@@ -366,7 +364,7 @@ def assess_v2(cfg: LMSweepConfig, width: int, ref: dict[Job, dict[str, Any]], ar
         d, cc = _compare(base, runs, loss), _compare(v2, runs, loss)
         bad = not all(passed(r) for r in base + v2 + runs)
         out[arm] = {"lr": c.lr, "grid": scores, "widened": c.widened, "unresolved_edge": unresolved_edge(cfg, c),
-                    "overrides": spec.arms[arm], "params_non_embedding": runs[0]["params_non_embedding"],
+                    "overrides": spec.arms[arm].change, "params_non_embedding": runs[0]["params_non_embedding"],
                     "test_loss": [loss(r) for r in runs], "D": _interval(d), "C": _interval(cc),
                     "reading": v2_reading(cc, bad)}
     return out

@@ -74,7 +74,7 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
             needed=lambda d: (jobs, True), run=run_arm_job,
             args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev, spec.name),
             key=lambda j: job_key({"diagnostic_version": spec.version, **which, "config": cfg_d, "data": fp,
-                                   "job": list(j), "overrides": spec.arms.get(j.variant, {}), **device_key(dev)}),
+                                   "job": list(j), "overrides": spec.change(j.variant), **device_key(dev)}),
             code_path=code_path, desc=f"{spec.title} rounding check ({code_path})")
         done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
     finally:

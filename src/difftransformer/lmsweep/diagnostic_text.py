@@ -6,13 +6,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from ..studies.followup import interval
 from .diagnostic import ARMS, BASE, V1, V2
 
-
-def iv(x: dict[str, Any]) -> str:
-    """An estimate with its interval, as the summaries print it (the estimate alone where there is no interval)."""
-    lo, hi = x["ci"]
-    return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{x['estimate']:+.3f}"
+iv = interval  # an estimate with its interval (the estimate alone where there is none)
 
 
 def format_v2_diagnostic(res: dict[str, Any]) -> str:

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from ..eval import stats
-from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
-from ..rundir.studies import validate_lm_arm_run, write_checked
+from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor
+from ..rundir.studies import validate_lm_arm_run
+from ..studies.followup import Arm, FollowUp, interval, loss_reading, paired, sign_of
 from .config import LMSweepConfig
 from .diagnostic import (
     ARMS,
@@ -39,10 +39,10 @@ VERSION = 1  # LONGER.md's language-model addition: in every job key and the jou
 JOURNAL = "lm-longer-jobs.jsonl"
 RESULTS = "lm-longer.json"
 FACTOR = 2
-# name -> (variant, its one ModelConfig change): the answer table's language-model cells
-NAMES: dict[str, tuple[str, dict[str, Any]]] = {
-    BASE: (BASE, {}), V1: (V1, {}), "no_norm": (V1, ARMS["no_norm"]),
-    V2: (V2, {}), "v2_headwise_norm": (V2, V2_ARMS["v2_headwise_norm"]),
+# name -> its variant and one ModelConfig change: the answer table's language-model cells
+NAMES: dict[str, Arm] = {
+    BASE: Arm(BASE, {}), V1: Arm(V1, {}), "no_norm": ARMS["no_norm"],
+    V2: Arm(V2, {}), "v2_headwise_norm": V2_ARMS["v2_headwise_norm"],
 }
 # LONGER.md: each name's lr chosen at 1x in its diagnostic (docs/results/v1-diagnostic, v2-diagnostic); a test
 # checks these against the committed files
@@ -57,28 +57,25 @@ class LongJob(NamedTuple):
     lr: float
 
 
+STUDY: FollowUp[LongJob] = FollowUp("language-model longer training", "lm_longer", VERSION, JOURNAL, RESULTS, LongJob,
+                                    (str, int, int, float), validate_lm_arm_run, validate_longer)
+
+
 def run_longer_job(cfg_d: dict, data_dir: str, width: int, name: str, steps: int, seed: int, lr: float,
                    device: str = "cpu") -> dict[str, Any]:
     """One job: the name's variant with its change, trained ``steps`` steps and measured as a sweep job."""
     from .job import _run
-    variant, overrides = NAMES[name]
-    out = _run(LMSweepConfig.from_dict({**cfg_d, "steps": steps}), data_dir, width, variant, seed, lr, device,
-               model_overrides=overrides)
+    out = _run(LMSweepConfig.from_dict({**cfg_d, "steps": steps}), data_dir, width, NAMES[name].variant, seed, lr,
+               device, model_overrides=NAMES[name].change)
     out["arm"] = name
     return out
 
 
 def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
-    v = stats.compare_seeds(base, other, higher_is_better=False, min_effect=0.0)
-    return {"estimate": v.estimate, "ci": list(v.ci), "n": v.n_seeds[0], "method": v.method}
+    return paired(base, other, higher_is_better=False)
 
 
-def reading(c: dict[str, Any], inconclusive: bool) -> str:
-    """The V2 language-model rule on C (lower loss is better): costs loss, lowers the loss, no detectable effect."""
-    lo, hi = c["ci"]
-    if inconclusive or lo is None:
-        return "inconclusive"
-    return "costs loss" if lo > 0 else "lowers the loss" if hi < 0 else "no detectable effect"
+reading = loss_reading  # the V2 language-model rule on C
 
 
 def assess(cfg: LMSweepConfig, steps: int, done: dict[LongJob, dict[str, Any]], cap: float) -> dict[str, Any]:
@@ -111,9 +108,8 @@ def run_longer(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOp
     out = Path(out_dir)
     t0 = time.perf_counter()
     cfg_d = cfg.to_dict()
-    header = {"benchmark": "language-model longer training", "version": VERSION, "config": cfg_d, "data": fp,
-              "width": width, "steps": steps}
-    journal = Journal(out / JOURNAL, header, validate_lm_arm_run)  # a journal of another shape: refused before tokens
+    header = STUDY.header(config=cfg_d, data=fp, width=width, steps=steps)
+    journal = STUDY.open_journal(out, header)  # a journal of another shape: refused before tokens
     ex = open_executor(cfg.cpu_code_path, options)
     try:
         with out_removed_on_refusal(out):
@@ -124,29 +120,22 @@ def run_longer(ref_dir: str | Path, out_dir: str | Path, options: Optional[RunOp
             needed=lambda d: (todo, True), run=run_longer_job,
             args=lambda j: (cfg_d, data_dir, width, j.name, j.steps, j.seed, j.lr, dev),
             key=lambda j: job_key({"lm_longer_version": VERSION, "config": {**cfg_d, "steps": j.steps}, "data": fp,
-                                   "width": width, "job": list(j), "overrides": NAMES[j.name][1],
+                                   "width": width, "job": list(j), "overrides": NAMES[j.name].change,
                                    **device_key(dev)}),
             code_path=cfg.cpu_code_path, desc="language model at 2x the tokens (jobs)")
-        done, ran = run_jobs(spec, journal, options, ex)
+        done, ran = STUDY.journaled(spec, out, header, options, ex, journal)
     finally:
         ex.close()
-    res = {"benchmark": "lm_longer", "version": VERSION, "reference": str(ref_dir), "width": width, "steps": steps,
-           "rows": assess(cfg, steps, {LongJob(*j): r for j, r in done.items()}, cap_of(vocab)),
-           "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
-    write_checked(out / RESULTS, res, validate_longer)
-    return res
+    return STUDY.write(out, {"reference": str(ref_dir), "width": width, "steps": steps,
+                             "rows": assess(cfg, steps, done, cap_of(vocab))}, done, ran, t0, options)
 
 
 def format_longer(res: dict[str, Any]) -> str:
-    def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:+.3f}" if lo is None else f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-
     lines = [f"language model at {res['steps']} steps (2x the sweep's tokens), d_model {res['width']}: test-half "
              "loss, D = minus the baseline, C = the arm minus its variant (95% paired t)"]
     for n, r in res["rows"].items():
-        d = f"  D {iv(r['D'])}" if "D" in r else ""
-        c = f"  C {iv(r['C'])}: {r['reading']}" if "C" in r else ""
+        d = f"  D {interval(r['D'])}" if "D" in r else ""
+        c = f"  C {interval(r['C'])}: {r['reading']}" if "C" in r else ""
         lines.append(f"  {n:18s} lr {r['lr']:<6g} loss {r['mean']:.4f}{d}{c}" + ("" if math.isfinite(r["mean"])
                                                                                     else "  (diverged)"))
     return "\n".join(lines)
@@ -162,11 +151,6 @@ def first_d(results: Path) -> dict[str, dict[str, Any]]:
             v2["v2_headwise_norm"]["D"]}
 
 
-def _side(x: dict[str, Any]) -> int:
-    lo, hi = x["ci"]
-    return 0 if lo is None else 1 if lo > 0 else -1 if hi < 0 else 0
-
-
 def classing_table(results: Path, out: Path) -> str:
     """docs/lm-sweep.md's table: each name's D at 1x (the committed diagnostics) and at 2x the tokens, and whether
     the verdict survives, vanishes or reverses (retrieval/LONGER.md's rule on the test-half loss); "running" while
@@ -178,20 +162,16 @@ def classing_table(results: Path, out: Path) -> str:
     rows = (res or {}).get("rows") or {}
     n = sum(1 for _ in (out / JOURNAL).open()) - 1 if (out / JOURNAL).is_file() else 0
 
-    def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:+.3f}" if lo is None else f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-
     lines = ["| name | D at 1x (300 steps) | D at 2x (600 steps) | the verdict at 2x |", "| --- | --- | --- | --- |"]
     for name, d1 in first.items():
         if name not in rows:
-            lines.append(f"| `{name}` | {iv(d1)} | running | |")
+            lines.append(f"| `{name}` | {interval(d1)} | running | |")
             continue
-        d2, side = rows[name]["D"], _side(d1)
-        now = _side(d2)
+        d2, side = rows[name]["D"], sign_of(d1)
+        now = sign_of(d2)
         status = ("survives" if now == side and side else "vanishes" if now == 0 else "reverses" if side else
                   "appears")
-        lines.append(f"| `{name}` | {iv(d1)} | {iv(d2)} | {status} |")
+        lines.append(f"| `{name}` | {interval(d1)} | {interval(d2)} | {status} |")
     if not rows:
         lines += ["", f"Running: {n} of {len(NAMES) * 5} jobs in the committed journal."]
     return "\n".join(lines)

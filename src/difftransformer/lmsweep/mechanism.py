@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor, read_journal, run_jobs
-from ..jobs.journal import Journal
+from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor, read_journal
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_lm_arm_run, write_checked
+from ..rundir.studies import validate_lm_arm_run
+from ..studies.followup import Arm, FollowUp, interval
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
 from .diagnostic import (
@@ -41,13 +41,15 @@ from .schema import validate_mechanism
 VERSION = 1
 JOURNAL = "lm-mechanism-jobs.jsonl"
 RESULTS = "lm-mechanism.json"
-# arm -> (variant, its one change, the diagnostic it reads against, C's rerun there, C''s arm there)
-ARMS: dict[str, tuple[str, dict[str, Any], str, str, str]] = {
-    "v2_gain": (V2, {"head_gain": "norm_start"}, "v2-diagnostic", "diff_v2_rerun", "v2_headwise_norm"),
-    "v2_gain_one": (V2, {"head_gain": "one"}, "v2-diagnostic", "diff_v2_rerun", "v2_headwise_norm"),
-    "v1_gain": (V1, {"headwise_norm": False, "headwise_norm_weight": False, "head_gain": "norm_start"},
-                "v1-diagnostic", "diff_v1_rerun", "no_norm"),
+# arm -> its variant, its one change, C's rerun and C''s arm in the committed diagnostic it reads against
+ARMS: dict[str, Arm] = {
+    "v2_gain": Arm(V2, {"head_gain": "norm_start"}, "diff_v2_rerun", "v2_headwise_norm", "v2-diagnostic"),
+    "v2_gain_one": Arm(V2, {"head_gain": "one"}, "diff_v2_rerun", "v2_headwise_norm", "v2-diagnostic"),
+    "v1_gain": Arm(V1, {"headwise_norm": False, "headwise_norm_weight": False, "head_gain": "norm_start"},
+                   "diff_v1_rerun", "no_norm", "v1-diagnostic"),
 }
+STUDY: FollowUp[Job] = FollowUp("language-model mechanism arms", "lm_mechanism", VERSION, JOURNAL, RESULTS, Job,
+                                (int, str, int, float), validate_lm_arm_run, validate_mechanism)
 # the committed diagnostics' names of what each comparison reads (their diagnostic.json "arms" keys)
 CHOSEN = {"baseline_rerun": BASE, "diff_v2_rerun": V2, "diff_v1_rerun": V1}
 
@@ -56,8 +58,8 @@ def run_mechanism_job(cfg_d: dict, data_dir: str, width: int, arm: str, seed: in
                       device: str = "cpu") -> dict[str, Any]:
     """One job: the arm's variant with its change, trained and measured as a sweep job."""
     from .job import _run
-    variant, overrides = ARMS[arm][0], ARMS[arm][1]
-    out = _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, variant, seed, lr, device, model_overrides=overrides)
+    out = _run(LMSweepConfig.from_dict(cfg_d), data_dir, width, ARMS[arm].variant, seed, lr, device,
+               model_overrides=ARMS[arm].change)
     out["arm"] = arm
     return out
 
@@ -68,7 +70,7 @@ def comparison_runs(diag_root: str | Path, cfg: LMSweepConfig, width: int) -> di
     --diagnostics when a diagnostic is missing or is not on this sweep's configuration and width."""
     from ..fileio import read_json
     out: dict[str, dict[str, list[dict]]] = {}
-    for name in sorted({a[2] for a in ARMS.values()}):
+    for name in sorted({str(a.reads) for a in ARMS.values()}):
         d = Path(diag_root) / name
         if not (d / DIAGNOSTIC_RESULTS_NAME).is_file() or not (d / DIAG_JOURNAL).is_file():
             raise ValueError(f"--diagnostics {diag_root}: no finished {name} there (its {DIAGNOSTIC_RESULTS_NAME} and "
@@ -80,8 +82,8 @@ def comparison_runs(diag_root: str | Path, cfg: LMSweepConfig, width: int) -> di
         _, records = read_journal(d / DIAG_JOURNAL, validate_lm_arm_run)
         done = {Job(int(r["job"][0]), str(r["job"][1]), int(r["job"][2]), float(r["job"][3])): r["result"]
                 for r in records.values()}
-        names = {"baseline_rerun", *(a[3] for a in ARMS.values() if a[2] == name),
-                 *(a[4] for a in ARMS.values() if a[2] == name)}
+        names = {"baseline_rerun", *(a.c_name for a in ARMS.values() if a.reads == name),
+                 *(str(a.other) for a in ARMS.values() if a.reads == name)}
         runs: dict[str, list[dict]] = {}
         for n in sorted(names):
             lr = float(res["arms"][CHOSEN.get(n, n)]["lr"])
@@ -110,7 +112,8 @@ def assess(cfg: LMSweepConfig, width: int, runs_of: dict[str, dict[str, list[dic
         return loss_of(r, "test_loss", cap)
 
     rows: dict[str, Any] = {}
-    for arm, (variant, overrides, diag, c_name, c2_name) in ARMS.items():
+    for arm, a in ARMS.items():
+        variant, overrides, diag, c_name, c2_name = a.variant, a.change, str(a.reads), a.c_name, str(a.other)
         c = lr_choice(cfg, width, arm, done, cap)
         if c.lr is None:
             continue
@@ -132,7 +135,7 @@ def assess(cfg: LMSweepConfig, width: int, runs_of: dict[str, dict[str, list[dic
 def _key(cfg_d: dict[str, Any], fp: str, dev: str):
     def key(j: Job) -> str:
         return job_key({"lm_mechanism_version": VERSION, "config": cfg_d, "data": fp, "job": list(j),
-                        "overrides": ARMS[j.variant][1], **device_key(dev)})
+                        "overrides": ARMS[j.variant].change, **device_key(dev)})
     return key
 
 
@@ -151,61 +154,44 @@ def run_mechanism(ref_dir: str | Path, diag_root: str | Path, out_dir: str | Pat
             data, vocab = prepare_reference_tokens(cfg, fp, out, ref_dir, options.progress)
         cap = cap_of(vocab)
         dev, cfg_d, data_dir = options.device, cfg.to_dict(), str(data.directory)
-        header = {"benchmark": "language-model mechanism arms", "version": VERSION, "config": cfg_d, "data": fp,
-                  "width": width, "vocab": vocab}
+        header = STUDY.header(config=cfg_d, data=fp, width=width, vocab=vocab)
         spec: JobSpec[Job] = JobSpec(
             needed=lambda d: needed_jobs(cfg, width, d, cap), run=run_mechanism_job,
             args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, fp, dev),
             code_path=cfg.cpu_code_path, desc="language-model mechanism arms (jobs)")
-        done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
+        done, ran = STUDY.journaled(spec, out, header, options, ex)
     finally:
         ex.close()
-    res = {"benchmark": "lm_mechanism", "version": VERSION, "reference": str(ref_dir), "diagnostics": str(diag_root),
-           "width": width, "rows": assess(cfg, width, runs_of, done, cap),
-           "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
-    write_checked(out / RESULTS, res, validate_mechanism)
-    return res
+    return STUDY.write(out, {"reference": str(ref_dir), "diagnostics": str(diag_root), "width": width,
+                             "rows": assess(cfg, width, runs_of, done, cap)}, done, ran, t0, options)
 
 
 def rebuild(ref_dir: str | Path, diag_root: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """OUT's journal read back (nothing trained, finished or not), with how many of the jobs asked for are in."""
     cfg, _fp, _ = reference(Path(ref_dir))
     width = cfg.largest
-    header, records = read_journal(Path(out_dir) / JOURNAL, validate_lm_arm_run)
-    if header.get("benchmark") != "language-model mechanism arms" or header.get("config") != cfg.to_dict():
-        raise ValueError(f"{out_dir}: its journal is not the language-model mechanism arms' on {ref_dir}")
-    done = {Job(int(r["job"][0]), str(r["job"][1]), int(r["job"][2]), float(r["job"][3])): r["result"]
-            for r in records.values()}
+    header, done = STUDY.read_back(out_dir, lambda h: h.get("config") == cfg.to_dict(),
+                                   f"the language-model mechanism arms' on {ref_dir}")
     cap = cap_of(int(header["vocab"]))
-    needed, _ = needed_jobs(cfg, width, done, cap)
-    return {"benchmark": "lm_mechanism", "version": VERSION, "width": width,
-            "complete": [sum(j in done for j in needed), len(needed)],
-            "rows": assess(cfg, width, comparison_runs(diag_root, cfg, width), done, cap)}
+    return STUDY.rebuilt(done, needed_jobs(cfg, width, done, cap)[0], {"width": width},
+                         rows=assess(cfg, width, comparison_runs(diag_root, cfg, width), done, cap))
 
 
 def format_mechanism(res: dict[str, Any]) -> str:
-    def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:+.3f}" if lo is None else f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-
     lines = [f"language-model mechanism arms (LONGER.md), d_model {res['width']}: test-half loss; D = minus the "
              "baseline, C = minus the variant (reading), C' = minus the variant's other form (lower is better)"]
     for arm, r in res["rows"].items():
-        lines.append(f"  {arm:12s} lr {r['lr']:<6g} D {iv(r['D'])}  C ({r['C_against']}) {iv(r['C'])}: "
-                     f"{r['reading']}  C' ({r['C2_against']}) {iv(r['C2'])}")
+        lines.append(f"  {arm:12s} lr {r['lr']:<6g} D {interval(r['D'])}  C ({r['C_against']}) {interval(r['C'])}: "
+                     f"{r['reading']}  C' ({r['C2_against']}) {interval(r['C2'])}")
     return "\n".join(lines)
 
 
 def markdown_table(res: dict[str, Any]) -> str:
-    def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:+.3f}" if lo is None else f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-
     lines = ["| arm | lr | D (minus baseline) | C (minus its variant): reading | C' (minus the variant's other form) | "
              "runs below the floor |", "| --- | --- | --- | --- | --- | --- |"]
     for arm, r in res["rows"].items():
-        lines.append(f"| `{arm}` | {r['lr']:g} | {iv(r['D'])} | {iv(r['C'])} against `{r['C_against']}`: "
-                     f"{r['reading']} | {iv(r['C2'])} against `{r['C2_against']}` | {r['failed']} of "
+        lines.append(f"| `{arm}` | {r['lr']:g} | {interval(r['D'])} | {interval(r['C'])} against `{r['C_against']}`: "
+                     f"{r['reading']} | {interval(r['C2'])} against `{r['C2_against']}` | {r['failed']} of "
                      f"{len(r['test_loss'])} |")
     done, total = res.get("complete", [None, None])
     if done is not None and done < total:

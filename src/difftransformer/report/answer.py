@@ -17,6 +17,7 @@ from typing import Any, Optional
 from ..fileio import read_json
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RESULTS_NAME, ROUNDING_NAME
 from ..rundir.studies import validate_diagnostic, validate_readings, validate_retrieval_results
+from ..studies.followup import interval
 
 # src/difftransformer/studies/ -> the repository root; an installed package has no docs/ (see ``available``)
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
@@ -83,15 +84,10 @@ def cells(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _iv(d: dict[str, Any], digits: int = 3) -> str:
-    lo, hi = d["ci"]
-    return f"{d['estimate']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
-
-
 def _cell(d: dict[str, Any]) -> str:
     r = d.get("rounding")
     rounding = "" if not r else " (survives AVX2)" if r["survives"] else f" (AVX2: {r['reading']})"
-    return _iv(d) + (f", {d['reading']}{rounding}" if d.get("reading") else "")
+    return interval(d) + (f", {d['reading']}{rounding}" if d.get("reading") else "")
 
 
 def markdown(results: Optional[dict[str, dict[str, Any]]] = None) -> str:

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..eval import stats
-from ..jobs import JobSpec, Journal, RunOptions, job_key, read_journal, run_jobs
+from ..jobs import JobSpec, RunOptions, job_key, read_journal
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RETRIEVAL_JOURNAL
 from ..rundir.studies import (
     RETRIEVAL_DIAGNOSTIC,
     validate_diagnostic,
     validate_retrieval_arm_run,
     validate_retrieval_run,
-    write_checked,
 )
+from ..studies.followup import Arm, FollowUp, interval, paired
 from .config import RetrievalConfig
 from .protocol import Job, lr_choice, lr_robustness, needed_jobs
 from .train import LOSS_THRESHOLDS
@@ -35,14 +35,16 @@ RESULTS = DIAGNOSTIC_RESULTS_NAME
 PLOT = "diagnostic-lr.png"
 BASE, V1, V2 = "baseline", "diff_v1", "diff_v2"
 # DIAGNOSTIC.md "Arms": (the variant, its one ModelConfig change)
-ARMS: dict[str, tuple[str, dict[str, Any]]] = {
-    "v1_no_norm": (V1, {"headwise_norm": False, "headwise_norm_weight": False}),
-    "v2_headwise_norm": (V2, {"v2_headwise_norm": True}),
-    "v2_lambda_scalar": (V2, {"v2_lambda": "scalar"}),
-    "v2_separate_keys": (V2, {"v2_keys": "separate"}),
+ARMS: dict[str, Arm] = {
+    "v1_no_norm": Arm(V1, {"headwise_norm": False, "headwise_norm_weight": False}),
+    "v2_headwise_norm": Arm(V2, {"v2_headwise_norm": True}),
+    "v2_lambda_scalar": Arm(V2, {"v2_lambda": "scalar"}),
+    "v2_separate_keys": Arm(V2, {"v2_keys": "separate"}),
     # DIAGNOSTIC.md "Deviations", 2026-11-28 05:40 UTC: the follow-up form of item 4, added before any arm was read
-    "v2_headwise_norm_after_first": (V2, {"v2_headwise_norm": True, "v2_headwise_norm_layers": "after_first"}),
+    "v2_headwise_norm_after_first": Arm(V2, {"v2_headwise_norm": True, "v2_headwise_norm_layers": "after_first"}),
 }
+STUDY: FollowUp[Job] = FollowUp("retrieval diagnostic", RETRIEVAL_DIAGNOSTIC, VERSION, JOURNAL, RESULTS, Job,
+                                (str, int, float), validate_retrieval_arm_run, validate_diagnostic)
 GAP_READINGS = ("closes the gap", "closes part of the gap", "no detectable effect", "widens the gap")
 LEAD_READINGS = ("removes the lead", "reduces the lead", "no detectable effect", "adds to the lead")
 INCONCLUSIVE = "inconclusive"
@@ -92,7 +94,7 @@ def arm_change(name: str) -> tuple[str, dict[str, Any]]:
     them) with none."""
     if name in (BASE, V1, V2):
         return name, {}
-    return ARMS[name]
+    return ARMS[name].variant, ARMS[name].change
 
 
 def arm_jobs(cfg: RetrievalConfig, done: dict[Job, dict[str, Any]],
@@ -123,8 +125,7 @@ def reading(d: dict[str, Any], c: dict[str, Any], variant_d: float, above_chance
 
 
 def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
-    v = stats.compare_seeds(base, other, higher_is_better=True, min_effect=0.0)
-    return {"estimate": v.estimate, "ci": list(v.ci), "n": v.n_seeds[0], "method": v.method}
+    return paired(base, other, higher_is_better=True)
 
 
 def _accuracies(runs: list[dict[str, Any]], cond: str) -> list[float]:
@@ -197,9 +198,10 @@ def assess(cfg: RetrievalConfig, ref: dict[Job, dict[str, Any]], arms: dict[Job,
         rows[name]["D"] = _interval(rows[BASE]["accuracy"], rows[name]["accuracy"])
         rows[name]["D_grid_mean"] = _interval(grid_mean[BASE], grid_mean[name])
         rows[name]["D_extrapolation"] = _interval(rows[BASE]["extrapolation"], rows[name]["extrapolation"])
-    for arm, (variant, overrides) in ARMS.items():
+    for arm, a in ARMS.items():
+        variant = a.variant
         r, v = rows[arm], rows[variant]
-        r.update(variant=variant, overrides=overrides,
+        r.update(variant=variant, overrides=a.change,
                  C=_interval(v["accuracy"], r["accuracy"]), C_grid_mean=_interval(grid_mean[variant], grid_mean[arm]),
                  C_extrapolation=_interval(v["extrapolation"], r["extrapolation"]))
         gap = v["D"]["estimate"]
@@ -210,7 +212,7 @@ def assess(cfg: RetrievalConfig, ref: dict[Job, dict[str, Any]], arms: dict[Job,
 
 def summary(rows: dict[str, dict[str, Any]]) -> str:
     """DIAGNOSTIC.md's summary sentence."""
-    closing = [a for a, (v, _) in ARMS.items() if v == V2 and rows[a]["reading"] in GAP_READINGS[:2]]
+    closing = [a for a, arm in ARMS.items() if arm.variant == V2 and rows[a]["reading"] in GAP_READINGS[:2]]
     named = ", ".join(f"{a} ({rows[a]['reading']})" for a in closing)
     v2 = f"the DIFF V2 arms that close its gap: {named}" if closing else "no single part explains V2's retrieval loss"
     r = rows["v1_no_norm"]["reading"]
@@ -225,24 +227,17 @@ def run_diagnostic(ref_dir: str | Path, out_dir: str | Path, options: Optional[R
     options = options or RunOptions(workers=2)
     cfg, ref = reference(Path(ref_dir))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     dev, cfg_d = options.device, cfg.to_dict()
-    header = {"benchmark": "retrieval diagnostic", "version": VERSION, "config": cfg_d}
-
     spec: JobSpec[Job] = JobSpec(needed=lambda d: arm_jobs(cfg, d), run=run_arm_job,
                                  args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                  code_path=cfg.cpu_code_path, desc="retrieval diagnostic (jobs)")
-    done, ran = run_jobs(spec, Journal(out / JOURNAL, header, validate_retrieval_arm_run), options)
-    arms = {Job(*j): r for j, r in done.items()}
+    arms, ran = STUDY.journaled(spec, out, STUDY.header(config=cfg_d), options)
     rows = assess(cfg, ref, arms)
-    res: dict[str, Any] = {"benchmark": "retrieval_diagnostic", "version": VERSION, "reference": str(ref_dir),
-                           "config": cfg_d, "primary": cfg.primary, "extrapolation": cfg.extrapolation,
-                           "chance": 1.0 / cfg.n_values, "loss_thresholds": list(LOSS_THRESHOLDS), "rows": rows,
-                           "summary": summary(rows)}
-    res["timings"] = {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran,
-                      "job_cpu_s": sum(r.get("train_cpu_s", 0.0) for r in done.values())}
-    write_checked(out / RESULTS, res, validate_diagnostic)  # the schema the readers take
+    res = STUDY.write(out, {"reference": str(ref_dir), "config": cfg_d, "primary": cfg.primary,
+                            "extrapolation": cfg.extrapolation, "chance": 1.0 / cfg.n_values,
+                            "loss_thresholds": list(LOSS_THRESHOLDS), "rows": rows, "summary": summary(rows)},
+                      arms, ran, t0, options, job_cpu_s=sum(r.get("train_cpu_s", 0.0) for r in arms.values()))
     plot_lr(cfg, ref, arms, out / PLOT)
     return res
 
@@ -280,7 +275,7 @@ def plot_lr(cfg: RetrievalConfig, ref: dict[Job, dict[str, Any]], arms: dict[Job
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 4.0), sharey=True)
     for ax, variant in zip(axes, (V1, V2)):
-        names = [BASE, variant, *(a for a, (v, _) in ARMS.items() if v == variant)]
+        names = [BASE, variant, *(a for a, arm in ARMS.items() if arm.variant == variant)]
         for k, name in enumerate(names):
             done = ref if name in (BASE, V1, V2) else arms
             lrs = sorted({j.lr for j in done if j.variant == name})
@@ -304,9 +299,6 @@ def format_diagnostic(res: dict[str, Any]) -> str:
     """The text summary: one line per variant and arm, the secondary rows, the dynamics."""
     rows = res["rows"]
 
-    def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
     lines = [f"retrieval diagnostic: accuracy at {res['primary']}, n = {len(rows[BASE]['accuracy'])} paired "
              "seeds, 95% paired t; D = minus the baseline, C = minus the arm's variant"]
@@ -316,17 +308,18 @@ def format_diagnostic(res: dict[str, Any]) -> str:
         r = rows[name]
         edge = " (at an edge)" if r["at_edge"] else ""
         share = "" if r.get("share") is None else f", share {r['share']:+.0%}"
-        c = f", C {iv(r['C'])}{share}: {r['reading']}" if name in ARMS else ""
-        lines.append(f"  {name:18s} lr {r['lr']:<6g}{edge} acc {statistics.fmean(r['accuracy']):.3f}  D {iv(r['D'])}"
-                     f"{c}  below floor {r['dynamics']['below_floor']}/{r['dynamics']['of']} (learned slowly "
+        c = f", C {interval(r['C'])}{share}: {r['reading']}" if name in ARMS else ""
+        lines.append(f"  {name:18s} lr {r['lr']:<6g}{edge} acc {statistics.fmean(r['accuracy']):.3f}  "
+                     f"D {interval(r['D'])}{c}  below floor {r['dynamics']['below_floor']}/{r['dynamics']['of']} "
+                     "(learned slowly "
                      f"{r['dynamics']['learned_slowly']}, failed to start {r['dynamics']['failed_to_start']})")
     lines.append("  secondary (descriptive): grid mean D / C; extrapolation D / C; grid runs below the floor (of "
                  f"{len(res['config']['lr_grid']) * len(rows[BASE]['accuracy'])})")
     for name in (V1, V2, *ARMS):
         r = rows[name]
-        c1 = f" / {iv(r['C_grid_mean'])}" if name in ARMS else ""
-        c2 = f" / {iv(r['C_extrapolation'])}" if name in ARMS else ""
-        lines.append(f"  {name:18s} {iv(r['D_grid_mean'])}{c1}; {iv(r['D_extrapolation'])}{c2}; "
+        c1 = f" / {interval(r['C_grid_mean'])}" if name in ARMS else ""
+        c2 = f" / {interval(r['C_extrapolation'])}" if name in ARMS else ""
+        lines.append(f"  {name:18s} {interval(r['D_grid_mean'])}{c1}; {interval(r['D_extrapolation'])}{c2}; "
                      f"{r['grid_below_floor']}")
     lines.append(f"  summary: {res['summary']}")
     return "\n".join(lines)
@@ -337,9 +330,6 @@ def markdown_table(res: dict[str, Any]) -> str:
     floor failures (learned slowly / failed to start) and the secondary D of the grid mean and extrapolation."""
     rows = res["rows"]
 
-    def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
     lines = ["| arm | lr | accuracy | D (minus baseline) | C (minus its variant) | share | reading | below the floor "
              "(learned slowly, failed to start) | grid mean, D | p48c96, D |",
@@ -351,10 +341,10 @@ def markdown_table(res: dict[str, Any]) -> str:
         share = "" if not is_arm or r["share"] is None else f"{r['share']:+.0%}"
         lines.append(
             f"| `{name}` | {r['lr']:g}{edge} | {statistics.fmean(r['accuracy']):.3f} | "
-            f"{iv(r['D']) if name != BASE else ''} | {iv(r['C']) if is_arm else ''} | {share} | "
+            f"{interval(r['D']) if name != BASE else ''} | {interval(r['C']) if is_arm else ''} | {share} | "
             f"{r['reading'] if is_arm else ''} | {dyn['below_floor']} of {dyn['of']} ({dyn['learned_slowly']}, "
-            f"{dyn['failed_to_start']}) | {iv(r['D_grid_mean']) if name != BASE else ''} | "
-            f"{iv(r['D_extrapolation']) if name != BASE else ''} |")
+            f"{dyn['failed_to_start']}) | {interval(r['D_grid_mean']) if name != BASE else ''} | "
+            f"{interval(r['D_extrapolation']) if name != BASE else ''} |")
     return "\n".join(lines)
 
 

@@ -64,7 +64,7 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
         if n != BASE:
             r["D"] = _interval(accs[BASE], accs[n])
         if n in ARMS:
-            variant = ARMS[n][0]
+            variant = ARMS[n].variant
             r["C"] = _interval(accs[variant], accs[n])
             r["reading"] = reading(r["D"], r["C"], _interval(accs[BASE], accs[variant])["estimate"],
                                    stats.above_chance(accs[n], n_q, 1.0 / cfg.n_values))

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from ..eval import stats
-from ..jobs import JobSpec, RunOptions, job_key, run_jobs_into
+from ..jobs import JobSpec, RunOptions, job_key
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_diagnostic, validate_retrieval_arm_run, write_checked
+from ..rundir.studies import validate_diagnostic, validate_retrieval_arm_run
+from ..studies.followup import FollowUp, interval, paired, sign_of
 from .config import RetrievalConfig
 from .diagnostic import ARMS, BASE, LEARNED, STARTED, V1, V2, arm_change, reading, run_arm_job
 from .schema import validate_longer
@@ -38,6 +39,10 @@ class LongJob(NamedTuple):
     steps: int
     seed: int
     lr: float
+
+
+STUDY: FollowUp[LongJob] = FollowUp("retrieval longer training", "retrieval_longer", VERSION, JOURNAL, RESULTS,
+                                    LongJob, (str, int, int, float), validate_retrieval_arm_run, validate_longer)
 
 
 def first_reading(diag_dir: str | Path) -> dict[str, Any]:
@@ -125,8 +130,7 @@ def crossing(base: list[Optional[int]], other: list[Optional[int]], steps: int) 
 
 # ---------------------------------------------------------------------------------------------- the reading
 def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
-    v = stats.compare_seeds(base, other, higher_is_better=True, min_effect=0.0)
-    return {"estimate": v.estimate, "ci": list(v.ci), "n": v.n_seeds[0], "method": v.method}
+    return paired(base, other, higher_is_better=True)
 
 
 def length_rows(acc: dict[str, list[float]], ext: dict[str, list[float]], thr: dict[str, dict[str, list]],
@@ -142,7 +146,7 @@ def length_rows(acc: dict[str, list[float]], ext: dict[str, list[float]], thr: d
             r["D_extrapolation"] = _interval(ext[BASE], ext[n])
             r["speed"] = {t: crossing(thr[BASE][t], thr[n][t], steps) for t in (STARTED, LEARNED)}
         if n in ARMS:
-            variant = ARMS[n][0]
+            variant = ARMS[n].variant
             r["C"] = _interval(acc[variant], acc[n])
             r["speed_C"] = {t: crossing(thr[variant][t], thr[n][t], steps) for t in (STARTED, LEARNED)}
             r["reading"] = reading(r["D"], r["C"], _interval(acc[BASE], acc[variant])["estimate"],
@@ -197,47 +201,30 @@ def run_longer(diag_dir: str | Path, out_dir: str | Path, steps: tuple[int, ...]
         first = {**first, "config": RetrievalConfig.from_dict(first["config"]).replace(
             cpu_code_path=code_path).to_dict()}
     cfg_d, dev = first["config"], options.device
-    out = Path(out_dir)
     t0 = time.perf_counter()
-    header = {"benchmark": "retrieval longer training", "version": VERSION, "config": cfg_d,
-              "lrs": {n: first["rows"][n]["lr"] for n in NAMES}}
+    header = STUDY.header(config=cfg_d, lrs={n: first["rows"][n]["lr"] for n in NAMES})
     todo = jobs_for(first, steps)
     spec: JobSpec[LongJob] = JobSpec(needed=lambda d: (todo, True), run=run_longer_job,
                                      args=lambda j: (cfg_d, j.name, j.steps, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                      code_path=RetrievalConfig.from_dict(cfg_d).cpu_code_path,
                                      desc="retrieval at longer training (jobs)")
-    done, ran = run_jobs_into(spec, out / JOURNAL, header, validate_retrieval_arm_run, options)
-    res = {"benchmark": "retrieval_longer", "version": VERSION, "reference": str(diag_dir),
-           "lengths": assess(first, {LongJob(*j): r for j, r in done.items()}),
-           "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done),
-                       "jobs_run": ran}}
-    write_checked(out / RESULTS, res, validate_longer)
-    return res
+    done, ran = STUDY.journaled(spec, Path(out_dir), header, options)
+    return STUDY.write(Path(out_dir), {"reference": str(diag_dir), "lengths": assess(first, done)}, done, ran, t0,
+                       options)
 
 
 def rebuild(diag_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """OUT's journal read back (nothing trained, finished or not): every length whose jobs are all in, as
     ``run_longer`` reads them, and how many of the jobs LONGER.md asks for are in (``complete``)."""
-    from ..jobs import read_journal
     first = first_reading(diag_dir)
-    header, records = read_journal(Path(out_dir) / JOURNAL, validate_retrieval_arm_run)
-    if header.get("benchmark") != "retrieval longer training" or header.get("config") != first["config"]:
-        raise ValueError(f"{out_dir}: its journal is not this study's on the configuration of {diag_dir}")
-    done = {LongJob(str(r["job"][0]), int(r["job"][1]), int(r["job"][2]), float(r["job"][3])): r["result"]
-            for r in records.values()}
-    todo = jobs_for(first, STEPS)
-    return {"benchmark": "retrieval_longer", "version": VERSION, "reference": str(diag_dir),
-            "complete": [sum(j in done for j in todo), len(todo)], "lengths": assess(first, done)}
+    _, done = STUDY.read_back(out_dir, lambda h: h.get("config") == first["config"],
+                              f"this study's on the configuration of {diag_dir}")
+    return STUDY.rebuilt(done, jobs_for(first, STEPS), {"reference": str(diag_dir)}, lengths=assess(first, done))
 
 
 def format_longer(res: dict[str, Any]) -> str:
     def iv(x: dict[str, Any]) -> str:
-        lo, hi = x["ci"]
-        if x["estimate"] is None:
-            return "-"
-        if lo is None:
-            return f"{x['estimate']:+.3g} [no interval]"
-        return f"{x['estimate']:+.3g} [{lo:+.3g}, {hi:+.3g}]"
+        return interval(x, "+.3g", empty="-", bare=" [no interval]")
 
     lines = ["retrieval at longer training (LONGER.md): accuracy at p48c48, D = minus the baseline, C = minus the "
              "arm's variant (95% paired t); speed = median paired difference of the first step below 1.0 / 0.3 nats "
@@ -260,14 +247,7 @@ def markdown_table(res: dict[str, Any]) -> str:
     """docs/retrieval.md's table of the re-reading: per finished length and name, the accuracy at p48c48, D and C
     with the arm's reading, D at p48c96, the runs below the floor, and the speed endpoint (the first step below 1.0
     and 0.3 nats, paired against the baseline: median difference and sign-test interval, negative = sooner)."""
-    def iv(x: Optional[dict[str, Any]], spec: str = "+.3f") -> str:
-        if x is None or x["estimate"] is None:
-            return ""
-        lo, hi = x["ci"]
-        if lo is None:
-            return f"{x['estimate']:{spec}}"
-        return f"{x['estimate']:{spec}} [{lo:{spec}}, {hi:{spec}}]"
-
+    iv = interval
     lines = ["| steps | name | accuracy | D (minus baseline) | C (minus its variant): reading | p48c96, D | below the "
              "floor | steps to 1.0 nats, minus baseline | steps to 0.3 nats, minus baseline |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -296,14 +276,6 @@ ANSWER_CELLS = {  # the answer table's retrieval cells (report/answer.py CELLS):
 CEILING = 0.99
 
 
-def _side(x: dict[str, Any]) -> int:
-    """+1: the interval wholly above 0; -1: wholly below; 0: it contains 0 (or there is none)."""
-    lo, hi = x["ci"]
-    if lo is None:
-        return 0
-    return 1 if lo > 0 else -1 if hi < 0 else 0
-
-
 def classify(lengths: dict[str, dict[str, dict[str, Any]]], first_steps: int = 600,
              extrapolation: bool = False) -> dict[str, dict[str, Any]]:
     """LONGER.md "How a verdict is classed", per name other than the baseline: the verdict at 600 steps (an arm's
@@ -315,16 +287,16 @@ def classify(lengths: dict[str, dict[str, dict[str, Any]]], first_steps: int = 6
     out: dict[str, dict[str, Any]] = {}
     for n in NAMES[1:]:
         arm = n in ARMS and not extrapolation
-        key, ref = ("C", ARMS[n][0]) if arm else ("D_extrapolation" if extrapolation else "D", BASE)
+        key, ref = ("C", ARMS[n].variant) if arm else ("D_extrapolation" if extrapolation else "D", BASE)
         acc = "extrapolation" if extrapolation else "accuracy"
-        side = _side(base[n][key])
+        side = sign_of(base[n][key])
         row: dict[str, Any] = {"verdict": base[n]["reading"] if arm else {1: "above", -1: "below", 0: "none"}[side],
                                "side": side, "lengths": {}}
         for st in (str(s) for s in STEPS):
             if st not in lengths:
                 continue
             r = lengths[st][n]
-            now = _side(r[key])
+            now = sign_of(r[key])
             status = ("survives" if (r["reading"] == base[n]["reading"] if arm else now == side and side != 0)
                       else "vanishes" if now == 0 else "reverses" if side != 0 else "appears")
             mean = statistics.fmean(r[acc])
@@ -332,7 +304,7 @@ def classify(lengths: dict[str, dict[str, dict[str, Any]]], first_steps: int = 6
             row["lengths"][st] = {"status": status, "at_ceiling": ceiling, "mean": mean,
                                   "estimate": r[key]["estimate"], "ci": r[key]["ci"]}
         speed = base[n]["speed_C" if arm else "speed"][STARTED]
-        speed_side = -_side(speed)  # sooner (negative) is the good side
+        speed_side = -sign_of(speed)  # sooner (negative) is the good side
         last = row["lengths"].get(str(STEPS[-1]))
         if side == 0 or last is None:
             row["class"] = None if last is None else "none"

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..eval import stats
-from ..jobs import JobSpec, RunOptions, job_key, run_jobs_into
-from ..rundir.studies import validate_retrieval_arm_run, write_checked
+from ..jobs import JobSpec, RunOptions, job_key
+from ..rundir.studies import validate_retrieval_arm_run
+from ..studies.followup import Arm, FollowUp, interval, paired
 from .config import RetrievalConfig
 from .diagnostic import BASE, LEARNED, STARTED, V1, V2, arm_jobs, reading
 from .longer import LongJob, crossing, first_reading
@@ -31,20 +32,24 @@ RESULTS = "mechanism.json"
 LONGEST = 2400
 LONGER_JOURNAL = "mechanism-longer-jobs.jsonl"
 LONGER_RESULTS = "mechanism-longer.json"
-# arm -> (variant, its one change, the name C reads against, the name C' reads against)
-ARMS: dict[str, tuple[str, dict[str, Any], str, str]] = {
-    "v2_gain": (V2, {"head_gain": "norm_start"}, V2, "v2_headwise_norm"),
-    "v2_gain_one": (V2, {"head_gain": "one"}, V2, "v2_headwise_norm"),
-    "v1_gain": (V1, {"headwise_norm": False, "headwise_norm_weight": False, "head_gain": "norm_start"}, V1,
-                "v1_no_norm"),
+# arm -> its variant, its one change, the name C reads against, the name C' reads against
+ARMS: dict[str, Arm] = {
+    "v2_gain": Arm(V2, {"head_gain": "norm_start"}, V2, "v2_headwise_norm"),
+    "v2_gain_one": Arm(V2, {"head_gain": "one"}, V2, "v2_headwise_norm"),
+    "v1_gain": Arm(V1, {"headwise_norm": False, "headwise_norm_weight": False, "head_gain": "norm_start"}, V1,
+                   "v1_no_norm"),
 }
+STUDY: FollowUp[Job] = FollowUp("retrieval mechanism arms", "retrieval_mechanism", VERSION, JOURNAL, RESULTS, Job,
+                                (str, int, float), validate_retrieval_arm_run, validate_mechanism)
+LONGER_STUDY: FollowUp[LongJob] = FollowUp(
+    "retrieval mechanism arms, longer", "retrieval_mechanism_longer", VERSION, LONGER_JOURNAL, LONGER_RESULTS, LongJob,
+    (str, int, int, float), validate_retrieval_arm_run, validate_mechanism)
 
 
 def run_mechanism_job(cfg_d: dict, arm: str, seed: int, lr: float, device: str = "cpu") -> dict[str, Any]:
     """One job: the arm's variant with its change, trained and measured as a benchmark job."""
     from .benchmark import _job
-    variant, overrides, _, _ = ARMS[arm]
-    out = _job(cfg_d, variant, seed, lr, device, overrides)
+    out = _job(cfg_d, ARMS[arm].variant, seed, lr, device, ARMS[arm].change)
     out["arm"] = arm
     return out
 
@@ -53,9 +58,9 @@ def _key(cfg_d: dict[str, Any], dev: str):
     from .benchmark import job_description
 
     def key(j: Job) -> str:
-        variant, overrides, _, _ = ARMS[j.variant]
-        return job_key({"mechanism_version": VERSION, "arm": j.variant, "overrides": overrides,
-                        **job_description(cfg_d, (variant, j.seed, j.lr), dev)})
+        a = ARMS[j.variant]
+        return job_key({"mechanism_version": VERSION, "arm": j.variant, "overrides": a.change,
+                        **job_description(cfg_d, (a.variant, j.seed, j.lr), dev)})
     return key
 
 
@@ -72,8 +77,7 @@ def run_mechanism_longer_job(cfg_d: dict, arm: str, steps: int, seed: int, lr: f
 
 
 def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
-    v = stats.compare_seeds(base, other, higher_is_better=True, min_effect=0.0)
-    return {"estimate": v.estimate, "ci": list(v.ci), "n": v.n_seeds[0], "method": v.method}
+    return paired(base, other, higher_is_better=True)
 
 
 def assess(first: dict[str, Any], done: dict[Job, dict[str, Any]]) -> dict[str, Any]:
@@ -82,7 +86,8 @@ def assess(first: dict[str, Any], done: dict[Job, dict[str, Any]]) -> dict[str, 
     cfg = RetrievalConfig.from_dict(first["config"])
     R, P, S = first["rows"], cfg.primary, cfg.test_seeds
     rows: dict[str, Any] = {}
-    for arm, (_, overrides, c_name, c2_name) in ARMS.items():
+    for arm, a in ARMS.items():
+        overrides, c_name, c2_name = a.change, a.c_name, str(a.other)
         c = lr_choice(cfg, arm, done)
         if c.lr is None:
             continue
@@ -108,18 +113,13 @@ def run_mechanism(diag_dir: str | Path, out_dir: str | Path, options: Optional[R
     first = first_reading(diag_dir)
     cfg = RetrievalConfig.from_dict(first["config"])
     cfg_d, dev = first["config"], options.device
-    out = Path(out_dir)
     t0 = time.perf_counter()
-    header = {"benchmark": "retrieval mechanism arms", "version": VERSION, "config": cfg_d}
     spec: JobSpec[Job] = JobSpec(needed=lambda d: arm_jobs(cfg, d, ARMS), run=run_mechanism_job,
                                  args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                  code_path=cfg.cpu_code_path, desc="retrieval mechanism arms (jobs)")
-    done, ran = run_jobs_into(spec, out / JOURNAL, header, validate_retrieval_arm_run, options)
-    res = {"benchmark": "retrieval_mechanism", "version": VERSION, "reference": str(diag_dir),
-           "rows": assess(first, {Job(*j): r for j, r in done.items()}),
-           "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
-    write_checked(out / RESULTS, res, validate_mechanism)
-    return res
+    done, ran = STUDY.journaled(spec, Path(out_dir), STUDY.header(config=cfg_d), options)
+    return STUDY.write(Path(out_dir), {"reference": str(diag_dir), "rows": assess(first, done)}, done, ran, t0,
+                       options)
 
 
 # ---------------------------------------------------------------------------------------------- at 2,400 steps
@@ -146,7 +146,8 @@ def assess_longer(first: dict[str, Any], lrs: dict[str, float], longer_row: dict
     cfg = RetrievalConfig.from_dict(first["config"])
     P, S = cfg.primary, cfg.test_seeds
     rows: dict[str, Any] = {}
-    for arm, (_, overrides, c_name, c2_name) in ARMS.items():
+    for arm, a in ARMS.items():
+        overrides, c_name, c2_name = a.change, a.c_name, str(a.other)
         jobs = [LongJob(arm, steps, s, lrs[arm]) for s in S]
         if not all(j in done for j in jobs):
             continue
@@ -184,38 +185,26 @@ def run_mechanism_longer(diag_dir: str | Path, longer_dir: str | Path, out_dir: 
     row, lrs = _longer_row(diag_dir, longer_dir, steps), chosen_lrs(diag_dir, out_dir)
     cfg_d, dev, out = first["config"], options.device, Path(out_dir)
     t0 = time.perf_counter()
-    header = {"benchmark": "retrieval mechanism arms, longer", "version": VERSION, "config": cfg_d, "steps": steps,
-              "lrs": lrs}
     todo = longer_jobs(cfg, lrs, steps)
     spec: JobSpec[LongJob] = JobSpec(needed=lambda d: (todo, True), run=run_mechanism_longer_job,
                                      args=lambda j: (cfg_d, j.name, j.steps, j.seed, j.lr, dev),
                                      key=_longer_key(cfg_d, dev), code_path=cfg.cpu_code_path,
                                      desc=f"retrieval mechanism arms at {steps} steps (jobs)")
-    done, ran = run_jobs_into(spec, out / LONGER_JOURNAL, header, validate_retrieval_arm_run, options)
-    res = {"benchmark": "retrieval_mechanism_longer", "version": VERSION, "reference": str(diag_dir),
-           "longer_reference": str(longer_dir), "steps": steps,
-           "rows": assess_longer(first, lrs, row, {LongJob(*j): r for j, r in done.items()}, steps),
-           "timings": {"wall_s": time.perf_counter() - t0, **options.describe(), "jobs": len(done), "jobs_run": ran}}
-    write_checked(out / LONGER_RESULTS, res, validate_mechanism)
-    return res
+    done, ran = LONGER_STUDY.journaled(spec, out, LONGER_STUDY.header(config=cfg_d, steps=steps, lrs=lrs), options)
+    return LONGER_STUDY.write(out, {"reference": str(diag_dir), "longer_reference": str(longer_dir), "steps": steps,
+                                    "rows": assess_longer(first, lrs, row, done, steps)}, done, ran, t0, options)
 
 
 def rebuild_longer(diag_dir: str | Path, longer_dir: str | Path, out_dir: str | Path,
                    steps: int = LONGEST) -> dict[str, Any]:
     """OUT's longer journal read back, finished or not (``complete``: its jobs in, of those asked for)."""
-    from ..jobs import read_journal
     first = first_reading(diag_dir)
     cfg = RetrievalConfig.from_dict(first["config"])
-    header, records = read_journal(Path(out_dir) / LONGER_JOURNAL, validate_retrieval_arm_run)
-    if header.get("benchmark") != "retrieval mechanism arms, longer" or header.get("config") != first["config"]:
-        raise ValueError(f"{out_dir}: its journal is not the mechanism arms' longer run on {diag_dir}")
+    header, done = LONGER_STUDY.read_back(out_dir, lambda h: h.get("config") == first["config"],
+                                          f"the mechanism arms' longer run on {diag_dir}")
     lrs = {str(k): float(v) for k, v in header["lrs"].items()}
-    done = {LongJob(str(r["job"][0]), int(r["job"][1]), int(r["job"][2]), float(r["job"][3])): r["result"]
-            for r in records.values()}
-    todo = longer_jobs(cfg, lrs, steps)
-    return {"benchmark": "retrieval_mechanism_longer", "version": VERSION, "steps": steps,
-            "complete": [sum(j in done for j in todo), len(todo)],
-            "rows": assess_longer(first, lrs, _longer_row(diag_dir, longer_dir, steps), done, steps)}
+    return LONGER_STUDY.rebuilt(done, longer_jobs(cfg, lrs, steps), {"steps": steps},
+                                rows=assess_longer(first, lrs, _longer_row(diag_dir, longer_dir, steps), done, steps))
 
 
 # ---------------------------------------------------------------------------------------------- read back
@@ -223,36 +212,25 @@ def rebuild(diag_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """OUT's journal read back (nothing trained, finished or not): the arms whose lr choice is final, as
     ``run_mechanism`` reads them, and how many of the jobs the addition asks for are in (``complete``: the jobs needed
     given those in, which grows where a grid widens)."""
-    from ..jobs import read_journal
     first = first_reading(diag_dir)
     cfg = RetrievalConfig.from_dict(first["config"])
-    header, records = read_journal(Path(out_dir) / JOURNAL, validate_retrieval_arm_run)
-    if header.get("benchmark") != "retrieval mechanism arms" or header.get("config") != first["config"]:
-        raise ValueError(f"{out_dir}: its journal is not the mechanism arms' on the configuration of {diag_dir}")
-    done = {Job(str(r["job"][0]), int(r["job"][1]), float(r["job"][2])): r["result"] for r in records.values()}
-    needed, _ = arm_jobs(cfg, done, ARMS)
-    return {"benchmark": "retrieval_mechanism", "version": VERSION, "reference": str(diag_dir),
-            "complete": [sum(j in done for j in needed), len(needed)], "rows": assess(first, done)}
+    _, done = STUDY.read_back(out_dir, lambda h: h.get("config") == first["config"],
+                              f"the mechanism arms' on the configuration of {diag_dir}")
+    return STUDY.rebuilt(done, arm_jobs(cfg, done, ARMS)[0], {"reference": str(diag_dir)}, rows=assess(first, done))
 
 
 def markdown_table(res: dict[str, Any]) -> str:
     """docs/retrieval.md's table of the mechanism arms: per arm its chosen lr, the accuracy at p48c48, D and C with
     the reading, C' (descriptive), the runs below the floor and the speed endpoint against the baseline and against
     C's name (steps to 1.0 nats; median paired difference, sign-test interval; negative = sooner)."""
-    def iv(x: dict[str, Any], spec: str = "+.3f") -> str:
-        lo, hi = x["ci"]
-        if x["estimate"] is None:
-            return ""
-        return f"{x['estimate']:{spec}}" if lo is None else f"{x['estimate']:{spec}} [{lo:{spec}}, {hi:{spec}}]"
-
     lines = ["| arm | lr | accuracy | D (minus baseline) | C (minus its variant): reading | C' (minus the variant's "
              "other form) | below the floor | steps to 1.0 nats, minus baseline | minus C's name |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm, r in res["rows"].items():
-        lines.append(f"| `{arm}` | {r['lr']:g} | {r['mean']:.3f} | {iv(r['D'])} | {iv(r['C'])} against "
-                     f"`{r['C_against']}`: {r['reading']} | {iv(r['C2'])} against `{r['C2_against']}` | "
-                     f"{r['below_floor']} of {len(r['accuracy'])} | {iv(r['speed'][STARTED], '+g')} | "
-                     f"{iv(r['speed_C'][STARTED], '+g')} |")
+        lines.append(f"| `{arm}` | {r['lr']:g} | {r['mean']:.3f} | {interval(r['D'])} | {interval(r['C'])} against "
+                     f"`{r['C_against']}`: {r['reading']} | {interval(r['C2'])} against `{r['C2_against']}` | "
+                     f"{r['below_floor']} of {len(r['accuracy'])} | {interval(r['speed'][STARTED], '+g')} | "
+                     f"{interval(r['speed_C'][STARTED], '+g')} |")
     done, total = res.get("complete", [None, None])
     if done is not None and done < total:
         lines += ["", f"Incomplete: {done} of {total} jobs are in the committed journal; an arm is shown once its lr "
@@ -261,14 +239,10 @@ def markdown_table(res: dict[str, Any]) -> str:
 
 
 def format_mechanism(res: dict[str, Any]) -> str:
-    def iv(x: dict[str, Any], spec: str = "+.3f") -> str:
-        lo, hi = x["ci"]
-        return f"{x['estimate']:{spec}}" if lo is None else f"{x['estimate']:{spec}} [{lo:{spec}}, {hi:{spec}}]"
-
     lines = ["retrieval mechanism arms (LONGER.md): accuracy at p48c48; D = minus the baseline, C = minus the "
              "variant (reading), C' = minus the variant's other form; speed: steps to 1.0 nats minus the baseline's"]
     for arm, r in res["rows"].items():
-        lines.append(f"  {arm:12s} lr {r['lr']:<6g} acc {r['mean']:.3f}  D {iv(r['D'])}  C ({r['C_against']}) "
-                     f"{iv(r['C'])}: {r['reading']}  C' ({r['C2_against']}) {iv(r['C2'])}  speed "
-                     f"{iv(r['speed'][STARTED], '+g')}  below floor {r['below_floor']}")
+        lines.append(f"  {arm:12s} lr {r['lr']:<6g} acc {r['mean']:.3f}  D {interval(r['D'])}  C ({r['C_against']}) "
+                     f"{interval(r['C'])}: {r['reading']}  C' ({r['C2_against']}) {interval(r['C2'])}  speed "
+                     f"{interval(r['speed'][STARTED], '+g')}  below floor {r['below_floor']}")
     return "\n".join(lines)

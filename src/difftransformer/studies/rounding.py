@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .followup import interval
+
 SCOPE = "chosen"
 
 
@@ -30,11 +32,6 @@ def compare_readings(first: dict[str, dict[str, Any]], second: dict[str, dict[st
     return {"scope": SCOPE, "rows": rows, "differ": differ, "equal_runs": eq}
 
 
-def _iv(x: dict[str, Any] | None) -> str:
-    if not x:
-        return ""
-    lo, hi = x["ci"]
-    return f"{x['estimate']:+.3f}" if lo is None else f"{x['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
 def format_readings(check: dict[str, Any], title: str) -> str:
@@ -47,10 +44,10 @@ def format_readings(check: dict[str, Any], title: str) -> str:
         a, b = r["first"], r["second"]
         if "D" not in a:
             continue
-        c = f"  C {_iv(a.get('C'))} -> {_iv(b.get('C'))}" if "C" in a else ""
+        c = f"  C {interval(a.get('C'))} -> {interval(b.get('C'))}" if "C" in a else ""
         read = (f"  {a['reading']} -> {b['reading']}" + ("" if r["survives"] else "   DIFFERS")) if "reading" in a \
             else ""
-        lines.append(f"  {name:28s} lr {a['lr']:<6g} D {_iv(a['D'])} -> {_iv(b['D'])}{c}{read}")
+        lines.append(f"  {name:28s} lr {a['lr']:<6g} D {interval(a['D'])} -> {interval(b['D'])}{c}{read}")
     eq, n = check["equal_runs"]
     lines.append(f"runs with a bitwise-equal endpoint under both: {eq} of {n}")
     lines.append(f"{len(check['differ'])} reading(s) differ" + (": " + ", ".join(check["differ"]) if check["differ"]
