@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, open_executor, run_jobs
-from ..rundir.studies import validate_diagnostic, validate_lm_arm_run, validate_readings
+from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor
+from ..rundir.studies import validate_diagnostic, validate_readings
 from .analysis import Job, _compare, loss_of, passed
 from .diagnostic import (
     BASE,
-    JOURNAL,
     RESULTS,
     V1_SPEC,
     V2,
@@ -68,15 +68,15 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
         dev, cfg_d, data_dir = options.device, other.to_dict(), str(data.directory)
         jobs = [Job(width, name, s, x) for name, x in lr.items() for s in cfg.test_seeds]
         which = {} if spec.name == "v1" else {"diagnostic": spec.name}
-        header = {"benchmark": f"{spec.title} rounding check", "version": spec.version, "config": cfg_d, "data": fp,
-                  "width": width, "scope": "chosen"}
+        study = replace(spec.study, title=f"{spec.title} rounding check")  # its journal: another study's title
+        header = study.header(config=cfg_d, data=fp, width=width, scope="chosen")
         job_spec: JobSpec[Job] = JobSpec(
             needed=lambda d: (jobs, True), run=run_arm_job,
             args=lambda j: (cfg_d, data_dir, j.width, j.variant, j.seed, j.lr, dev, spec.name),
             key=lambda j: job_key({"diagnostic_version": spec.version, **which, "config": cfg_d, "data": fp,
                                    "job": list(j), "overrides": spec.change(j.variant), **device_key(dev)}),
             code_path=code_path, desc=f"{spec.title} rounding check ({code_path})")
-        done, ran = run_jobs(job_spec, Journal(out / JOURNAL, header, validate_lm_arm_run), options, ex)
+        done, ran = study.journaled(job_spec, out, header, options, ex)
     finally:
         ex.close()
     cap = cap_of(vocab)

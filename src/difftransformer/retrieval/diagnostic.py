@@ -125,6 +125,7 @@ def reading(d: dict[str, Any], c: dict[str, Any], variant_d: float, above_chance
 
 
 def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
+    """The retrieval studies' paired interval: ``other`` minus ``base`` accuracy, by seed (higher is better)."""
     return paired(base, other, higher_is_better=True)
 
 

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..eval import stats
-from ..jobs import JobSpec, Journal, RunOptions, run_jobs
+from ..jobs import JobSpec, RunOptions
+from ..rundir.files import ROUNDING_NAME
 from ..rundir.studies import validate_readings, validate_retrieval_arm_run
+from ..studies.followup import FollowUp
 from .diagnostic import (
     ARMS,
     BASE,
@@ -28,6 +30,11 @@ from .diagnostic import (
     run_arm_job,
 )
 from .protocol import Job
+
+# the rounding check: its journal in OUT/rounding-CODE_PATH, its readings in OUT/rounding.json (the command's)
+STUDY: FollowUp[Job] = FollowUp("retrieval diagnostic rounding check", "retrieval_diagnostic_rounding", VERSION,
+                                JOURNAL, ROUNDING_NAME, Job, (str, int, float), validate_retrieval_arm_run,
+                                validate_readings)
 
 
 def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
@@ -48,13 +55,11 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
     dev, cfg_d = options.device, other.to_dict()
     names = (BASE, V1, V2, *ARMS)
     jobs = [Job(n, s, first["rows"][n]["lr"]) for n in names for s in cfg.test_seeds]
-    header = {"benchmark": "retrieval diagnostic rounding check", "version": VERSION, "config": cfg_d,
-              "scope": "chosen"}
     spec: JobSpec[Job] = JobSpec(needed=lambda d: (jobs, True), run=run_arm_job,
                                  args=lambda j: (cfg_d, j.variant, j.seed, j.lr, dev), key=_key(cfg_d, dev),
                                  code_path=code_path, desc=f"retrieval diagnostic rounding check ({code_path})")
-    done, ran = run_jobs(spec, Journal(Path(out_dir) / f"rounding-{code_path}" / JOURNAL, header,
-                                       validate_retrieval_arm_run), options)
+    done, ran = STUDY.journaled(spec, Path(out_dir) / f"rounding-{code_path}",
+                                STUDY.header(config=cfg_d, scope="chosen"), options)
     runs = {n: [done[Job(n, s, first["rows"][n]["lr"])] for s in cfg.test_seeds] for n in names}
     acc = {n: _accuracies(runs[n], cfg.primary) for n in names}
     n_q = runs[BASE][0]["conditions"][cfg.primary]["n_queries"]

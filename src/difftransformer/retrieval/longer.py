@@ -21,9 +21,9 @@ from ..eval import stats
 from ..jobs import JobSpec, RunOptions, job_key
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
 from ..rundir.studies import validate_diagnostic, validate_retrieval_arm_run
-from ..studies.followup import FollowUp, interval, paired, sign_of
+from ..studies.followup import FollowUp, interval, sign_of
 from .config import RetrievalConfig
-from .diagnostic import ARMS, BASE, LEARNED, STARTED, V1, V2, arm_change, reading, run_arm_job
+from .diagnostic import ARMS, BASE, LEARNED, STARTED, V1, V2, _interval, arm_change, reading, run_arm_job
 from .schema import validate_longer
 
 VERSION = 1  # LONGER.md's version: in every job key and the journal header
@@ -129,10 +129,6 @@ def crossing(base: list[Optional[int]], other: list[Optional[int]], steps: int) 
 
 
 # ---------------------------------------------------------------------------------------------- the reading
-def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
-    return paired(base, other, higher_is_better=True)
-
-
 def length_rows(acc: dict[str, list[float]], ext: dict[str, list[float]], thr: dict[str, dict[str, list]],
                 failed: dict[str, int], steps: int, n_q: int, chance: float) -> dict[str, dict[str, Any]]:
     """One training length's rows: per name the mean accuracy, D, C, the diagnostic's reading (arms), the

@@ -18,9 +18,9 @@ from typing import Any, Optional
 from ..eval import stats
 from ..jobs import JobSpec, RunOptions, job_key
 from ..rundir.studies import validate_retrieval_arm_run
-from ..studies.followup import Arm, FollowUp, interval, paired
+from ..studies.followup import Arm, FollowUp, interval
 from .config import RetrievalConfig
-from .diagnostic import BASE, LEARNED, STARTED, V1, V2, arm_jobs, reading
+from .diagnostic import BASE, LEARNED, STARTED, V1, V2, _interval, arm_jobs, reading
 from .longer import LongJob, crossing, first_reading
 from .protocol import Job, lr_choice
 from .schema import validate_mechanism
@@ -74,10 +74,6 @@ def _longer_key(cfg_d: dict[str, Any], dev: str):
 def run_mechanism_longer_job(cfg_d: dict, arm: str, steps: int, seed: int, lr: float,
                              device: str = "cpu") -> dict[str, Any]:
     return run_mechanism_job({**cfg_d, "steps": steps}, arm, seed, lr, device)
-
-
-def _interval(base: list[float], other: list[float]) -> dict[str, Any]:
-    return paired(base, other, higher_is_better=True)
 
 
 def assess(first: dict[str, Any], done: dict[Job, dict[str, Any]]) -> dict[str, Any]:
