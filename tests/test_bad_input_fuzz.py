@@ -271,6 +271,10 @@ CASES: list[tuple[list[str], str]] = [
      "needs the arms' finished 600-step run first"),
     (["retrieval", "--out", "{ws}/o", "--longer", "1200,2400", "--rounding-check", "avx2", "--reference",
       "{root}/docs/results/retrieval-diagnostic"], "no re-reading there"),
+    (["retrieval", "--out", "{ws}/o", "--protocol", "4", "--rounding-check", "avx2"],
+     "--rounding-check does not go with --protocol 4"),
+    (["retrieval", "--out", "{ws}/o", "--protocol", "4", "--lr-grid", "1e-3,2e-3"], "--lr-grid does not go with"),
+    (["retrieval", "--out", "{ws}/o", "--protocol", "3"], "invalid choice: 3"),
     (["lm-sweep", "--out", "{ws}/o", "--steps", "10", "--warmup-steps", "10"], "warmup_steps"),
     (["report", "{ws}/nothing", "--lm-sweep", "{ws}/nothing"], "nothing"),
     # --- every option that takes a study's output: a file of the wrong shape, named with what it lacks (issue 57)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Optional, cast
 
@@ -45,12 +45,13 @@ JOURNAL = RETRIEVAL_JOURNAL
 
 
 def _job(cfg_d: dict, variant: str, seed: int, lr: float, device: str = "cpu",
-         overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+         overrides: Optional[dict[str, Any]] = None,
+         measure: Optional[Callable[[Any, RetrievalConfig], dict[str, Any]]] = None) -> dict[str, Any]:
     """Train ``variant`` (with ``overrides``: a diagnostic arm's ModelConfig changes) on ``seed`` at ``lr``; the
     validation measures (lr choice) and the test split's (``evaluate_model``), the training curve, the steps at which
     its loss fell below the diagnostic's thresholds and each layer's lambda and head scales (``head_dynamics``), the
-    times, and the kernels torch ran. On "cuda" every tensor the job creates is made on the GPU its process was given
-    (``torch.device`` as the default device)."""
+    times, and the kernels torch ran; ``measure(model, cfg)``: a study's own measures, added last. On "cuda" every
+    tensor the job creates is made on the GPU its process was given (``torch.device`` as the default device)."""
     import contextlib
 
     import torch
@@ -75,6 +76,8 @@ def _job(cfg_d: dict, variant: str, seed: int, lr: float, device: str = "cpu",
         out.update(validation(model, cfg))
         out.update(evaluate_model(model, cfg))
         out["dynamics"] = head_dynamics(model, cfg)
+        if measure is not None:
+            out.update(measure(model, cfg))
         out["eval_s"] = time.perf_counter() - t0
     return out
 

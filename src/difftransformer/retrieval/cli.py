@@ -29,6 +29,7 @@ REFERENCE_NOTE = " (it takes its configuration from --reference DIR)"
 # What the command does, picked by its flags (the first that matches), and the flags each takes ("config": every
 # RetrievalConfig field's flag, "jobs": where the jobs run); any other flag given is refused in one line
 MODES = (
+    Mode("--protocol 4", ("protocol",), ("quick", "jobs")),
     Mode("--mechanism --longer", ("mechanism", "longer"), ("jobs",), ("reference", "longer_reference"),
          REFERENCE_NOTE),
     Mode("--longer --rounding-check", ("longer", "rounding_check"), ("jobs",), ("reference",),
@@ -71,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                         "600-step lrs, 1200 and/or 2400 steps")
     m.add_argument("--mechanism", action="store_true",
                    help="the norm's mechanism arms (LONGER.md); with --longer 2400: at 2,400 steps")
+    m.add_argument("--protocol", type=int, choices=(4,), metavar="4",
+                   help="retrieval protocol version 4 (PROTOCOL4.md): speed at 600 steps and capability at a length "
+                        "chosen on validation seeds, 8 names, about 750 jobs (10-15 CPU-hours; resumable, "
+                        "OUT/v4-jobs.jsonl, OUT/protocol4.json); with --quick its smoke form (the three variants)")
     m.add_argument("--longer-reference", metavar="DIR",
                    help="with --mechanism --longer 2400: the finished re-reading (retrieval --longer's OUT)")
     m.add_argument("--reference", metavar="DIR",
@@ -167,6 +172,13 @@ def _run_cli(args) -> int:
             raise ValueError(f"--rounding-check {args.rounding_check}: the benchmark runs that CPU code path itself "
                              "(--cpu-code-path); name another")
         check_pin(args.rounding_check, options, "--rounding-check")
+    if mode.name == "--protocol 4":
+        from . import protocol4
+        plan = protocol4.quick_plan() if args.quick else protocol4.Plan()
+        res = protocol4.run_protocol4(args.out, plan, options)
+        print(protocol4.format_protocol4(res))
+        print(f"wrote {args.out}/{protocol4.RESULTS}")
+        return 0
     if mode.name == "--mechanism --longer":
         from . import longer, mechanism
         if ints(args.longer, "--longer") != (mechanism.LONGEST,):
@@ -243,6 +255,7 @@ def _run_cli(args) -> int:
 
 
 USAGE = """%(prog)s --out DIR [--quick] [--rounding-check CODE_PATH] [configuration] [where the jobs run]
+       %(prog)s --out DIR --protocol 4 [--quick] [where the jobs run]
        %(prog)s --out DIR --sweep-width W1,W2,... [--reuse-jobs JOURNAL] [--quick] [configuration] [...]
        %(prog)s --out DIR --diagnostic --reference DIR [--rounding-check CODE_PATH] [where the jobs run]
        %(prog)s --out DIR --longer 1200,2400 | --mechanism --reference DIAGNOSTIC_DIR [where the jobs run]

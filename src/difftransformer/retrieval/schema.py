@@ -1,5 +1,6 @@
 """The retrieval follow-ups' result files, beside their code: the re-reading at longer training (``longer.json``), the
-mechanism arms (``mechanism.json``, ``mechanism-longer.json``). Each is checked when written (``write_checked``) and
+mechanism arms (``mechanism.json``, ``mechanism-longer.json``), protocol version 4 (its jobs' results and
+``protocol4.json``). Each is checked when written (``write_checked``) and
 when read (``read``), one ValueError naming the file and the field; the benchmark's and the diagnostic's own schemas
 are in ``rundir.studies``."""
 
@@ -8,6 +9,7 @@ from typing import Any, Optional
 
 from typing_extensions import NotRequired, TypedDict
 
+from ..rundir.schemas import RetrievalArmRun
 from ..rundir.studies import Interval, checker, read_checked
 
 
@@ -70,6 +72,32 @@ class MechanismResults(TypedDict):
     longer_reference: NotRequired[str]
 
 
+class V4Run(RetrievalArmRun):
+    """One job of protocol version 4 (``protocol4.run_v4_job``): a benchmark job of a name, plus PROTOCOL4.md's
+    validation measures."""
+    val_training_loss: float
+    val_conditions: dict[str, float]
+
+
+class Protocol4Results(TypedDict):
+    """protocol4.json: the plan, how many of the asked jobs are in, every choice made so far, and each endpoint once
+    its test jobs are in (None before)."""
+    benchmark: str
+    version: int
+    quick: bool
+    plan: dict[str, Any]
+    complete: list[int]
+    speed_lrs: dict[str, dict[str, Any]]
+    length: Optional[dict[str, Any]]
+    conditions: Optional[dict[str, Any]]
+    capability_lrs: Optional[dict[str, dict[str, Any]]]
+    speed: Optional[dict[str, dict[str, Any]]]
+    capability: Optional[dict[str, dict[str, Any]]]
+    timings: dict[str, Any]
+
+
+validate_v4_run = checker(V4Run)
+validate_protocol4 = checker(Protocol4Results)
 validate_longer = checker(LongerResults)
 validate_mechanism = checker(MechanismResults)
 

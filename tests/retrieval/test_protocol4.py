@@ -1,0 +1,147 @@
+"""Retrieval protocol version 4 (retrieval/PROTOCOL4.md, ``retrieval/protocol4.py``): its rules on their own (the lr
+choices, the capability length, the conditions kept), its plan against the committed version-3 configuration, and
+the whole protocol end to end at toy size (every phase, a resumed run that runs nothing, the rebuild equal to the
+run byte for byte), and the command's refusals before any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from suite_helpers import cli_fails
+
+from difftransformer.jobs import RunOptions
+from difftransformer.retrieval import protocol4 as P
+from difftransformer.retrieval.config import RetrievalConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(name, steps, seed, lr, **measures):
+    base = {"val_training_distribution": 1.0, "val_training_loss": 1.0, "val_conditions": {}}
+    return {"variant": name, "steps": steps, "seed": seed, "lr": lr, **base, **measures}
+
+
+def test_the_plan_is_version_3s_configuration_with_the_candidates_added():
+    """PROTOCOL4.md "Names": the task, the models and the training recipe are version 3's; only the test conditions
+    grow (measurement), and the seeds are the protocol's fresh ones."""
+    header = json.loads((ROOT / "docs/results/retrieval-v3/jobs.jsonl").read_text().splitlines()[0])["journal"]
+    v3, plan = header["config"], P.Plan()
+    v4 = plan.config.to_dict()
+    assert {k: v for k, v in v4.items() if k != "conditions"} == {k: v for k, v in v3.items() if k != "conditions"}
+    assert v4["conditions"][:len(v3["conditions"])] == v3["conditions"]
+    assert {c["name"] for c in v4["conditions"]} >= {c.name for c in P.CANDIDATES}
+    assert plan.val_seeds == tuple(range(4000, 4009)) and plan.test_seeds == tuple(range(6000, 6012))
+    assert len(plan.names) == 8 and not set(plan.val_seeds) & set(plan.test_seeds)
+    jobs, final = P.needed(plan, {})
+    assert len(jobs) == 8 * 3 * 9 and not final and {j.steps for j in jobs} == {600}  # validation first
+
+
+def test_speed_lr_is_the_best_training_distribution_accuracy_ties_to_the_lower_lr():
+    plan = P.Plan(val_seeds=(1, 2), names=("baseline",))
+    acc = {1e-3: 0.9, 2e-3: 0.95, 4e-3: 0.95}
+    done = {P.V4Job("baseline", 600, s, lr): _run("baseline", 600, s, lr, val_training_distribution=a)
+            for lr, a in acc.items() for s in (1, 2)}
+    c = P.speed_lr(plan, "baseline", done)
+    assert c.lr == 2e-3 and c.widened == []  # a tie with 4e-3 goes lower, and no widening at an edge
+
+
+@pytest.mark.parametrize("losses, L", [((1.0, 0.95, 0.94), 1200), ((1.0, 0.7, 0.66), 2400),
+                                       ((1.0, 0.7, 0.5), 4800)])
+def test_the_capability_length_is_the_first_within_10_percent_of_the_next(losses, L):
+    plan = P.Plan(val_seeds=(1, 2))
+    done = {P.V4Job("baseline", st, s, 2e-3): _run("baseline", st, s, 2e-3, val_training_loss=x)
+            for st, x in zip(plan.curve, losses) for s in (1, 2)}
+    got = P.capability_length(plan, 2e-3, done)
+    assert got is not None and got["L"] == L and list(got["curve"]) == ["1200", "2400", "4800"]
+    done.pop(P.V4Job("baseline", 4800, 2, 2e-3))
+    assert P.capability_length(plan, 2e-3, done) is None  # not before its jobs are in
+
+
+@pytest.mark.parametrize("means, primary, kept, fallback", [
+    ({"p48c96": 0.95, "p64c64": 0.5, "p64c96": 0.7, "p24c192": 0.35}, "p64c64", ["p64c64", "p64c96", "p24c192"],
+     False),
+    ({"p48c96": 0.95, "p64c64": 0.2, "p64c96": 0.93}, "p64c96", [], True),  # none kept: the lowest above 0.30
+    ({"p48c96": 0.2, "p64c64": 0.1}, None, [], True),  # none above 0.30: capability is not read
+])
+def test_the_conditions_kept_and_the_primary(means, primary, kept, fallback):
+    plan = P.Plan(val_seeds=(1,))
+    conds = {c.name: means.get(c.name, 0.0) for c in P.CANDIDATES}
+    done = {P.V4Job("baseline", 1200, 1, 2e-3): _run("baseline", 1200, 1, 2e-3, val_conditions=conds)}
+    got = P.conditions_at(plan, 1200, 2e-3, done)
+    assert got["primary"] == primary and got["kept"] == kept and got["fallback"] == fallback
+    assert got["secondary"] == [n for n in kept if n != primary]
+
+
+def test_a_v4_key_is_its_own():
+    from difftransformer.retrieval import mechanism as M
+    cfg = P.Plan().config.to_dict()
+    k = P.key_of(cfg, "cpu")
+    assert k(P.V4Job("v2_gain", 600, 6000, 2e-3)) != M._key(cfg, "cpu")(M.Job("v2_gain", 6000, 2e-3))
+    assert len({k(P.V4Job(n, 600, 6000, 2e-3)) for n in P.NAMES}) == len(P.NAMES)
+    assert k(P.V4Job("baseline", 600, 6000, 2e-3)) != k(P.V4Job("baseline", 1200, 6000, 2e-3))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """The whole protocol at toy size: 3 names, 2 validation and 2 test seeds, 20 steps for speed, the curve at 30
+    and 40; the band of kept conditions opened to [0, 1] so that a toy model's accuracy keeps one."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(P, "KEEP", (0.0, 1.0))
+    cfg = P.base_config(RetrievalConfig(d_model=16, batch=8, eval_contexts=8, val_contexts=8, lr_grid=(2e-3, 4e-3),
+                                        warmup=5))
+    plan = P.Plan(val_seeds=(1, 2), test_seeds=(3, 4), speed_steps=20, curve=(30, 40),
+                  names=("baseline", "diff_v1", "v1_no_norm"), config=cfg)
+    out = tmp_path_factory.mktemp("v4")
+    res = P.run_protocol4(out, plan, RunOptions(workers=1, progress=False))
+    yield plan, out, res
+    mp.undo()
+
+
+def test_every_phase_runs_and_both_endpoints_are_read(toy):
+    plan, out, res = toy
+    assert res["complete"][0] == res["complete"][1] == res["timings"]["jobs_run"]
+    L, primary = res["length"]["L"], res["conditions"]["primary"]
+    assert L in (30, 40) and primary in {c.name for c in P.CANDIDATES}
+    for n in plan.names:
+        s, c = res["speed"][n], res["capability"][n]
+        assert s["lr"] == res["speed_lrs"][n]["lr"] and c["lr"] == res["capability_lrs"][n]["lr"]
+        assert len(c["accuracy"]) == 2
+    arm = res["capability"]["v1_no_norm"]
+    # C = arm - variant and D = arm - baseline, paired: D - C is the variant's own D
+    assert arm["D"]["estimate"] - arm["C"]["estimate"] == pytest.approx(res["capability"]["diff_v1"]["D"]["estimate"])
+    assert "speed_C" in res["speed"]["v1_no_norm"] and "speed_C" not in res["speed"]["diff_v1"]
+    text = P.format_protocol4(res)
+    assert "endpoint 1, speed" in text and "endpoint 2, capability" in text and f"L = {L}" in text
+
+
+def test_a_resumed_run_runs_nothing_and_the_rebuild_is_the_run(toy):
+    plan, out, res = toy
+    again = P.run_protocol4(out, plan, RunOptions(workers=1, progress=False))
+    assert again["timings"]["jobs_run"] == 0
+    back = P.rebuild(out, plan)
+    written = json.loads((out / P.RESULTS).read_text())
+    for k in ("speed_lrs", "length", "conditions", "capability_lrs", "speed", "capability", "complete"):
+        assert json.dumps(written[k]) == json.dumps(json.loads(json.dumps(back[k]))), k
+    with pytest.raises(ValueError, match="its journal is not this protocol's"):
+        P.rebuild(out, P.Plan())
+
+
+def test_every_job_records_the_validation_measures(toy):
+    from difftransformer.jobs import read_journal
+    _, out, _ = toy
+    _, records = read_journal(out / P.JOURNAL, P.STUDY.validate_run)
+    for r in records.values():
+        assert set(r["result"]["val_conditions"]) == {c.name for c in P.CANDIDATES}
+        assert r["result"]["val_training_loss"] > 0
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--reference", "x"], "--reference does not go with --protocol 4"),
+    (["--steps", "5"], "--steps does not go with --protocol 4"),
+    (["--diagnostic"], "--diagnostic"),
+])
+def test_the_command_refuses_before_any_work(extra, match, tmp_path, capsys):
+    cli_fails(capsys, ["retrieval", "--protocol", "4", "--out", str(tmp_path / "o"), *extra], match)
+    assert not (tmp_path / "o").exists()
