@@ -112,8 +112,12 @@ def test_every_phase_runs_and_both_endpoints_are_read(toy):
     # C = arm - variant and D = arm - baseline, paired: D - C is the variant's own D
     assert arm["D"]["estimate"] - arm["C"]["estimate"] == pytest.approx(res["capability"]["diff_v1"]["D"]["estimate"])
     assert "speed_C" in res["speed"]["v1_no_norm"] and "speed_C" not in res["speed"]["diff_v1"]
-    text = P.format_protocol4(res)
+    from difftransformer.retrieval.protocol4_text import format_protocol4, markdown_table
+    text = format_protocol4(res)
     assert "endpoint 1, speed" in text and "endpoint 2, capability" in text and f"L = {L}" in text
+    table = markdown_table(res)
+    assert f"Finished: {res['complete'][0]} of" in table and all(f"| `{n}` |" in table for n in plan.names)
+    assert markdown_table(P.rebuild(out, plan)) == table
 
 
 def test_a_resumed_run_runs_nothing_and_the_rebuild_is_the_run(toy):
@@ -145,3 +149,23 @@ def test_every_job_records_the_validation_measures(toy):
 def test_the_command_refuses_before_any_work(extra, match, tmp_path, capsys):
     cli_fails(capsys, ["retrieval", "--protocol", "4", "--out", str(tmp_path / "o"), *extra], match)
     assert not (tmp_path / "o").exists()
+
+
+def test_the_committed_journal_rebuilds():
+    """The committed version-4 journal (finished or not): every record's key is the one the protocol computes for its
+    job under the default plan, every job one the protocol asks for given the others, and the rebuild reads it."""
+    from difftransformer.jobs import read_journal
+    from difftransformer.retrieval.protocol4_text import markdown_table
+    out = ROOT / "docs" / "results" / "retrieval-v4"
+    plan = P.Plan()
+    header, records = read_journal(out / P.JOURNAL, P.STUDY.validate_run)
+    assert header["plan"] == plan.to_dict() and records
+    key = P.key_of(plan.config.to_dict(), "cpu")
+    done = {P.V4Job(*r["job"]): r["result"] for r in records.values()}
+    asked, _ = P.needed(plan, done)
+    for rec in records.values():
+        job = P.V4Job(*rec["job"])
+        assert rec["key"] == key(job) and job in asked
+    res = P.rebuild(out, plan)
+    assert res["complete"][0] == len(records)
+    assert f"{len(records)} of {res['complete'][1]} jobs" in markdown_table(res)

@@ -15,6 +15,7 @@ import pytest
 
 from difftransformer.cli import main
 from difftransformer.jobs import Journal, read_journal
+from difftransformer.retrieval.schema import V4Run, validate_v4_run
 from difftransformer.rundir import studies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,13 +28,13 @@ SCHEMAS = {"kv_retrieval benchmark": studies.RetrievalRun, "kv_retrieval width s
            "DIFF V1 diagnostic": studies.LmArmRun, "DIFF V2 diagnostic": studies.LmArmRun,
            "retrieval mechanism arms": studies.RetrievalArmRun,
            "retrieval mechanism arms, longer": studies.RetrievalArmRun,
-           "language-model mechanism arms": studies.LmArmRun}
+           "language-model mechanism arms": studies.LmArmRun, "retrieval protocol 4": V4Run}
 # journals committed while their study runs (each resumes from its committed journal): at least one record
-IN_PROGRESS: set[str] = {"lm-mechanism/lm-mechanism-jobs.jsonl",  # started 2026-12-02
-                          "retrieval-longer/rounding-avx2/longer-jobs.jsonl"}
+IN_PROGRESS: set[str] = {"retrieval-longer/rounding-avx2/longer-jobs.jsonl",  # started 2026-12-02
+                          "retrieval-v4/v4-jobs.jsonl"}
 CHECKS = {studies.RetrievalRun: studies.validate_retrieval_run, studies.RetrievalArmRun:
           studies.validate_retrieval_arm_run, studies.LmSweepRun: studies.validate_lm_run,
-          studies.LmArmRun: studies.validate_lm_arm_run}
+          studies.LmArmRun: studies.validate_lm_arm_run, V4Run: validate_v4_run}
 TINY_KV = ["--d-model", "16", "--n-layers", "1", "--steps", "3", "--batch", "4", "--seeds", "2", "--lr-grid", "2e-3",
            "--lr-widen", "0", "--eval-contexts", "4", "--train-pairs", "8,10", "--train-context", "40,48",
            "--queries", "2", "--variants", "baseline,diff_v2", "--workers", "1", "--no-progress"]
@@ -45,7 +46,7 @@ def _schema(header: dict) -> type:
 
 def test_every_committed_journal_holds_its_studys_schema_and_nothing_else():
     # the sweeps, the benchmark, the diagnostics, their rounding checks, the re-readings, the mechanism arms
-    assert len(COMMITTED) == 15
+    assert len(COMMITTED) == 16
     for path in COMMITTED:
         header = json.loads(path.read_text().splitlines()[0])["journal"]
         schema = _schema(header)

@@ -85,6 +85,11 @@ def lm_mechanism() -> str:
     return mechanism.markdown_table(mechanism.rebuild(RESULTS / "lm-sweep-v2", RESULTS, RESULTS / "lm-mechanism"))
 
 
+def retrieval_v4() -> str:
+    from ..retrieval import protocol4, protocol4_text
+    return protocol4_text.markdown_table(protocol4.rebuild(RESULTS / "retrieval-v4"))
+
+
 def lm_sweep_lrs() -> str:
     from ..lmsweep import sweep
     from ..rundir.files import SWEEP_RESULTS_NAME
@@ -108,6 +113,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "retrieval-mechanism": retrieval_mechanism,
     "retrieval-mechanism-longer": retrieval_mechanism_longer,
     "lm-mechanism": lm_mechanism,
+    "retrieval-v4": retrieval_v4,
     "lm-sweep-lrs": lm_sweep_lrs,
     "lm-sweep-verdicts": lm_sweep_verdicts,
 }

@@ -173,10 +173,10 @@ def _run_cli(args) -> int:
                              "(--cpu-code-path); name another")
         check_pin(args.rounding_check, options, "--rounding-check")
     if mode.name == "--protocol 4":
-        from . import protocol4
+        from . import protocol4, protocol4_text
         plan = protocol4.quick_plan() if args.quick else protocol4.Plan()
         res = protocol4.run_protocol4(args.out, plan, options)
-        print(protocol4.format_protocol4(res))
+        print(protocol4_text.format_protocol4(res))
         print(f"wrote {args.out}/{protocol4.RESULTS}")
         return 0
     if mode.name == "--mechanism --longer":

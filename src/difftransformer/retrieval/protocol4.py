@@ -334,45 +334,6 @@ def rebuild(out_dir: str | Path, plan: Optional[Plan] = None) -> dict[str, Any]:
     plan = plan or Plan()
     _, done = STUDY.read_back(out_dir, lambda h: h.get("plan") == plan.to_dict(),
                               "this protocol's (another plan or configuration)")
-    return STUDY.rebuilt(done, needed(plan, done)[0], {"quick": plan.quick}, **assess(plan, done))
+    return STUDY.rebuilt(done, needed(plan, done)[0], {"quick": plan.quick, "plan": plan.to_dict()},
+                         **assess(plan, done))
 
-
-def format_protocol4(res: dict[str, Any]) -> str:
-    """The text summary: where the run stands, each choice made, each endpoint read."""
-    from ..studies.followup import interval
-    done, total = res["complete"]
-    lines = [("QUICK SMOKE RUN: too few seeds, steps and contexts to measure anything. " if res["quick"] else "")
-             + f"retrieval protocol 4 (PROTOCOL4.md): {done} of {total} jobs asked so far are in"]
-    plan = res["plan"]
-    lrs = res["speed_lrs"]
-    lines.append(f"  lrs at {plan['speed_steps']} steps (validation seeds): "
-                 + ", ".join(f"{n} {'-' if c['lr'] is None else format(c['lr'], 'g')}" for n, c in lrs.items()))
-    if res["speed"] is not None:
-        lines.append("  endpoint 1, speed: first step below 1.0 nats minus the baseline's (median, sign-test "
-                     "interval; negative = sooner)")
-        for n, r in res["speed"].items():
-            if "speed" in r:
-                c = f"; minus its variant {interval(r['speed_C'][STARTED], '+g')}: {r['verdict_C']}" \
-                    if "speed_C" in r else ""
-                lines.append(f"    {n:18s} {interval(r['speed'][STARTED], '+g')}: {r['verdict']}{c}  below floor "
-                             f"{r['below_floor']}")
-    if res["length"] is not None:
-        ln = res["length"]
-        curve = ", ".join(f"{k} steps {v:.4f}" for k, v in ln["curve"].items())
-        how = " (fixed)" if ln["fixed"] else f" (the baseline's validation loss: {curve})"
-        lines.append(f"  capability length L = {ln['L']}{how}")
-    if res["conditions"] is not None:
-        c = res["conditions"]
-        means = ", ".join(f"{n} {m:.3f}" for n, m in c["means"].items())
-        lines.append(f"  conditions at L (the baseline's validation accuracy: {means}): primary "
-                     f"{c['primary'] or 'none above 0.30: capability is not read'}"
-                     + (" (none in [0.30, 0.90]: the lowest above 0.30)" if c["fallback"] and c["primary"] else "")
-                     + (f", secondary {', '.join(c['secondary'])}" if c["secondary"] else ""))
-    if res["capability"] is not None:
-        lines.append(f"  endpoint 2, capability: accuracy at {res['conditions']['primary']} after L steps; D = minus "
-                     "the baseline, C = minus the arm's variant (95% paired t)")
-        for n, r in res["capability"].items():
-            d = f"  D {interval(r['D'])}: {r['verdict']}" if "D" in r else ""
-            c = f"  C {interval(r['C'])}: {r['reading']}" if "C" in r else ""
-            lines.append(f"    {n:18s} lr {r['lr']:<6g} acc {r['mean']:.3f}{d}{c}  below floor {r['below_floor']}")
-    return "\n".join(lines)
