@@ -202,4 +202,11 @@ def key_padding(mask: Optional[torch.Tensor], batch: int, T: int) -> Optional[to
     return mask[:, 0, -1, :T].expand(batch, -1)
 
 
-register(fused_kernel)  # the model's table (model/attention/fused.py) asks this rule; imported by the package
+def serves(backend: str, device_type: str) -> bool:
+    """The (backend, device type) pairs ``fused_kernel`` may take a call of at all: ``triton`` and ``blocked``
+    anywhere (their rules check the device), ``auto`` on CUDA only (on the CPU it is sdpa: ``_triton_runs``)."""
+    return backend in ("triton", "blocked") or (backend == "auto" and device_type == "cuda")
+
+
+# the model's table (model/attention/fused.py) asks this rule; imported by the package
+register(fused_kernel, serves)

@@ -92,6 +92,11 @@ class Attention(nn.Module):
         """Dropout on every softmax map while training (``cfg.attn_dropout``, the only copy); off in eval."""
         return self.cfg.attn_dropout
 
+    @property
+    def dropout_p(self) -> float:
+        """The dropout this call applies to each softmax map: ``attn_dropout`` while training, 0 in eval."""
+        return self.cfg.attn_dropout if self.training else 0.0
+
     def cache_layout(self) -> tuple[int, int, int, int]:
         """(key heads, key width, value heads, value width) that this variant caches."""
         raise NotImplementedError

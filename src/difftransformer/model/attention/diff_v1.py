@@ -37,7 +37,7 @@ from ..config import ModelConfig
 from ..norm import RMSNorm
 from ..rope import rotate
 from .base import Attention, QueryRows, normal_init_
-from .dispatch import diff_attention
+from .dispatch import diff_attention, sdpa_diff, sdpa_direct
 from .masks import MaskKind
 
 
@@ -144,9 +144,13 @@ class DiffV1Attention(Attention):
         v = self.wv(x).view(B, T, hkv, self.value_dim).transpose(1, 2)  # (B, hkv, T, 2d) (per_head: d)
         k, v = self.update_cache(input_pos, k, v)
         # Eq. (1): half-heads (2i, 2i+1) are (Q1, Q2) of head i and (K1, K2) of KV group g = i // (h / h_kv); Q1
-        # reads K1 and Q2 reads K2 of that group ("paired" keys: split, then repeat).
-        out, maps = diff_attention(self, xq, q, k, v, self.generation_lambda(), mask, input_pos, return_maps,
-                                   keys="paired", mask_kind=mask_kind)  # (B, h, T, 2d) = (A1 - lambda A2) V
+        # reads K1 and Q2 reads K2 of that group ("paired" keys: split, then repeat). (B, h, T, 2d) = (A1 - lambda A2) V
+        lam = self.generation_lambda()
+        if sdpa_direct(self, x, return_maps):  # the default path: SDPA, nothing else could take the call
+            out, maps = sdpa_diff(q, k, v, lam, mask, self.scale, "paired", "interleaved", self.dropout_p), None
+        else:  # the maps, a KV cache or a fused kernel's backend: the dispatcher's rules
+            out, maps = diff_attention(self, xq, q, k, v, lam, mask, input_pos, return_maps, keys="paired",
+                                       mask_kind=mask_kind)
         if self.head_gain is not None:  # the mechanism arm: a learnable gain per head, no norm, no fixed factor
             out = self.apply_head_gain(out)
         else:

@@ -33,8 +33,8 @@ from ..norm import RMSNorm
 from ..rope import rotate
 from .base import Attention, QueryRows, normal_init_
 from .diff_v1 import reparameterised_lambda
-from .dispatch import diff_attention
-from .masks import MaskKind
+from .dispatch import diff_attention, sdpa_diff, sdpa_direct
+from .masks import MaskKind, expand_heads
 
 
 class DiffV2Attention(Attention):
@@ -113,8 +113,13 @@ class DiffV2Attention(Attention):
         # attn: softmax attention over the 2H query heads ("shared" keys: standard GQA). Pair i is query heads 2i and
         # 2i+1, one GQA group's (v2_pairing="halves": i and H+i, across groups); out_i = attn_2i - lambda_i attn_2i+1.
         # v2_keys="separate": "paired" keys, query head 2i reads key head 2g and 2i+1 reads 2g+1 (as DIFF V1).
-        out, maps = diff_attention(self, xq, q, k, v, self.lambda_values(xq), mask, input_pos, return_maps,
-                                   keys=self.keys, pairing=self.pairing, mask_kind=mask_kind)  # (B, H, Tq, d)
+        lam = self.lambda_values(xq)
+        if sdpa_direct(self, x, return_maps):  # the default path: SDPA, nothing else could take the call
+            m = expand_heads(mask, self.pairing) if self.keys == "shared" else mask  # a pair's two maps: one mask
+            out, maps = sdpa_diff(q, k, v, lam, m, self.scale, self.keys, self.pairing, self.dropout_p), None
+        else:  # the maps, a KV cache or a fused kernel's backend: the dispatcher's rules
+            out, maps = diff_attention(self, xq, q, k, v, lam, mask, input_pos, return_maps, keys=self.keys,
+                                       pairing=self.pairing, mask_kind=mask_kind)  # (B, H, Tq, d)
         if self.subln is not None:  # v2_headwise_norm: DIFF V1's eq. (3) on each d-wide head
             out = self.subln(out) * (1.0 - self.lambda_init)
         elif self.head_gain is not None:  # head_gain: a learnable gain per head, no normalisation

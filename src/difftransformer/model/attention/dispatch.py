@@ -15,7 +15,10 @@ variant computes its projections, pairing and lambda and calls one of them. Whic
 * ``decode`` -- any other KV-cache decode step (one new token per row): ``decode_diff``, ``grouped_attention``,
   each cached key and value read once, no copies of the cache.
 * ``sdpa`` -- ``torch.nn.functional.scaled_dot_product_attention`` (``sdpa_diff``), never an N x N tensor: what
-  ``auto`` (the default) runs, ``backend="sdpa"``, and every case the backend chosen does not cover.
+  ``auto`` (the default) runs, ``backend="sdpa"``, and every case the backend chosen does not cover. Where nothing
+  else could take a call (``sdpa_direct``: no maps, no KV cache, no kernel registered for the backend on x's
+  device, ``fused.may_take``), DIFF V1 and V2 call ``sdpa_diff`` themselves: a block reaches SDPA in three hops
+  (the variant, ``sdpa_diff``, SDPA), asking no rule.
 
 The baseline runs eager, decode or sdpa (the kernels are DIFF's).
 
@@ -40,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Attention, AttentionMaps, LogitsHook, prefill_from_start
-from .fused import KERNEL_PATHS, Kernel, fused_kernel
+from .fused import KERNEL_PATHS, Kernel, fused_kernel, may_take
 from .masks import MASK_KINDS, expand_heads
 
 KEY_LAYOUTS = ("paired", "shared")
@@ -72,7 +75,7 @@ def diff_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.T
     if mask_kind not in MASK_KINDS:
         raise ValueError(f"mask_kind={mask_kind!r} is not allowed; use one of {', '.join(MASK_KINDS)}")
     d, dv, scale = q.shape[-1], v.shape[-1], attn.scale
-    drop = attn.attn_dropout if attn.training else 0.0
+    drop = attn.dropout_p
     # the fused kernels take paired keys with one lambda per layer (DIFF V1) and shared keys with any lambda (DIFF V2);
     # paired keys with a lambda per token (DIFF V2's v2_keys="separate" arm) run the PyTorch paths
     per_token = lam is not None and lam.dim() > 0
@@ -104,7 +107,7 @@ def softmax_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torc
     """Plain (GQA) softmax attention for the baseline: q (B, H, T, d), k/v (B, H_kv, Tk, d) -> (B, H, T, d).
     Eager with maps (as for DIFF), the decode step, else sdpa (the fused kernels are DIFF's). ``attn.attn_dropout``
     while training: dropout on the softmax map."""
-    drop = attn.attn_dropout if attn.training else 0.0
+    drop = attn.dropout_p
     if uses_eager(attn, return_maps):
         rep = q.shape[1] // k.shape[1]
         return eager_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, attn.scale, attn.logits_hook, x.dtype,
@@ -112,13 +115,25 @@ def softmax_attention(attn: Attention, x: torch.Tensor, q: torch.Tensor, k: torc
     if attn.kv_cache is not None and x.shape[1] == 1:
         assert mask is not None  # a decode step under a KV cache always has one (the model builds it)
         return grouped_attention(q, k, v, mask, attn.scale), None  # (B, H, 1, d), the cache read once
-    rep = q.shape[1] // k.shape[1]
-    return sdpa(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, attn.scale, drop), None
+    rep = q.shape[1] // k.shape[1]  # the KV heads repeated (the baseline's numbers as they have been)
+    k, v, mask, gqa = sdpa_in(q, repeat_kv(k, rep), repeat_kv(v, rep), mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, is_causal=mask is None,
+                                          scale=attn.scale, enable_gqa=gqa), None
 
 
 # ---------------------------------------------------------------------------------------------- the rules
 def uses_eager(attn: Attention, return_maps: bool) -> bool:
     return attn.backend == "eager" or return_maps or attn.logits_hook is not None
+
+
+def sdpa_direct(attn: Attention, x: torch.Tensor, return_maps: bool) -> bool:
+    """Whether this call runs the sdpa path with nothing to ask: no maps or logits hook (eager), no KV cache (the
+    decode step and the prefill's rules), and no registered kernel serving this backend on x's device
+    (``fused.may_take``: ``sdpa`` anywhere, ``auto`` on the CPU). The variants then call ``sdpa_diff`` (the baseline
+    SDPA) themselves; every other call goes through ``diff_attention`` and its rules (``diff_route``)."""
+    backend = attn.backend
+    return (backend != "eager" and not return_maps and attn.logits_hook is None and attn.kv_cache is None
+            and not may_take(backend, x.device.type))
 
 
 def diff_path(attn: Attention, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor],
@@ -212,13 +227,21 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch
     GPU the KV heads are repeated, as before: the flash kernel takes no mask, and the memory-efficient kernel's GQA
     is not in every torch this package supports (>= 2.5). A float mask is added to the logits (in q's dtype, as SDPA
     wants it); dropout: SDPA's ``dropout_p`` on the probabilities."""
+    k, v, mask, gqa = sdpa_in(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
+                                          scale=scale, enable_gqa=gqa)
+
+
+def sdpa_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], bool]:
+    """SDPA's operands as ``sdpa`` passes them: the KV heads repeated only on a GPU with a mask, a float mask in q's
+    dtype, and whether SDPA's GQA reads the KV heads (``enable_gqa``). The callers call SDPA themselves."""
     rep = q.shape[1] // k.shape[1]
     if rep > 1 and mask is not None and q.device.type != "cpu":
         k, v = repeat_kv(k, rep), repeat_kv(v, rep)
     if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
-                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return k, v, mask, k.shape[1] != q.shape[1]
 
 
 # ---------------------------------------------------------------------------------------------- plain attention
@@ -338,8 +361,10 @@ def sdpa_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[t
     stacked (a d-wide V, V1's per_head layout: the two products A1 V and A2 V). Either way the pairs are combined
     by ``pair_combine``.
     """
-    if keys == "shared":
-        o = sdpa(q, k, v, mask, scale, dropout)  # (B, 2h, T, d), standard GQA without copying the KV heads
+    if keys == "shared":  # (B, 2h, T, d), standard GQA without copying the KV heads
+        ks, vs, m, gqa = sdpa_in(q, k, v, mask)
+        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=m, dropout_p=dropout, is_causal=m is None,
+                                           scale=scale, enable_gqa=gqa)
         return pair_combine(o, lam, pairing)
     B, h2, T, d = q.shape  # "paired" keys pair interleaved heads: Q1, Q2 of head i at 2i, 2i+1
     if dropout or (mask is not None and q.device.type == "cpu" and v.shape[-1] != d):
@@ -350,9 +375,12 @@ def sdpa_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[t
         # ViT shape (T 197, bidirectional) 1.10x -> 1.00x timm's time eager, 1.20x -> 1.02x compiled (`bench layer`,
         # BENCHMARKS.md).
         # Causal calls without a mask keep the fused path, whose causal kernel skips the masked half.
-        a1 = sdpa(q[:, 0::2], k[:, 0::2], v, mask, scale, dropout)  # (B, h, T, 2d) = A1 V
-        a2 = sdpa(q[:, 1::2], k[:, 1::2], v, mask, scale, dropout)  # A2 V
-        return combine(a1, a2, lam)
+        a = []
+        for s in (0, 1):  # (B, h, T, 2d): A1 V, then A2 V
+            ks, vs, m, gqa = sdpa_in(q[:, s::2], k[:, s::2], v, mask)
+            a.append(F.scaled_dot_product_attention(q[:, s::2], ks, vs, attn_mask=m, dropout_p=dropout,
+                                                    is_causal=m is None, scale=scale, enable_gqa=gqa))
+        return combine(a[0], a[1], lam)
     hkv2, Tk = k.shape[1], k.shape[2]
     n = v.shape[-1] // d  # V's d-wide parts: (va, vb), or V itself under per_head
     # the 2n products stacked along the batch axis in the order (map s, value part j, batch b), each operand
@@ -366,7 +394,9 @@ def sdpa_diff(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: Optional[t
     vn = vn.expand(2, n, *vn.shape[2:]).reshape(2 * n * B, hkv2 // 2, Tk, d)
     if mask is not None and mask.shape[0] > 1:
         mask = mask.repeat(2 * n, 1, 1, 1)
-    o = sdpa(qn, kn, vn, mask, scale)  # (2nB, h, T, d): A1 V parts, then A2 V parts
+    kn, vn, mask, gqa = sdpa_in(qn, kn, vn, mask)
+    o = F.scaled_dot_product_attention(qn, kn, vn, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                       enable_gqa=gqa)  # (2nB, h, T, d): A1 V parts, then A2 V parts
     if lam is not None and lam.dim():  # a lambda per row (B or 1, ...): the same for every value part
         lam = lam.expand(B, *lam.shape[1:]).repeat(n, *([1] * (lam.dim() - 1)))  # (nB, ...)
     diff = pair_combine(o.unsqueeze(0), lam, "halves")  # (1, nB, h, T, d): A1 V_j - lam A2 V_j

@@ -33,12 +33,22 @@ class Rule(Protocol):
 
 
 _RULES: list[Rule] = []
+# Per rule: which (backend, device type) it may take a call of at all (its other conditions are the rule's own)
+_SERVES: list[Callable[[str, str], bool]] = []
 
 
-def register(rule: Rule) -> None:
-    """Add a rule (once: registering the same function again is a no-op)."""
+def register(rule: Rule, serves: Optional[Callable[[str, str], bool]] = None) -> None:
+    """Add a rule (once: registering the same function again is a no-op). ``serves(backend, device_type)``: whether
+    the rule may take any call of that backend on that kind of device (default: every one); where no registered rule
+    serves a call's, the model's PyTorch paths decide alone, without asking the rules (``may_take``)."""
     if rule not in _RULES:
         _RULES.append(rule)
+        _SERVES.append(serves or (lambda backend, device_type: True))
+
+
+def may_take(backend: str, device_type: str) -> bool:
+    """Whether any registered kernel may take a DIFF call of ``backend`` on a ``device_type`` device."""
+    return any(serves(backend, device_type) for serves in _SERVES)
 
 
 def fused_kernel(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor], *,

@@ -1,0 +1,95 @@
+"""The default attention path is short (issue 71 item 1): from a block to ``F.scaled_dot_product_attention`` at most
+three hops (the block calls the variant, the variant ``sdpa_diff`` or the baseline's ``softmax_attention``, and that
+SDPA), and on it no kernel rule is asked (``diff_route``, ``fused_kernel`` and the kernels' own rules do not run);
+where a kernel's backend is chosen the rules still decide, and the maps still take the eager path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from suite_helpers import tiny_model_config
+
+from difftransformer.model.transformer import DiffTransformerLM
+
+PKG = str(Path(__import__("difftransformer").__file__).parent)
+VARIANTS = ("diff_v1", "diff_v2", "baseline")
+
+
+def _ours(frame) -> bool:  # a frame of the package's code
+    return frame.f_code.co_filename.startswith(PKG)
+
+
+WATCHED = ("diff_route", "diff_attention", "eager_diff", "sdpa_diff")  # dispatch's functions, by name
+
+
+def _trace(model, idx, monkeypatch, **kw):
+    """(hops of every SDPA call: the package's frames from the block's forward to SDPA's caller, plus one; the
+    watched functions called and the kernel rules asked during the forward, by name)."""
+    from difftransformer.model.attention import diff_v1, diff_v2, dispatch, fused
+    hops: list[int] = []
+    called: list[str] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        f, n = sys._getframe(1), 0  # SDPA's caller, then up to the block's forward (model/transformer.py)
+        while not (f.f_code.co_name == "forward" and f.f_code.co_filename.endswith("transformer.py")):
+            n += _ours(f)  # torch.nn.Module's own call frames are not hops
+            f = f.f_back
+        hops.append(n + 1)  # our frames between the block and SDPA, and the call into SDPA
+        return real(*a, **k)
+
+    def watch(name, fn):
+        def wrapped(*a, **k):
+            called.append(name)
+            return fn(*a, **k)
+        return wrapped
+
+    for name in WATCHED:  # where dispatch and the variants look them up
+        wrapped = watch(name, getattr(dispatch, name))
+        for mod in (dispatch, diff_v1, diff_v2):
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, wrapped)
+    monkeypatch.setattr(fused, "_RULES", [watch(getattr(r, "__name__", "rule"), r) for r in fused._RULES])
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model(idx, **kw)
+    monkeypatch.undo()
+    return hops, called
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_default_path_is_three_hops_and_asks_no_kernel_rule(variant, monkeypatch):
+    model = DiffTransformerLM(tiny_model_config(variant)).train()
+    hops, called = _trace(model, torch.randint(0, 64, (2, 16)), monkeypatch)
+    assert hops and max(hops) <= 3, hops
+    assert not {"diff_route", "diff_attention", "fused_kernel"} & set(called), called
+    assert called.count("sdpa_diff") == (0 if variant == "baseline" else model.cfg.n_layers)
+
+
+def test_a_kernel_backend_still_asks_the_rules_and_the_maps_still_run_eager(monkeypatch):
+    model = DiffTransformerLM(tiny_model_config("diff_v1", backend="blocked")).eval()
+    hops, called = _trace(model, torch.randint(0, 64, (2, 16)), monkeypatch)
+    assert "fused_kernel" in called and not hops  # the blocked kernel took the call: no SDPA
+    model = DiffTransformerLM(tiny_model_config("diff_v2")).eval()
+    hops, called = _trace(model, torch.randint(0, 64, (2, 16)), monkeypatch, return_maps=True)
+    assert not hops and "eager_diff" in called and "fused_kernel" not in called  # the maps: eager, no SDPA
+
+
+def test_a_registered_rule_that_serves_the_default_backend_is_asked(monkeypatch):
+    """``fused.may_take`` is how the model knows no kernel could take a call: a rule registered for ``auto`` on the
+    CPU is asked again (the shortcut is the table's, not a guess of the model's)."""
+    from difftransformer.model.attention import fused
+    seen = []
+
+    def rule(backend, x, head_dim, value_dim, mask, *, decode, own_keys):
+        seen.append(backend)
+        return None
+
+    monkeypatch.setattr(fused, "_RULES", [*fused._RULES, rule])
+    monkeypatch.setattr(fused, "_SERVES", [*fused._SERVES, lambda backend, device_type: backend == "auto"])
+    model = DiffTransformerLM(tiny_model_config("diff_v1")).eval()
+    model(torch.randint(0, 64, (2, 16)))
+    assert seen and set(seen) == {"auto"}
