@@ -137,3 +137,21 @@ def test_spawned_workers_know_it(toy):
         assert pool.apply(variants.names)[-1] == "half"
     with ctx.Pool(1) as pool:
         assert "half" not in pool.apply(variants.names)  # the check above can fail
+
+
+def test_the_public_layer_builds_it(toy):
+    """``DiffAttention(variant="half")``: the registry drives the layer too; its output is the baseline layer's
+    halved (the same weights), and its state dict loads into a model layer of the variant."""
+    from difftransformer import DiffAttention
+    from difftransformer.model.transformer import DiffTransformerLM
+
+    torch.manual_seed(0)
+    base, half = DiffAttention(32, 4, "baseline"), DiffAttention(32, 4, "half")
+    half.load_state_dict(base.state_dict() | {"_extra_state": half.get_extra_state()})
+    x = torch.randn(2, 6, 32)
+    torch.testing.assert_close(half(x), 0.5 * base(x))
+    model = DiffTransformerLM(ModelConfig.from_flavour("tiny", attention="half"))
+    attn = model.layers[0].attn
+    assert isinstance(attn, HalfAttention) and type(half.core) is HalfAttention
+    with pytest.raises(ValueError, match="variant"):
+        DiffAttention(32, 4, "third")
