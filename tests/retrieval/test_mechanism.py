@@ -153,3 +153,19 @@ def test_the_committed_longer_journal_rebuilds():
     if res["complete"][0] == res["complete"][1]:
         committed = read(OUT / M.LONGER_RESULTS, validate_mechanism)
         assert_results_close(json.loads(json.dumps(res["rows"])), committed["rows"])  # REBUILT_REL_TOL
+
+
+def test_the_rounding_check_refuses_before_any_job(tmp_path, capsys):
+    """``--mechanism --rounding-check``: without finished arms in OUT, or without the diagnostic's own rounding check
+    under that code path, one line and exit 2, nothing written."""
+    from suite_helpers import cli_fails
+    argv = ["retrieval", "--mechanism", "--rounding-check", "avx2", "--reference", str(DIAG), "--out",
+            str(tmp_path / "o"), "--workers", "1"]
+    cli_fails(capsys, argv, "no finished mechanism arms there")
+    assert not (tmp_path / "o").exists()
+    bare = tmp_path / "diag"
+    bare.mkdir()
+    shutil.copy(DIAG / "diagnostic.json", bare / "diagnostic.json")
+    cli_fails(capsys, [*argv[:5], str(bare), "--out", str(OUT), "--workers", "1"],
+              "the diagnostic has no rounding check under avx2")
+    assert not (OUT / "rounding-avx2").exists() and not (OUT / "rounding.json").exists()

@@ -169,3 +169,46 @@ def test_the_norm_start_gain_is_set_by_the_first_training_batch():
     for layer in model.layers:
         assert not layer.attn.gain_pending and not torch.allclose(layer.attn.head_gain, torch.ones_like(
             layer.attn.head_gain))
+
+
+def test_the_mechanism_arms_rounding_check(runs, capsys):
+    """``--mechanism --rounding-check avx2``: the arms at their chosen lrs again under AVX2, read against the
+    diagnostic's own AVX2 runs (its rounding check's journal), every D, C and reading under both; refused in one line
+    before any job without that journal or without finished arms; a second call runs nothing."""
+    from difftransformer.retrieval import diagnostic_rounding, mechanism
+    from difftransformer.retrieval import mechanism_rounding as mr
+    from suite_helpers import cli_fails
+    root, _ = runs
+    opts = RunOptions(workers=1, progress=False)
+    argv = ["retrieval", "--mechanism", "--rounding-check", "avx2", "--reference", str(root / "diag"), "--out",
+            str(root / "mech"), "--workers", "1", "--no-progress"]
+    if not (root / "mech" / mechanism.JOURNAL).is_file():
+        cli_fails(capsys, argv, "no finished mechanism arms there")
+        mechanism.run_mechanism(root / "diag", root / "mech", opts)
+    if not (root / "diag" / "rounding-avx2").is_dir():
+        cli_fails(capsys, argv, "the diagnostic has no rounding check under avx2")
+        diagnostic_rounding.rounding_check(root / "ref", root / "diag", "avx2", opts)
+    assert main(argv) == 0
+    check = json.loads((root / "mech" / "rounding.json").read_text())
+    assert list(check["rows"]) == list(mechanism.ARMS) and check["timings"]["jobs_run"] == 2 * len(mechanism.ARMS)
+    from difftransformer.jobs import read_journal
+    from difftransformer.retrieval.protocol import Job
+    first = mechanism.rebuild(root / "diag", root / "mech")["rows"]
+    ref = mr.diagnostic_second_runs(root / "diag", "avx2")
+    diag = json.loads((root / "diag" / "diagnostic.json").read_text())["rows"]
+    _, recs = read_journal(root / "mech" / "rounding-avx2" / mr.STUDY.journal)
+    mine = {Job(*r["job"]): r["result"] for r in recs.values()}
+
+    def acc(runs):
+        return statistics.fmean(r["conditions"]["p3c8"]["accuracy"] for r in runs)
+
+    for arm, spec in mechanism.ARMS.items():
+        row, lr = check["rows"][arm], first[arm]["lr"]
+        assert row["first"]["C"] == first[arm]["C"] and row["second"]["lr"] == lr
+        runs = [mine[Job(arm, s, lr)] for s in (10, 11)]
+        assert {r["cpu_capability"] for r in runs} == {"AVX2"}
+        for key, name in (("D", "baseline"), ("C", spec.c_name)):  # both sides under AVX2
+            other = [ref[Job(name, s, diag[name]["lr"])] for s in (10, 11)]
+            assert row["second"][key]["estimate"] == pytest.approx(acc(runs) - acc(other))
+    assert "retrieval mechanism arms" in capsys.readouterr().out
+    assert main(argv) == 0 and json.loads((root / "mech" / "rounding.json").read_text())["timings"]["jobs_run"] == 0

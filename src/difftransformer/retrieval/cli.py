@@ -35,6 +35,8 @@ MODES = (
     Mode("--longer --rounding-check", ("longer", "rounding_check"), ("jobs",), ("reference",),
          " (it reruns the re-reading in OUT)"),
     Mode("--longer", ("longer",), ("jobs",), ("reference",), REFERENCE_NOTE),
+    Mode("--mechanism --rounding-check", ("mechanism", "rounding_check"), ("jobs",), ("reference",),
+         " (it reruns the arms in OUT)"),
     Mode("--mechanism", ("mechanism",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--diagnostic", ("diagnostic",), ("rounding_check", "jobs"), ("reference",),
          " (it takes its configuration from --reference DIR)"),
@@ -71,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                    help="the re-reading at longer training (LONGER.md): the answer table's names at their "
                         "600-step lrs, 1200 and/or 2400 steps")
     m.add_argument("--mechanism", action="store_true",
-                   help="the norm's mechanism arms (LONGER.md); with --longer 2400: at 2,400 steps")
+                   help="the norm's mechanism arms (LONGER.md); --longer 2400: at 2,400 steps; --rounding-check: "
+                        "OUT's arms again")
     m.add_argument("--protocol", type=int, choices=(4,), metavar="4",
                    help="retrieval protocol version 4 (PROTOCOL4.md): speed at 600 steps and capability at a length "
                         "chosen on validation seeds, 8 names, about 750 jobs (10-15 CPU-hours; resumable, "
@@ -212,6 +215,15 @@ def _run_cli(args) -> int:
         longer.first_reading(args.reference)  # before OUT is made
         print(longer.format_longer(longer.run_longer(args.reference, args.out, steps, options)))
         print(f"wrote {args.out}/{longer.RESULTS}")
+        return 0
+    if mode.name == "--mechanism --rounding-check":
+        from ..studies.rounding import format_readings
+        from . import longer, mechanism_rounding
+        check_pin(args.rounding_check, options, "--rounding-check")
+        longer.first_reading(args.reference)
+        mechanism_rounding.diagnostic_second_runs(args.reference, args.rounding_check)
+        check = mechanism_rounding.rounding_check(args.reference, args.out, args.rounding_check, options)
+        write_rounding(args.out, check, format_readings(check, "retrieval mechanism arms"))
         return 0
     if mode.name == "--mechanism":
         from . import longer, mechanism
