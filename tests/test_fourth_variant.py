@@ -152,6 +152,6 @@ def test_the_public_layer_builds_it(toy):
     torch.testing.assert_close(half(x), 0.5 * base(x))
     model = DiffTransformerLM(ModelConfig.from_flavour("tiny", attention="half"))
     attn = model.layers[0].attn
-    assert isinstance(attn, HalfAttention) and type(half.core) is HalfAttention
+    assert isinstance(attn, HalfAttention) and isinstance(half, HalfAttention) and half.core is half
     with pytest.raises(ValueError, match="variant"):
         DiffAttention(32, 4, "third")

@@ -15,9 +15,11 @@ layer's output heads (``layer.n_mask_heads``: DIFF V1's h = n_heads/2, DIFF V2's
 mask serves both softmax maps of a differential head), combined with ``causal``. Every mask is built by
 ``model/attention/masks.py``, the model's own builder.
 
-The math is the language model's own: the layer holds the model's attention module of the variant
-(``model/attention/``: ``BaselineAttention``, ``DiffV1Attention``, ``DiffV2Attention``, or any registered variant)
-as ``self.core``. ``n_heads`` counts the baseline's heads, as ``ModelConfig`` does: DIFF V1 then has the
+The math is the language model's own: the layer IS the variant's attention module (``model/attention/``:
+``BaselineAttention``, ``DiffV1Attention``, ``DiffV2Attention``, or any registered variant), with this class's
+conventions in front of it: ``DiffAttention(..., variant="diff_v1")`` is an instance of ``DiffV1Attention`` too,
+built from an ``AttentionConfig`` as the language model's blocks are from their ``ModelConfig`` (which is one), so
+one file per variant serves both. ``n_heads`` counts the baseline's heads, as ``ModelConfig`` does: DIFF V1 then has the
 baseline's projection sizes exactly (plus its lambda vectors and norm weight), DIFF V2 the baseline's W_k, W_v and
 W_o with a W_q twice as wide and W_lambda: **+25% parameters per attention layer** at n_kv_heads = n_heads (about
 +5% in our language model, whose feed-forward layers are shared; more where a model's MLP is smaller).
@@ -39,15 +41,17 @@ model's names; a bad one is one ``ValueError`` or ``TypeError`` naming the argum
 
 Weights: PyTorch's default ``nn.Linear`` initialisation (the layer lives in your model, whose own scheme may
 re-initialise it); DIFF V1's lambda vectors N(0, 0.1), as the reference code. The parameters are named as in our
-model (``core.wq.weight``, ..., ``core.lambda_q1``), so a layer's state dict maps one to one onto a
-``DiffTransformerLM`` layer's ``attn.*``, plus ``_extra_state``: the arguments that change the function without
-changing a shape (``layer_idx`` and with it lambda_init, the options, ``causal``, RoPE), so that loading into a layer
-built otherwise fails loudly (a state dict without it, from before, loads with a warning).
+model (``wq.weight``, ..., ``lambda_q1``), so a layer's state dict is a ``DiffTransformerLM`` layer's ``attn.*``,
+plus ``_extra_state``: the arguments that change the function without changing a shape (``layer_idx`` and with it
+lambda_init, the options, ``causal``, RoPE), so that loading into a layer built otherwise fails loudly (a state dict
+without it loads with a warning). A state dict saved before the layer was the variant's module (its names under
+``core.``) loads as it is: the names are mapped on load. ``layer.core`` is the layer itself, kept for such code.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from typing import Any, Optional, Union
 
@@ -55,10 +59,10 @@ import torch
 from torch import nn
 
 from .model import variants as registry
-from .model.attention import Attention, AttentionMaps, build_attention
+from .model.attention import Attention, AttentionMaps
 from .model.attention.base import prefill_from_start
 from .model.attention.masks import build_mask, empty_rows
-from .model.config import ModelConfig
+from .model.config import AttentionConfig
 from .model.kv_cache import KVCache
 from .model.rope import rotary
 
@@ -70,9 +74,29 @@ def attention_options() -> tuple[str, ...]:
 
 
 Output = Union[torch.Tensor, tuple[torch.Tensor, Optional[AttentionMaps]]]
+_MADE: dict[type, type] = {}  # a variant's class -> its layer class (DiffAttention first, then the variant)
 
 
-class DiffAttention(nn.Module):
+def layer_class(cls: type[Attention]) -> type[DiffAttention]:
+    """The public layer over the variant class ``cls``: ``DiffAttention``'s conventions first in the method order,
+    then the variant's module (made once per class, named in this module so that a pickled layer reads back)."""
+    made = _MADE.get(cls)
+    if made is None:
+        name = f"DiffAttention_{cls.__name__}"
+        made = type(name, (DiffAttention, cls), {"__module__": __name__, "__qualname__": name})
+        _MADE[cls] = made
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    """A layer class by its name (``DiffAttention_DiffV1Attention``), as unpickling asks for it."""
+    for v in registry.variants():
+        if name == f"DiffAttention_{v.cls.__name__}":
+            return layer_class(v.cls)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class DiffAttention(Attention):
     """Differential (or baseline) multi-head attention over ``(B, T, d_model)`` inputs.
 
     Args:
@@ -92,14 +116,23 @@ class DiffAttention(nn.Module):
         qkv_bias, proj_bias: biases on W_q, W_k, W_v and on W_o.
         attn_drop: dropout on each softmax map while training. proj_drop: dropout on the output while training.
         **options: ``ModelConfig``'s attention fields, by their names (``attention_options()``).
+
+    The instance is of the variant's class too (``isinstance(DiffAttention(64, 4, "diff_v1"), DiffV1Attention)``).
     """
+
+    cfg: AttentionConfig
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DiffAttention:
+        if cls is not DiffAttention:  # a layer class already (a copy or an unpickled layer): as it is
+            return super().__new__(cls)
+        variant = args[2] if len(args) > 2 else kwargs.get("variant", "diff_v2")
+        return super().__new__(layer_class(registry.variant(variant, "DiffAttention: variant").cls))
 
     def __init__(self, d_model: int, n_heads: int, variant: str = "diff_v2", *, causal: bool = True,
                  n_kv_heads: Optional[int] = None, head_dim: Optional[int] = None, layer_idx: int = 0,
                  rope: Optional[bool] = None, rope_theta: float = 10000.0, max_seq_len: int = 4096,
                  qkv_bias: bool = False, proj_bias: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0,
                  **options: Any) -> None:
-        super().__init__()
         registry.variant(variant, "DiffAttention: variant")
         sizes: tuple[tuple[str, Optional[int]], ...] = (("d_model", d_model), ("n_heads", n_heads),
                                                          ("max_seq_len", max_seq_len), ("n_kv_heads", n_kv_heads),
@@ -117,6 +150,8 @@ class DiffAttention(nn.Module):
                 raise TypeError(f"DiffAttention: {name} must be True or False, got {flag!r}")
         if isinstance(proj_drop, bool) or not isinstance(proj_drop, (int, float)) or not 0 <= proj_drop < 1:
             raise ValueError(f"DiffAttention: proj_drop must be a number in [0, 1), got {proj_drop!r}")
+        if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or not 0 < rope_theta < math.inf:
+            raise ValueError(f"DiffAttention: rope_theta must be a positive finite number, got {rope_theta!r}")
         if head_dim is None and d_model % n_heads:
             raise ValueError(f"DiffAttention: d_model={d_model} is not divisible by n_heads={n_heads} (or give "
                              "head_dim=)")
@@ -127,19 +162,19 @@ class DiffAttention(nn.Module):
                             f"{', '.join(allowed)}")
         if options.get("headwise_norm") is False and "headwise_norm_weight" not in options:
             options["headwise_norm_weight"] = False  # no norm, so no norm weight
-        try:  # ModelConfig validates every field (head counts, widths, the options' allowed values)
-            self.cfg = ModelConfig(vocab_size=1, d_model=d_model, n_layers=layer_idx + 1, n_heads=n_heads,
-                                   n_kv_heads=n_kv_heads, head_dim=head_dim,  # type: ignore[arg-type]  # None: default
-                                   attention=variant, rope_theta=rope_theta, max_seq_len=max_seq_len,
-                                   qkv_bias=qkv_bias, proj_bias=proj_bias, attn_dropout=attn_drop, **options)
+        try:  # AttentionConfig validates every field (head counts, widths, the options' allowed values)
+            cfg = AttentionConfig(attention=variant, d_model=d_model, n_heads=n_heads,
+                                  n_kv_heads=n_kv_heads, head_dim=head_dim,  # type: ignore[arg-type]  # None: default
+                                  qkv_bias=qkv_bias, proj_bias=proj_bias, attn_dropout=attn_drop, **options)
         except (ValueError, TypeError) as e:
-            msg = str(e).replace("ModelConfig.", "").replace("attn_dropout", "attn_drop")
+            msg = str(e).replace("AttentionConfig.", "").replace("attn_dropout", "attn_drop")
             if "must be even (RoPE" in msg and rope is False:
                 msg += "; the layer's attention is the model's, which pairs channels even with rope=False"
             raise type(e)(f"DiffAttention: {msg}") from None
-        self.variant, self.causal, self.layer_idx, self.rope = variant, causal, layer_idx, rope
+        super().__init__(cfg, layer_idx)  # the variant's module (the next class in the method order)
+        self.variant, self.causal, self.rope = variant, causal, rope
+        self.rope_theta, self.max_seq_len = float(rope_theta), max_seq_len
         self.options = {k: options[k] for k in sorted(options)}
-        self.core: Attention = build_attention(self.cfg, layer_idx)
         self.proj_drop = nn.Dropout(float(proj_drop))
         self._filled = 0  # under a KV cache: how many positions hold keys (the next call starts at or before it)
 
@@ -149,13 +184,18 @@ class DiffAttention(nn.Module):
         return self.cfg.d_model
 
     @property
-    def head_dim(self) -> int:
-        return self.cfg.head_dim
+    def core(self) -> DiffAttention:
+        """The layer itself: its variant's module (``layer.core.wq`` is ``layer.wq``; code written when the layer
+        held the module as ``core`` keeps working)."""
+        return self
 
     @property
     def n_mask_heads(self) -> int:
         """The head axis an ``attn_mask`` may have besides 1: the layer's output heads (DIFF V1: n_heads/2)."""
-        return int(getattr(self.core, "n_heads", self.cfg.n_heads))
+        return int(getattr(self, "n_heads", self.cfg.n_heads))
+
+    def _get_name(self) -> str:  # its repr says DiffAttention(...), whatever the variant's class
+        return "DiffAttention"
 
     def extra_repr(self) -> str:
         return (f"variant={self.variant!r}, d_model={self.cfg.d_model}, n_heads={self.cfg.n_heads}, "
@@ -164,9 +204,9 @@ class DiffAttention(nn.Module):
 
     # ------------------------------------------------------------------ what changes the function, kept with weights
     def _record(self) -> dict[str, Any]:
-        lam = getattr(self.core, "lambda_init", None)
+        lam = getattr(self, "lambda_init", None)
         return {"variant": self.variant, "layer_idx": self.layer_idx, "lambda_init": lam, "causal": self.causal,
-                "rope": self.rope, "rope_theta": self.cfg.rope_theta, "options": self.options}
+                "rope": self.rope, "rope_theta": self.rope_theta, "options": self.options}
 
     def get_extra_state(self) -> torch.Tensor:
         """The record as UTF-8 JSON bytes in a uint8 tensor: a tensor, so that safetensors can hold it too."""
@@ -188,12 +228,15 @@ class DiffAttention(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
+        old = prefix + "core."  # saved while the layer held the variant's module as ``core``: the same names below
+        for k in [k for k in state_dict if k.startswith(old)]:
+            state_dict[prefix + k[len(old):]] = state_dict.pop(k)
         key = prefix + "_extra_state"
-        if key not in state_dict and any(k.startswith(prefix + "core.") for k in state_dict):
+        if key not in state_dict and any(k.startswith(prefix) for k in state_dict):
             warnings.warn("DiffAttention: the state dict has no _extra_state (saved before it, or from a "
                           "DiffTransformerLM layer): layer_idx, lambda_init and the options are not checked",
                           stacklevel=2)
-            state_dict = {**state_dict, key: self.get_extra_state()}
+            state_dict[key] = self.get_extra_state()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -221,7 +264,7 @@ class DiffAttention(nn.Module):
             raise TypeError(f"DiffAttention: return_maps must be True or False, got {return_maps!r}")
         B, T, _ = x.shape
         cross = context is not None
-        cached = self.core.kv_cache is not None
+        cached = self.kv_cache is not None
         if cross:
             context = self._tensor("context", context)
             if self.causal:
@@ -252,17 +295,17 @@ class DiffAttention(nn.Module):
             pos_q = self._positions("positions", positions, B, T, x.device)
         rope_q = rope_k = None
         if rope_on:
-            rope_q = rotary(pos_q, self.cfg.head_dim, self.cfg.rope_theta)
+            rope_q = rotary(pos_q, self.cfg.head_dim, self.rope_theta)
             rope_k = rope_q
             if cross:
                 rope_k = rotary(self._positions("context_positions", context_positions, B, S, x.device),
-                                self.cfg.head_dim, self.cfg.rope_theta)
+                                self.cfg.head_dim, self.rope_theta)
         kpm = None if key_padding_mask is None else self._padding(key_padding_mask, B, S)
         am = None if attn_mask is None else self._attn_mask(attn_mask, B, T, S)
         if cached:
-            assert self.core.kv_cache is not None
+            assert self.kv_cache is not None
             mask = None if prefill_from_start(T, pos_q) else build_mask(
-                T, self.core.kv_cache.max_seq_len, causal=True, device=x.device, query_pos=pos_q)
+                T, self.kv_cache.max_seq_len, causal=True, device=x.device, query_pos=pos_q)
         else:
             mask = build_mask(T, S, causal=self.causal and not cross, device=x.device,
                               key_valid=None if kpm is None else ~kpm, attn_mask=am, own_slot=not cross)
@@ -271,11 +314,12 @@ class DiffAttention(nn.Module):
                 raise ValueError("DiffAttention: key_padding_mask/attn_mask masks every context key of a row (its "
                                  "softmax has no key to read)")
         kind = "causal" if mask is None or (self.causal and not cross and am is None) else "general"
+        attend = super().forward  # the variant's own forward: its projections, lambda, the attention call, W_o
         if cross:
-            out, maps = self.core(kv, rope_k, mask, query=(x, rope_q, mask), return_maps=return_maps, mask_kind=kind)
+            out, maps = attend(kv, rope_k, mask, query=(x, rope_q, mask), return_maps=return_maps, mask_kind=kind)
         else:
-            out, maps = self.core(x, rope_q, mask, input_pos=pos_q if cached else None, return_maps=return_maps,
-                                  mask_kind=kind)
+            out, maps = attend(x, rope_q, mask, input_pos=pos_q if cached else None, return_maps=return_maps,
+                               mask_kind=kind)
         if cached and not pos_q.is_meta and not torch.compiler.is_compiling():
             self._filled = max(self._filled, int(pos_q[-1]) + 1)
         if self.proj_drop.p:
@@ -292,8 +336,8 @@ class DiffAttention(nn.Module):
     def _check_dtype(self, name: str, x: torch.Tensor) -> None:
         if not x.is_floating_point():
             raise TypeError(f"DiffAttention: {name} must be a floating-point tensor, got {x.dtype}")
-        wq = getattr(self.core, "wq", None)
-        w = wq.weight if isinstance(wq, nn.Linear) else next(self.core.parameters())
+        wq = getattr(self, "wq", None)
+        w = wq.weight if isinstance(wq, nn.Linear) else next(self.parameters())
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
             raise ValueError(f"DiffAttention: {name} is {x.dtype} but the layer's weights are {w.dtype}: cast one "
                              f"(layer.to({x.dtype}) or {name}.to({w.dtype})), or run under torch.autocast")
@@ -313,7 +357,7 @@ class DiffAttention(nn.Module):
         return p
 
     def _cache_positions(self, p: Optional[torch.Tensor], B: int, T: int) -> torch.Tensor:
-        cache = self.core.kv_cache
+        cache = self.kv_cache
         assert cache is not None
         if p is None or not isinstance(p, torch.Tensor) or p.dim() != 1:
             raise ValueError("DiffAttention: under a KV cache, positions= (T,) says where the new tokens go")
@@ -367,17 +411,17 @@ class DiffAttention(nn.Module):
         if not self.causal:
             raise ValueError("DiffAttention: a KV cache is for causal self-attention (causal=True)")
         _positive_int("batch_size", batch_size)
-        n = self.cfg.max_seq_len if max_seq_len is None else max_seq_len
+        n = self.max_seq_len if max_seq_len is None else max_seq_len
         _positive_int("max_seq_len", n)
-        w = next(self.core.parameters())
+        w = next(self.parameters())
         if dtype is not None and dtype != w.dtype:
             raise ValueError(f"DiffAttention: the KV cache's dtype must be the layer's ({w.dtype}), got {dtype}")
-        self.core.kv_cache = KVCache(batch_size, n, *self.core.cache_layout(), dtype=w.dtype, device=w.device)
+        self.kv_cache = KVCache(batch_size, n, *self.cache_layout(), dtype=w.dtype, device=w.device)
         self._filled = 0
 
     def reset_cache(self) -> None:
         """Drop the KV cache (back to whole-sequence calls)."""
-        self.core.kv_cache = None
+        self.kv_cache = None
         self._filled = 0
 
 

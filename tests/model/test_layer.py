@@ -177,9 +177,8 @@ def ours_from_timm(t, dim: int, heads: int, depth: int) -> DiffAttention:
     its fused qkv splits into W_q, W_k, W_v in that order, with the same head layout (half-heads 2i, 2i+1 = Q1, Q2)."""
     ours = DiffAttention(dim, 2 * heads, "diff_v1", causal=False, rope=False, layer_idx=depth).to(t.qkv.weight.dtype)
     wq, wk, wv = t.qkv.weight.detach().chunk(3, dim=0)
-    sd = {"core.wq.weight": wq, "core.wk.weight": wk, "core.wv.weight": wv, "core.wo.weight": t.proj.weight,
-          "core.subln.weight": t.sub_norm.weight,
-          **{f"core.lambda_{n}": getattr(t, f"lambda_{n}") for n in ("q1", "k1", "q2", "k2")}}
+    sd = {"wq.weight": wq, "wk.weight": wk, "wv.weight": wv, "wo.weight": t.proj.weight,
+          "subln.weight": t.sub_norm.weight, **{f"lambda_{n}": getattr(t, f"lambda_{n}") for n in ("q1", "k1", "q2", "k2")}}
     ours.load_state_dict({**{k: v.detach().clone() for k, v in sd.items()}, "_extra_state": ours.get_extra_state()})
     return ours
 
@@ -200,26 +199,29 @@ def test_equals_timm_diff_attention(fused, dtype, tol):
     x = torch.randn(2, 13, 48, dtype=dtype)
     (o1, g1), (o2, g2) = grads(t, t, x), grads(ours, ours, x)
     torch.testing.assert_close(o2, o1, rtol=tol, atol=tol)
-    names = {"qkv.weight": None, "proj.weight": "core.wo.weight", "sub_norm.weight": "core.subln.weight", "input0":
-             "input0", **{f"lambda_{n}": f"core.lambda_{n}" for n in ("q1", "k1", "q2", "k2")}}
+    names = {"qkv.weight": None, "proj.weight": "wo.weight", "sub_norm.weight": "subln.weight", "input0": "input0",
+             **{f"lambda_{n}": f"lambda_{n}" for n in ("q1", "k1", "q2", "k2")}}
     for tn, on in names.items():
-        mine = torch.cat([g2[f"core.w{p}.weight"] for p in "qkv"]) if on is None else g2[on]
+        mine = torch.cat([g2[f"w{p}.weight"] for p in "qkv"]) if on is None else g2[on]
         torch.testing.assert_close(mine, g1[tn], rtol=tol, atol=tol, msg=lambda m, tn=tn: f"gradient {tn}: {m}")
 
 
 # ---------------------------------------------------------------------------------------------- our model
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_equals_the_models_own_attention(variant):
-    """A DiffTransformerLM layer's attention is the layer's core: its state dict loads as is, and the outputs agree
-    (the model's RoPE tables and causal path)."""
+    """A DiffTransformerLM layer's attention is the layer's own module (the same class): its state dict loads as is,
+    and so does the same state dict under the names of before (``core.*``); the outputs agree bit for bit (the
+    model's RoPE tables and causal path)."""
     cfg = ModelConfig(vocab_size=32, d_model=D_MODEL, n_layers=3, n_heads=N_HEADS, n_kv_heads=2, attention=variant)
     torch.manual_seed(0)
     model = DiffTransformerLM(cfg).double()
     attn = model.layers[2].attn
     layer = DiffAttention(D_MODEL, N_HEADS, variant, n_kv_heads=2, layer_idx=2).double()
-    with pytest.warns(UserWarning, match="no _extra_state"):  # a model layer's state: nothing says its layer_idx
-        missing = layer.load_state_dict({f"core.{k}": v for k, v in attn.state_dict().items()}, strict=True)
-    assert not missing.missing_keys and not missing.unexpected_keys
+    assert isinstance(layer, type(attn))
+    for names in ("{}", "core.{}"):  # today's names, and those of a layer saved before it was the variant's module
+        with pytest.warns(UserWarning, match="no _extra_state"):  # a model layer's state: nothing says its layer_idx
+            missing = layer.load_state_dict({names.format(k): v for k, v in attn.state_dict().items()}, strict=True)
+        assert not missing.missing_keys and not missing.unexpected_keys
     x = torch.randn(2, 10, D_MODEL, dtype=torch.float64)
     rope = rope_cos_sin(torch.arange(10), rope_frequencies(cfg.head_dim, cfg.rope_theta))
     torch.testing.assert_close(layer(x), attn(x, rope, None)[0], rtol=0, atol=0)

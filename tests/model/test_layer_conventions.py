@@ -187,7 +187,7 @@ def test_biases_match_the_oracle(variant):
             if n.endswith("bias"):
                 p.normal_()
     assert {n for n, _ in layer.named_parameters() if n.endswith("bias")} == {
-        "core.wq.bias", "core.wk.bias", "core.wv.bias", "core.wo.bias"}
+        "wq.bias", "wk.bias", "wv.bias", "wo.bias"}
     x = torch.randn(2, 7, D_MODEL, dtype=torch.float64)
     core = layer.core
     # the oracle's projections without biases: fold each bias into an extra input channel of ones

@@ -41,14 +41,14 @@ HEAD_GAINS: tuple[str, ...] = get_args(HeadGain)
 V1_LAYOUTS: tuple[str, ...] = get_args(V1Layout)
 
 
-def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...], owner: str = "ModelConfig") -> None:
     if value not in allowed:
-        raise ValueError(f"ModelConfig.{name}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+        raise ValueError(f"{owner}.{name}={value!r} is not allowed; choose one of {', '.join(allowed)}")
 
 
-def _check_positive_int(name: str, value: Any) -> None:
+def _check_positive_int(name: str, value: Any, owner: str = "ModelConfig") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
 
 
 def default_ffn_hidden(d_model: int, multiple_of: int) -> int:
@@ -58,34 +58,19 @@ def default_ffn_hidden(d_model: int, multiple_of: int) -> int:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Configuration of a decoder-only LM whose only variable part is the attention module.
+class AttentionConfig:
+    """What one attention layer of any variant reads: its sizes (the baseline's head counts), the variant, the backend,
+    every variant's options (the registry's ``Variant.options``) and the biases and dropout. ``DiffAttention`` is
+    built from one, and ``ModelConfig`` is one (its attention part), so both build the variant from the same fields
+    with the same checks. Unset (``None``) sizes are resolved in ``__post_init__``."""
 
-    Unset (``None``) sizes are resolved in ``__post_init__`` so that a config written to JSON reads back equal.
-    """
-
-    vocab_size: int = 8192
+    attention: AttentionKind = "diff_v1"
     d_model: int = 512
-    n_layers: int = 8
     n_heads: int = 8  # the baseline's query heads H; DIFF V1 uses H/2, DIFF V2 2H
     # Typed as what they hold once built: None at construction means "derive it", done in __post_init__.
     n_kv_heads: int = None  # type: ignore[assignment]  # the baseline's KV heads H_kv (GQA); default H
     head_dim: int = None  # type: ignore[assignment]  # d; default d_model // n_heads
-    attention: AttentionKind = "diff_v1"
     backend: Backend = "auto"  # sdpa; Triton only where measured faster on a GPU (none yet: model/attention/base.py)
-    ffn_hidden: int = None  # type: ignore[assignment]  # SwiGLU width; default ~8/3 d_model, a multiple of ffn_multiple_of
-    ffn_multiple_of: int = 64
-    rope_theta: float = 10000.0
-    # RoPE frequency scaling: "default" (none) or "llama3" (Llama 3.1/3.2's; the four numbers below are its own)
-    rope_type: Literal["default", "llama3"] = "default"
-    rope_factor: float = 1.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_len: int = 8192
-    max_seq_len: int = 1024
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    init_std: float = 0.02
     # --- DIFF V1 options (paper eq. 2-3 and the Table 6 ablations) ---
     lambda_init: Union[Literal["schedule"], float] = "schedule"  # or a constant in (0, 1), e.g. 0.8 / 0.5
     headwise_norm: bool = True  # Table 6: "w/o GroupNorm" ablation when False
@@ -121,91 +106,71 @@ class ModelConfig:
     attn_dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        self._resolve()
+        self.validate()
+
+    def _resolve(self) -> None:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)  # frozen: resolved once, here
         if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
-        if self.ffn_hidden is None and isinstance(self.d_model, int) and isinstance(self.ffn_multiple_of, int):
-            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.d_model, self.ffn_multiple_of))
-        self.validate()
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
-                     "ffn_multiple_of", "max_seq_len"):
-            _check_positive_int(name, getattr(self, name))
-        var = variants.variant(self.attention, "ModelConfig.attention")
-        _check_choice("backend", self.backend, BACKENDS)
-        _check_choice("v2_lambda", self.v2_lambda, V2_LAMBDA_MODES)
-        _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS)
-        _check_choice("v2_keys", self.v2_keys, V2_KEYS)
-        _check_choice("v2_headwise_norm_layers", self.v2_headwise_norm_layers, V2_NORM_LAYERS)
-        _check_choice("head_gain", self.head_gain, HEAD_GAINS)
-        _check_choice("v1_layout", self.v1_layout, V1_LAYOUTS)
-        for name in ("rope_theta", "norm_eps", "init_std"):
-            v = getattr(self, name)
-            # inf passes "> 0" but makes every weight (init_std) or rotation (rope_theta) NaN
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
-                raise ValueError(f"ModelConfig.{name} must be a positive finite number, got {v!r}")
+        """Every attention field; the first problem raises, naming the field (``ModelConfig.`` or
+        ``AttentionConfig.``, the class checked) and what it allows."""
+        me = type(self).__name__
+        for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
+            _check_positive_int(name, getattr(self, name), me)
+        var = variants.variant(self.attention, f"{me}.attention")
+        _check_choice("backend", self.backend, BACKENDS, me)
+        _check_choice("v2_lambda", self.v2_lambda, V2_LAMBDA_MODES, me)
+        _check_choice("v2_pairing", self.v2_pairing, V2_PAIRINGS, me)
+        _check_choice("v2_keys", self.v2_keys, V2_KEYS, me)
+        _check_choice("v2_headwise_norm_layers", self.v2_headwise_norm_layers, V2_NORM_LAYERS, me)
+        _check_choice("head_gain", self.head_gain, HEAD_GAINS, me)
+        _check_choice("v1_layout", self.v1_layout, V1_LAYOUTS, me)
         v = self.attn_dropout
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
-            raise ValueError(f"ModelConfig.attn_dropout must be a number in [0, 1), got {v!r}")
+            raise ValueError(f"{me}.attn_dropout must be a number in [0, 1), got {v!r}")
         object.__setattr__(self, "attn_dropout", float(v))
-        for name in ("tie_embeddings", "headwise_norm", "headwise_norm_weight", "v2_headwise_norm", "qkv_bias",
-                     "proj_bias"):
+        for name in ("headwise_norm", "headwise_norm_weight", "v2_headwise_norm", "qkv_bias", "proj_bias"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"ModelConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        _check_choice("rope_type", self.rope_type, ("default", "llama3"))
-        for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
-                raise ValueError(f"ModelConfig.{name} must be a positive finite number, got {v!r}")
-        _check_positive_int("rope_original_max_len", self.rope_original_max_len)
-        if self.rope_type == "llama3" and not (self.rope_factor >= 1
-                                               and self.rope_low_freq_factor < self.rope_high_freq_factor):
-            raise ValueError(f"ModelConfig: rope_type='llama3' needs rope_factor >= 1 (got {self.rope_factor}) and "
-                             f"rope_low_freq_factor < rope_high_freq_factor (got {self.rope_low_freq_factor}, "
-                             f"{self.rope_high_freq_factor})")
-        if self.rope_type == "default":
-            default = {f.name: f.default for f in fields(ModelConfig)}
-            for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"):
-                if getattr(self, name) != default[name]:
-                    raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} only applies to rope_type='llama3'")
+                raise ValueError(f"{me}.{name} must be true or false, got {getattr(self, name)!r}")
         if self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs of channels)")
+            raise ValueError(f"{me}.head_dim={self.head_dim} must be even (RoPE rotates pairs of channels)")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"ModelConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+            raise ValueError(f"{me}.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if self.lambda_init != "schedule":
             v = self.lambda_init
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
-                raise ValueError(f"ModelConfig.lambda_init={v!r} is not allowed; "
-                                 f"use \"schedule\" or a number in (0, 1)")
+                raise ValueError(f"{me}.lambda_init={v!r} is not allowed; use \"schedule\" or a number in (0, 1)")
             object.__setattr__(self, "lambda_init", float(v))
         if self.v2_headwise_norm_layers != "all" and not self.v2_headwise_norm:
-            raise ValueError("ModelConfig.v2_headwise_norm_layers needs v2_headwise_norm=true")
+            raise ValueError(f"{me}.v2_headwise_norm_layers needs v2_headwise_norm=true")
         if self.v2_keys == "separate" and self.v2_pairing != "interleaved":
-            raise ValueError("ModelConfig.v2_keys='separate' needs v2_pairing='interleaved' (each pair's own keys "
-                             "sit in its GQA group)")
+            raise ValueError(f"{me}.v2_keys='separate' needs v2_pairing='interleaved' (each pair's own keys sit in "
+                             "its GQA group)")
         if self.head_gain != "off":
             if self.attention not in ("diff_v1", "diff_v2") or self.v1_layout != "paper":
-                raise ValueError("ModelConfig.head_gain applies to attention='diff_v1' (paper layout) or 'diff_v2'")
+                raise ValueError(f"{me}.head_gain applies to attention='diff_v1' (paper layout) or 'diff_v2'")
             if (self.attention == "diff_v1" and self.headwise_norm) or (self.attention == "diff_v2"
                                                                         and self.v2_headwise_norm):
-                raise ValueError("ModelConfig.head_gain replaces the head-wise norm: it needs headwise_norm=false "
+                raise ValueError(f"{me}.head_gain replaces the head-wise norm: it needs headwise_norm=false "
                                  "(DIFF V1, with headwise_norm_weight=false) or v2_headwise_norm=false (DIFF V2)")
         if self.headwise_norm_weight and not self.headwise_norm:
-            raise ValueError("ModelConfig.headwise_norm_weight=true needs headwise_norm=true")
+            raise ValueError(f"{me}.headwise_norm_weight=true needs headwise_norm=true")
         if var.check is not None:
             var.check(self)
         self._refuse_foreign_options(var)
 
     def _refuse_foreign_options(self, var: variants.Variant) -> None:
         # A V1 ablation set on a V2 model (or vice versa) would silently do nothing: refuse it loudly.
-        default = {f.name: f.default for f in fields(ModelConfig)}
+        default = {f.name: f.default for f in fields(AttentionConfig)}
         for name in variants.all_options():
             if name not in var.options and getattr(self, name) != default[name]:
                 owners = [v.name for v in variants.variants() if name in v.options]
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} only applies to "
+                raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r} only applies to "
                                  f"{' or '.join(owners)}, not attention={self.attention!r}")
 
     # ------------------------------------------------------------------ derived sizes
@@ -224,6 +189,84 @@ class ModelConfig:
         if self.lambda_init == "schedule":
             return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
         return float(self.lambda_init)
+
+    def replace(self, **changes: Any) -> AttentionConfig:
+        """A copy with some fields changed (validated; unknown fields raise)."""
+        d = dataclasses.asdict(self)
+        unknown = sorted(set(changes) - set(d))
+        if unknown:
+            raise ValueError(f"unknown {type(self).__name__} key(s): {', '.join(unknown)}")
+        d.update(changes)
+        if "head_dim" not in changes and self.head_dim == self.d_model // self.n_heads:
+            d["head_dim"] = None
+        if "n_kv_heads" not in changes and "n_heads" in changes and self.n_kv_heads == self.n_heads:
+            d["n_kv_heads"] = None
+        return type(self)(**d)
+
+
+@dataclass(frozen=True)
+class ModelConfig(AttentionConfig):
+    """Configuration of a decoder-only LM whose only variable part is the attention module: its attention fields
+    (``AttentionConfig``, which every layer is built from) and the rest of the model.
+
+    Unset (``None``) sizes are resolved in ``__post_init__`` so that a config written to JSON reads back equal.
+    """
+
+    vocab_size: int = 8192
+    n_layers: int = 8
+    ffn_hidden: int = None  # type: ignore[assignment]  # SwiGLU width; default ~8/3 d_model, a multiple of ffn_multiple_of
+    ffn_multiple_of: int = 64
+    rope_theta: float = 10000.0
+    # RoPE frequency scaling: "default" (none) or "llama3" (Llama 3.1/3.2's; the four numbers below are its own)
+    rope_type: Literal["default", "llama3"] = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    max_seq_len: int = 1024
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def _resolve(self) -> None:
+        super()._resolve()
+        if self.ffn_hidden is None and isinstance(self.d_model, int) and isinstance(self.ffn_multiple_of, int):
+            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.d_model, self.ffn_multiple_of))
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
+                     "ffn_multiple_of", "max_seq_len"):  # the sizes first, in this order (the attention's among them)
+            _check_positive_int(name, getattr(self, name))
+        super().validate()
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            v = getattr(self, name)
+            # inf passes "> 0" but makes every weight (init_std) or rotation (rope_theta) NaN
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ValueError(f"ModelConfig.{name} must be a positive finite number, got {v!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"ModelConfig.tie_embeddings must be true or false, got {self.tie_embeddings!r}")
+        _check_choice("rope_type", self.rope_type, ("default", "llama3"))
+        for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ValueError(f"ModelConfig.{name} must be a positive finite number, got {v!r}")
+        _check_positive_int("rope_original_max_len", self.rope_original_max_len)
+        if self.rope_type == "llama3" and not (self.rope_factor >= 1
+                                               and self.rope_low_freq_factor < self.rope_high_freq_factor):
+            raise ValueError(f"ModelConfig: rope_type='llama3' needs rope_factor >= 1 (got {self.rope_factor}) and "
+                             f"rope_low_freq_factor < rope_high_freq_factor (got {self.rope_low_freq_factor}, "
+                             f"{self.rope_high_freq_factor})")
+        if self.rope_type == "default":
+            default = {f.name: f.default for f in fields(ModelConfig)}
+            for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"):
+                if getattr(self, name) != default[name]:
+                    raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} only applies to rope_type='llama3'")
+
+    def attention_config(self) -> AttentionConfig:
+        """The attention part alone (what ``DiffAttention`` takes)."""
+        names = {f.name for f in fields(AttentionConfig)}
+        return AttentionConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:

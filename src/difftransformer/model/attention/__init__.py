@@ -6,7 +6,7 @@ bench column, colour, the ``ModelConfig`` options only it reads, whether it is t
 
 from __future__ import annotations
 
-from ..config import ModelConfig
+from ..config import AttentionConfig
 from ..variants import Variant, register, variant
 from .base import Attention, AttentionMaps
 from .baseline import BaselineAttention
@@ -14,10 +14,10 @@ from .diff_v1 import DiffV1Attention
 from .diff_v2 import DiffV2Attention
 
 
-def _check_diff_v1(cfg: ModelConfig) -> None:
+def _check_diff_v1(cfg: AttentionConfig) -> None:
     if cfg.v1_layout == "paper" and (cfg.n_heads % 2 or cfg.n_kv_heads % 2):
         raise ValueError(
-            f"ModelConfig.n_heads={cfg.n_heads} and n_kv_heads={cfg.n_kv_heads} must both be even for "
+            f"{type(cfg).__name__}.n_heads={cfg.n_heads} and n_kv_heads={cfg.n_kv_heads} must both be even for "
             "attention='diff_v1' (it uses n_heads/2 differential heads and n_kv_heads/2 KV heads; "
             "v1_layout='per_head' keeps n_heads heads)")
 
@@ -35,8 +35,9 @@ DIFF_V2 = register(Variant("diff_v2", label="DIFF V2", short="V2", colour="#d627
 ATTENTION_REGISTRY: dict[str, type[Attention]] = {v.name: v.cls for v in (BASELINE, DIFF_V1, DIFF_V2)}
 
 
-def build_attention(cfg: ModelConfig, layer_idx: int) -> Attention:
-    return variant(cfg.attention, "ModelConfig.attention").cls(cfg, layer_idx)
+def build_attention(cfg: AttentionConfig, layer_idx: int) -> Attention:
+    """Layer ``layer_idx``'s attention module of ``cfg``'s variant (a ``ModelConfig`` is an ``AttentionConfig``)."""
+    return variant(cfg.attention, f"{type(cfg).__name__}.attention").cls(cfg, layer_idx)
 
 
 __all__ = ["Attention", "AttentionMaps", "BaselineAttention", "DiffV1Attention", "DiffV2Attention",

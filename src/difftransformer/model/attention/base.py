@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import AttentionConfig
 from ..kv_cache import KVCache
 
 LogitsHook = Callable[[torch.Tensor], torch.Tensor]
@@ -69,7 +69,7 @@ class Attention(nn.Module):
     # keys and values come from every position of x; the model's ``logits_at`` path runs its last layer so.
     takes_query_rows = False
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: AttentionConfig, layer_idx: int) -> None:
         super().__init__()
         self.cfg, self.layer_idx = cfg, layer_idx
         self.scale = cfg.head_dim ** -0.5

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import AttentionConfig
 from ..rope import rotate
 from .base import Attention, QueryRows
 from .dispatch import softmax_attention
@@ -17,7 +17,7 @@ from .masks import MaskKind
 class BaselineAttention(Attention):
     """H query heads and H_kv key/value heads of width d; query head i reads KV head i // (H / H_kv)."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: AttentionConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         d = self.head_dim

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import AttentionConfig
 from ..norm import RMSNorm
 from ..rope import rotate
 from .base import Attention, QueryRows, normal_init_
@@ -51,7 +51,7 @@ def reparameterised_lambda(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor,
 
 
 class DiffV1Attention(Attention):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: AttentionConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         per_head = cfg.v1_layout == "per_head"
         self.n_heads = cfg.n_diff_heads

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..config import AttentionConfig
 from ..norm import RMSNorm
 from ..rope import rotate
 from .base import Attention, QueryRows, normal_init_
@@ -38,7 +38,7 @@ from .masks import MaskKind, expand_heads
 
 
 class DiffV2Attention(Attention):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: AttentionConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
