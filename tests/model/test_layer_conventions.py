@@ -415,3 +415,32 @@ def test_masks_compile_in_one_graph_and_build_on_the_inputs_device(variant):
         km, am = torch.zeros(2, 4, dtype=torch.bool), torch.ones(6, 6, dtype=torch.bool)
     assert meta(xm, context=cm, key_padding_mask=km).device.type == "meta"
     assert meta(xm, attn_mask=am).device.type == "meta"
+
+
+@pytest.mark.parametrize("variant", ["diff_v1", "diff_v2", "baseline"])
+def test_the_layer_is_the_variants_module_and_copies_and_old_state_dicts_load(variant):
+    """``DiffAttention(..., variant)`` is an instance of the variant's class (one implementation for the layer and
+    the model); a deep copy and a pickled copy compute the same; a state dict in the format of before (names under
+    ``core.``, with its ``_extra_state``) loads without a warning and gives the same output."""
+    import copy
+    import io
+    import warnings
+
+    from difftransformer.model import variants as registry
+    torch.manual_seed(0)
+    layer = DiffAttention(D_MODEL, 4, variant).double()
+    assert isinstance(layer, registry.variant(variant).cls) and layer.core is layer
+    assert repr(layer).startswith("DiffAttention(")
+    x = torch.randn(2, 6, D_MODEL, dtype=torch.float64)
+    y = layer(x)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    for other in (copy.deepcopy(layer), torch.load(buf, weights_only=False)):
+        assert type(other) is type(layer) and torch.equal(other(x), y)
+    before = {("_extra_state" if k == "_extra_state" else f"core.{k}"): v for k, v in layer.state_dict().items()}
+    fresh = DiffAttention(D_MODEL, 4, variant).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.load_state_dict(before)
+    assert torch.equal(fresh(x), y)
