@@ -253,3 +253,45 @@ def test_lm_longer_refuses_a_journal_of_another_shape_before_preparing_tokens(ru
     with pytest.raises(ValueError, match="holds jobs of another configuration"):
         longer.run_longer(root / "ref", out, RunOptions(workers=1, progress=False))
     assert not (out / "data").exists()
+
+
+def test_the_mechanism_arms_rounding_check_at_toy_size(runs, capsys):
+    """``lm-sweep --mechanism --rounding-check avx2``: the arms at their chosen lrs again under AVX2, read against the
+    diagnostics' own AVX2 runs (their rounding checks' journals); refused in one line before any job where a
+    diagnostic has no such check; a second call runs nothing."""
+    import shutil
+
+    from difftransformer.cli import main
+    from difftransformer.lmsweep import diagnostic_rounding as dr
+    from difftransformer.lmsweep import mechanism as mech
+    from difftransformer.lmsweep import mechanism_rounding as mr
+    root, _ = runs
+    opts = RunOptions(workers=1, progress=False)
+    diags = root / "diags"
+    if not (diags / "v1-diagnostic").exists():
+        shutil.copytree(root / "diag", diags / "v1-diagnostic")
+        dg.run_diagnostic(root / "ref", diags / "v2-diagnostic", opts, spec=dg.v2_spec(("v2_headwise_norm",)))
+    if not (root / "mech" / mech.JOURNAL).is_file():
+        mech.run_mechanism(root / "ref", diags, root / "mech", opts)
+    argv = ["lm-sweep", "--mechanism", "--rounding-check", "avx2", "--reference", str(root / "ref"),
+            "--diagnostics", str(diags), "--out", str(root / "mech"), "--workers", "1", "--no-progress"]
+    if not (diags / "v2-diagnostic" / "rounding-avx2").exists():
+        assert main(argv) == 2 and "v2-diagnostic has no rounding check under avx2" in capsys.readouterr().err
+        assert not (root / "mech" / "rounding-avx2").exists()
+    for name in ("v1-diagnostic", "v2-diagnostic"):
+        dr.rounding_check(root / "ref", diags / name, "avx2", opts)
+    assert main(argv) == 0
+    check = json.loads((root / "mech" / "rounding.json").read_text())
+    assert list(check["rows"]) == list(mech.ARMS) and check["timings"]["jobs_run"] == len(mech.ARMS) * 2
+    first = mech.rebuild(root / "ref", diags, root / "mech")["rows"]
+    ref = mr.second_runs(root / "ref", diags, "avx2")
+    journal = [json.loads(x) for x in (root / "mech" / "rounding-avx2" / mech.JOURNAL).read_text().splitlines()[1:]]
+    assert {r["result"]["cpu_capability"] for r in journal} == {"AVX2"}
+    for arm, spec in mech.ARMS.items():
+        row = check["rows"][arm]
+        assert row["first"]["C"] == first[arm]["C"] and row["second"]["lr"] == first[arm]["lr"]
+        mine = [r["result"]["test_loss"] for r in sorted(journal, key=lambda r: r["job"][2]) if r["job"][1] == arm]
+        theirs = [r["test_loss"] for r in ref[spec.reads][spec.c_name]]
+        assert row["second"]["C"]["estimate"] == pytest.approx(sum(mine) / 2 - sum(theirs) / 2)
+    assert "language-model mechanism arms" in capsys.readouterr().out
+    assert main(argv) == 0 and json.loads((root / "mech" / "rounding.json").read_text())["timings"]["jobs_run"] == 0

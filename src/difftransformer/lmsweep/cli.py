@@ -35,6 +35,8 @@ MODES = (
     Mode("--diagnostic v1", ("diagnostic=v1",), ("jobs",), ("reference",), REFERENCE_NOTE),
     Mode("--diagnostic v2", ("diagnostic=v2",), ("arms", "jobs"), ("reference",), REFERENCE_NOTE),
     Mode("--longer", ("longer",), ("jobs",), ("reference",), REFERENCE_NOTE),
+    Mode("--mechanism --rounding-check", ("mechanism", "rounding_check"), ("jobs",), ("reference", "diagnostics"),
+         " (it reruns the arms in OUT)"),
     Mode("--mechanism", ("mechanism",), ("jobs",), ("reference", "diagnostics"), REFERENCE_NOTE),
     Mode("--rounding-partial", ("rounding_partial",), ("rounding_scope",), (), " (it trains nothing)"),
     Mode("--rounding-of", ("rounding_of",), ("config", "quick", "rounding_scope", "jobs")),
@@ -135,6 +137,14 @@ def _run_cli(args) -> int:
         else:
             spec = dg.v2_spec(tuple(a.strip() for a in (args.arms or "v2_headwise_norm").split(",") if a.strip()))
             print(diagnostic_text.format_v2_diagnostic(dg.run_diagnostic(args.reference, args.out, options, spec=spec)))
+        return 0
+    if mode.name == "--mechanism --rounding-check":
+        from ..studies.rounding import format_readings
+        from . import mechanism_rounding
+        mechanism_rounding.second_runs(args.reference, args.diagnostics, args.rounding_check)
+        check = mechanism_rounding.rounding_check(args.reference, args.diagnostics, args.out, args.rounding_check,
+                                                  options)
+        write_rounding(args.out, check, format_readings(check, "language-model mechanism arms"))
         return 0
     if mode.name == "--mechanism":
         from pathlib import Path
