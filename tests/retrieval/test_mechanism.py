@@ -166,6 +166,33 @@ def test_the_rounding_check_refuses_before_any_job(tmp_path, capsys):
     bare = tmp_path / "diag"
     bare.mkdir()
     shutil.copy(DIAG / "diagnostic.json", bare / "diagnostic.json")
-    cli_fails(capsys, [*argv[:5], str(bare), "--out", str(OUT), "--workers", "1"],
+    arms = tmp_path / "arms"
+    arms.mkdir()
+    shutil.copy(OUT / M.JOURNAL, arms / M.JOURNAL)  # the finished arms, without their rounding check
+    cli_fails(capsys, [*argv[:5], str(bare), "--out", str(arms), "--workers", "1"],
               "the diagnostic has no rounding check under avx2")
-    assert not (OUT / "rounding-avx2").exists() and not (OUT / "rounding.json").exists()
+    assert sorted(p.name for p in arms.iterdir()) == [M.JOURNAL]
+
+
+def test_the_committed_rounding_check_rebuilds(tmp_path):
+    """The arms' committed AVX2 rounding check (docs/results/retrieval-mechanism/rounding-avx2 and rounding.json):
+    its journal, read against the committed diagnostic's own AVX2 runs, gives the committed rounding.json without
+    training anything (the suite's stated tolerance; its readings exactly); docs/retrieval.md quotes it."""
+    import torch
+
+    from difftransformer.jobs import RunOptions
+    from difftransformer.retrieval import mechanism_rounding as mr
+    from difftransformer.studies.rounding import format_readings
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("the AVX2 journal is rebuilt by AVX2 workers: this CPU has no AVX2")
+    committed = json.loads((OUT / "rounding.json").read_text())
+    shutil.copy(OUT / M.JOURNAL, tmp_path / M.JOURNAL)
+    shutil.copytree(OUT / "rounding-avx2", tmp_path / "rounding-avx2")
+    check = json.loads(json.dumps(mr.rounding_check(DIAG, tmp_path, "avx2", RunOptions(workers=1, progress=False))))
+    assert check["timings"]["jobs_run"] == 0
+    for r in (check, committed):
+        r.pop("timings"), r.pop("reference")
+    assert_results_close(check, committed)
+    assert check["differ"] == committed["differ"]
+    doc = (ROOT / "docs" / "retrieval.md").read_text()
+    assert format_readings(committed, committed["study"]) in doc

@@ -73,6 +73,14 @@ def retrieval_mechanism() -> str:
                                                       RESULTS / "retrieval-mechanism"))
 
 
+def retrieval_mechanism_rounding() -> str:
+    from ..rundir.files import ROUNDING_NAME
+    from ..rundir.studies import read_checked, validate_readings
+    from ..studies.rounding import format_readings
+    check = read_checked(RESULTS / "retrieval-mechanism" / ROUNDING_NAME, validate_readings)
+    return "```\n" + format_readings(check, check["study"]) + "\n```"
+
+
 def retrieval_mechanism_longer() -> str:
     from ..retrieval import mechanism
     return mechanism.markdown_table(mechanism.rebuild_longer(RESULTS / "retrieval-diagnostic",
@@ -112,6 +120,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "retrieval-longer": retrieval_longer,
     "retrieval-mechanism": retrieval_mechanism,
     "retrieval-mechanism-longer": retrieval_mechanism_longer,
+    "retrieval-mechanism-rounding": retrieval_mechanism_rounding,
     "lm-mechanism": lm_mechanism,
     "retrieval-v4": retrieval_v4,
     "lm-sweep-lrs": lm_sweep_lrs,
