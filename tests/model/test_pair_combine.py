@@ -1,4 +1,4 @@
-"""The sdpa path's fused pair combine (``dispatch.PairCombine``) against the autograd composition it replaces,
+"""The sdpa path's fused pair combine (``pairs.PairCombine``) against the autograd composition it replaces,
 ``combine(*split_pairs(o, pairing), lam)``, in float64: values and gradients, both pairings, V2's per-token lambda,
 V1's 0-dim lambda and no lambda; and SDPA's GQA (no copied KV heads) against ``repeat_kv``."""
 
