@@ -31,7 +31,7 @@ SCHEMAS = {"kv_retrieval benchmark": studies.RetrievalRun, "kv_retrieval width s
            "language-model mechanism arms": studies.LmArmRun, "retrieval protocol 4": V4Run}
 # journals committed while their study runs (each resumes from its committed journal): at least one record
 IN_PROGRESS: set[str] = {"retrieval-longer/rounding-avx2/longer-jobs.jsonl",  # started 2026-12-02
-                          "retrieval-v4/v4-jobs.jsonl"}
+                          "retrieval-v4/v4-jobs.jsonl", "lm-mechanism/rounding-avx2/lm-mechanism-jobs.jsonl"}
 CHECKS = {studies.RetrievalRun: studies.validate_retrieval_run, studies.RetrievalArmRun:
           studies.validate_retrieval_arm_run, studies.LmSweepRun: studies.validate_lm_run,
           studies.LmArmRun: studies.validate_lm_arm_run, V4Run: validate_v4_run}
@@ -46,7 +46,7 @@ def _schema(header: dict) -> type:
 
 def test_every_committed_journal_holds_its_studys_schema_and_nothing_else():
     # the sweeps, the benchmark, the diagnostics, their rounding checks, the re-readings, the mechanism arms
-    assert len(COMMITTED) == 17
+    assert len(COMMITTED) == 18
     for path in COMMITTED:
         header = json.loads(path.read_text().splitlines()[0])["journal"]
         schema = _schema(header)
