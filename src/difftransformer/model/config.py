@@ -192,6 +192,11 @@ class AttentionConfig:
 
     def replace(self, **changes: Any) -> AttentionConfig:
         """A copy with some fields changed (validated; unknown fields raise)."""
+        return type(self)(**self._changed(changes))
+
+    def _changed(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """The fields with ``changes`` on top; a size that was the default of the old shape is derived again
+        (None) when the shape it depends on changes."""
         d = dataclasses.asdict(self)
         unknown = sorted(set(changes) - set(d))
         if unknown:
@@ -201,7 +206,7 @@ class AttentionConfig:
             d["head_dim"] = None
         if "n_kv_heads" not in changes and "n_heads" in changes and self.n_kv_heads == self.n_heads:
             d["n_kv_heads"] = None
-        return type(self)(**d)
+        return d
 
 
 @dataclass(frozen=True)
@@ -308,18 +313,9 @@ class ModelConfig(AttentionConfig):
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated; unknown fields raise)."""
-        d = self.to_dict()
-        unknown = sorted(set(changes) - set(d))
-        if unknown:
-            raise ValueError(f"unknown ModelConfig key(s): {', '.join(unknown)}")
-        d.update(changes)
-        # Re-derive sizes that were defaults of the old shape when the shape they depend on changes.
-        if "head_dim" not in changes and self.head_dim == self.d_model // self.n_heads:
-            d["head_dim"] = None
+        d = self._changed(changes)
         if "ffn_hidden" not in changes and self.ffn_hidden == default_ffn_hidden(self.d_model, self.ffn_multiple_of):
             d["ffn_hidden"] = None
-        if "n_kv_heads" not in changes and "n_heads" in changes and self.n_kv_heads == self.n_heads:
-            d["n_kv_heads"] = None
         return ModelConfig(**d)
 
 
