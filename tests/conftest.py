@@ -106,6 +106,7 @@ LONG_FILES = (
     "tests/retrieval/test_retrieval_diagnostic.py",  # 7 s
     "tests/model/test_compile.py",  # 6 s
     "tests/test_fourth_variant.py",  # 6 s
+    "tests/studies/test_third_study.py",  # 10 s (2026-12-02, alone, both cores busy)
     "tests/lmsweep/test_committed_results.py",  # 6 s
     "tests/bench/test_bench_shape.py",  # 6 s
     "tests/eval/test_analyses.py",  # 5 s

@@ -265,7 +265,8 @@ def test_the_crossing_finder_finds_both_directions():
 
 
 def test_studies_decide_and_the_report_draws():
-    """The report reads what the studies wrote (results.json, sweep.json); no study imports the page."""
+    """The report reads what the studies wrote (results.json, sweep.json); no study imports the report (each draws
+    its own section from ``studies/page.py``'s pieces, and the report places it)."""
     g = graph()
-    assert "difftransformer.retrieval.statistics" in g and "difftransformer.report.retrieval" in g
+    assert "difftransformer.retrieval.statistics" in g and "difftransformer.retrieval.page" in g
     assert study_report_crossings(g) == []

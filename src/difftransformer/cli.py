@@ -16,13 +16,13 @@ from .eval import cli as eval_cli
 from .eval import lm_eval_cli
 from .inference import cli as inference_cli
 from .interop import cli as interop_cli
-from .lmsweep import cli as lmsweep_cli
 from .log import setup_cli_logging
 from .report import cli as report_cli
-from .retrieval import cli as retrieval_cli
+from .report.studies import STUDIES
 from .train import cli as train_cli
 
-# The subcommands, in the order `--help` lists them.
+# The subcommands, in the order `--help` lists them; each registered study's command (``report/studies.py``) after
+# them.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     demo.register,
     train_cli.register,
@@ -32,8 +32,6 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     lm_eval_cli.register,
     eval_cli.register,
     report_cli.register_report,
-    retrieval_cli.register,
-    lmsweep_cli.register,
 )
 
 # Errors that mean "the input was wrong": one line, exit code 2. Anything else is a bug and keeps its traceback
@@ -70,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"difftransformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for register in COMMANDS:
+    for register in (*COMMANDS, *(s.register for s in STUDIES)):
         register(sub)
     return parser
 

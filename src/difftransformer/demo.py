@@ -268,8 +268,8 @@ def run(args: argparse.Namespace) -> int:
     if args.retrieval_seeds is not None and args.retrieval_seeds < 1:
         raise ValueError(f"--retrieval-seeds must be >= 1, got {args.retrieval_seeds}")
     if args.lm_sweep is not None:  # read and its shape checked now, not after the retrieval benchmark
-        from .rundir.studies import read_study
-        read_study(args.lm_sweep, "lm-sweep", "--lm-sweep")
+        from .lmsweep.schema import read_sweep
+        read_sweep(args.lm_sweep, "--lm-sweep")
     from .fileio import check_out_dir as check_out
     out = check_out(args.out)  # a file in the way: one line before anything runs
     config = args.config or ("pretrained" if args.init_from else "demo")
@@ -305,8 +305,8 @@ def run(args: argparse.Namespace) -> int:
     path = write_report(runs, out / "report", quick=args.quick or not args.full_eval, seed=0,
                         progress=not args.no_progress, preface=preface(args, config, lm_steps, bench_dir, sweep_dir,
                                                                        provenance, answer is not None),
-                        retrieval_dir=bench_dir, lm_sweep_dir=sweep_dir, lm_sweep_provenance=provenance,
-                        answer=answer)
+                        studies={"retrieval": bench_dir, "lm-sweep": sweep_dir},
+                        provenance={"lm-sweep": provenance} if provenance else None, answer=answer)
     print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
     print_verdicts(path.parent / RESULTS_NAME)
     print(f"report: {path.resolve()}")

@@ -28,7 +28,8 @@ def test_report_shows_the_sweep_after_the_retrieval_slot_and_before_the_models(r
     assert {r[4] for r in rows} == {SMOKE}  # 6 steps: no verdict
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["timings"]["jobs"] == 16
     page = write_report([runs[v] for v in ("baseline", "diff_v1", "diff_v2")], tmp_path / "report", quick=True,
-                        progress=False, lm_sweep_dir=tmp_path / "sweep", lm_sweep_provenance=PROVENANCE,
+                        progress=False, studies={"lm-sweep": tmp_path / "sweep"},
+                        provenance={"lm-sweep": PROVENANCE},
                         preface="Made by `difftransformer demo`.").read_text()
     i = page.index("Language-model sweep: loss against parameters")
     assert i < page.index("<b>Not measured in this run.</b>") < page.index("Pre-registered in the sweep")
@@ -44,7 +45,7 @@ def test_report_shows_the_sweep_after_the_retrieval_slot_and_before_the_models(r
     assert "<code>difftransformer demo</code>" in page
     check_page(page)
     results = json.loads((tmp_path / "report" / "results.json").read_text())
-    assert results["lm_sweep_provenance"]["commit"] == "abc1234"
+    assert results["provenance"]["lm-sweep"]["commit"] == "abc1234"
 
 
 def test_the_committed_sweep_is_rebuilt_not_trained(tmp_path):
@@ -53,7 +54,7 @@ def test_the_committed_sweep_is_rebuilt_not_trained(tmp_path):
     runs, never trained again."""
     import shutil
 
-    from difftransformer.report.lmsweep import section
+    from difftransformer.lmsweep.page import section
     from difftransformer.lmsweep import committed
     from difftransformer.lmsweep.sweep import JOURNAL
 
@@ -62,8 +63,7 @@ def test_the_committed_sweep_is_rebuilt_not_trained(tmp_path):
     assert rebuilt["timings"]["jobs_run"] == 0 and prov["timings"]["jobs_run"] == rebuilt["timings"]["jobs"] == 160
     assert prov["commit"] == "028510b" and prov["cpu_kernels"] == ["AVX512"]
     assert all((tmp_path / "sweep" / f"lm-sweep-{k}.png").is_file() for k in ("params", "tokens", "lr"))
-    page = section(rebuilt, tmp_path / "sweep", lambda head, rows, **kw: repr(rows), lambda *a: "", lambda s: s,
-                   prov)
+    page = section(rebuilt, tmp_path / "sweep", prov)
     assert "Not measured in this run" in page and "commit 028510b on 2026-11-26" in page
     assert "99 min on 2 worker" in page and "Wall time 99 min for 160 jobs" in page
     bad = tmp_path / "bad"
@@ -81,7 +81,7 @@ def test_not_measurable_reaches_the_text_and_the_page(tmp_path):
     # in sweep.json's rows, the printed summary and the page's section
     import math
 
-    from difftransformer.report.lmsweep import section
+    from difftransformer.lmsweep.page import section
     from difftransformer.lmsweep.analysis import NOT_MEASURABLE, Job, assemble
     from difftransformer.lmsweep.sweep import format_sweep, sensitivity_rows
     c = LMSweepConfig(widths=(16, 32), seeds=3, seed_base=0, lr_grid=(2e-3, 4e-3, 8e-3), lr_widen=0,
@@ -107,6 +107,5 @@ def test_not_measurable_reaches_the_text_and_the_page(tmp_path):
     assert row[4] == NOT_MEASURABLE
     text = format_sweep(res)
     assert NOT_MEASURABLE in text and "Fig. 3a premise" in text and "NOT MEASURABLE" in text
-    page = section(json.loads(json.dumps(res)), tmp_path, lambda head, rows, **kw: repr(rows), lambda *a: "",
-                   lambda s: s)
+    page = section(json.loads(json.dumps(res)), tmp_path)
     assert NOT_MEASURABLE in page and "Fig. 3a's premise" in page and "Scale: cpu" in page

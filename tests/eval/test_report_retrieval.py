@@ -7,7 +7,7 @@ import json
 from report_page import check_page
 
 from difftransformer.report import HELD, INCONCLUSIVE, NOT_HELD, SMOKE, write_report
-from difftransformer.report.retrieval import TABLES, failures, section, sensitivity_table
+from difftransformer.retrieval.page import TABLES, failures, section, sensitivity_table
 from difftransformer.retrieval.statistics import verdicts as retrieval_verdicts
 from difftransformer.retrieval.statistics import verdicts_by_policy
 
@@ -115,11 +115,10 @@ def test_failures_counted_and_dropped_in_the_sensitivity_row():
     assert f["diff_v1"]["tuned"] == [6, 7] and f["baseline"]["tuned"] == []
     kept = retrieval_verdicts(r, "no_failures")
     assert all(x["stats"]["n_seeds"] == [6, 6] or x["stats"]["n_seeds"] == (6, 6) for x in kept)
-    page = section(r, __import__("pathlib").Path("/nonexistent"), lambda h, rows, **k: str(rows), lambda *a: "")
+    page = section(r, __import__("pathlib").Path("/nonexistent"))
     assert "DIFF V1 2 of 8 (tuned lr)" in page and "Caution" not in page
     half = _results(B8, D8[:4] + [0.1] * 4, diff_failed=(4, 5, 6, 7))
-    assert "Caution:</b> DIFF V1 failed the floor" in section(half, __import__("pathlib").Path("/x"),
-                                                              lambda h, rows, **k: "", lambda *a: "")
+    assert "Caution:</b> DIFF V1 failed the floor" in section(half, __import__("pathlib").Path("/x"))
     # one pair left: no interval over seeds, whatever the within-seed binomial interval would say
     one = _results(B8, D8[:1] + [0.1] * 7, diff_failed=tuple(range(1, 8)))
     assert {x["verdict"] for x in retrieval_verdicts(one, "no_failures")} == {INCONCLUSIVE}
@@ -138,7 +137,7 @@ def test_report_leads_with_a_real_benchmark(runs, tmp_path):
                           primary="p3c6", extrapolation="p3c9", quant_bits=(4,))
     run_benchmark(cfg, tmp_path / "bench", workers=1, progress=False)
     page = write_report([runs[v] for v in ("baseline", "diff_v1", "diff_v2")], tmp_path / "report", quick=True,
-                        progress=False, retrieval_dir=tmp_path / "bench").read_text()
+                        progress=False, studies={"retrieval": tmp_path / "bench"}).read_text()
     # the smoke-run language models come after it, folded: no verdict table of their own
     assert page.index("Retrieval among distractors") < page.index("<details class='smoke'>")
     assert page.index("<details class='smoke'>") < page.index("<h3>Models</h3>")
@@ -186,8 +185,8 @@ def _fake_lm_runs() -> list:
 def test_one_number_format_and_layers_named():
     """Integers with separators, decimals to 3 places everywhere (an interval's ends too), no Markdown backticks
     left in a cell, and the attention table names each layer."""
-    from difftransformer.report.html import _fmt, table
-    from difftransformer.report.retrieval import _interval, shares_table
+    from difftransformer.studies.page import fmt as _fmt, table
+    from difftransformer.retrieval.page import _interval, shares_table
 
     assert _fmt(189888) == "189,888" and _fmt(5.06) == "5.060" and _fmt(5.024) == "5.024"
     assert _fmt(1688.3) == "1,688" and _fmt(0.0) == "0.000" and _fmt(1.5e-5) == "1.50e-05" and _fmt(True) == "yes"

@@ -185,3 +185,30 @@ def test_the_committed_mechanism_journal_rebuilds():
     if res["complete"][0] == res["complete"][1]:  # finished: the committed results are the rebuild, number for number
         from difftransformer.lmsweep.schema import read, validate_mechanism
         assert_results_close(json.loads(json.dumps(res["rows"])), read(out / mech.RESULTS, validate_mechanism)["rows"])
+
+
+def test_the_committed_mechanism_rounding_check_rebuilds(tmp_path):
+    """The arms' committed AVX2 rounding check (docs/results/lm-mechanism/rounding-avx2 and rounding.json): its
+    journal, read against the committed diagnostics' own AVX2 runs, gives the committed rounding.json without
+    training anything (the suite's stated tolerance; its readings exactly); docs/lm-sweep.md quotes it."""
+    import torch
+
+    from difftransformer.lmsweep import mechanism as mech
+    from difftransformer.lmsweep import mechanism_rounding as mr
+    from difftransformer.studies.rounding import format_readings
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("the AVX2 journal is rebuilt by AVX2 workers: this CPU has no AVX2")
+    out = DOCS / "lm-mechanism"
+    committed = json.loads((out / "rounding.json").read_text())
+    shutil.copy(out / mech.JOURNAL, tmp_path / mech.JOURNAL)
+    shutil.copytree(out / "rounding-avx2", tmp_path / "rounding-avx2")
+    check = json.loads(json.dumps(mr.rounding_check(RESULTS, DOCS, tmp_path, "avx2",
+                                                    RunOptions(workers=1, progress=False))))
+    assert check["timings"]["jobs_run"] == 0
+    for r in (check, committed):
+        r.pop("timings"), r.pop("reference")
+    assert_results_close(check, committed)
+    assert check["differ"] == committed["differ"] == []
+    doc = (DOCS.parent / "lm-sweep.md").read_text()
+    assert format_readings(committed, committed["study"]) in doc
+    assert "Every reading survives the other rounding" in doc

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from difftransformer.report.retrieval import section
+from difftransformer.retrieval.page import section
 from difftransformer.retrieval.benchmark import run_benchmark
 from difftransformer.retrieval.config import Condition, RetrievalConfig
 from difftransformer.retrieval.rounding import compare, format_rounding, rounding_check
@@ -41,7 +41,7 @@ def test_compare_names_the_verdicts_that_differ_and_the_page_shows_both(tmp_path
     (tmp_path / "rounding.json").write_text(json.dumps(check))  # one shape for both studies' rounding.json
     back = validate_rounding(json.loads(json.dumps(check)), "rounding.json")
     assert back["rows"][0][:2] == list(check["rows"][0][:2])
-    page = section(first, tmp_path, lambda head, rows, left=1: f"<table>{head}{rows}</table>", lambda p, t: "")
+    page = section(first, tmp_path)
     assert "The rounding check" in page and "1 verdict(s) differ between the two code paths" in page
 
 

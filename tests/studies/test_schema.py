@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from difftransformer.cli import main
+from difftransformer.lmsweep.schema import read_sweep as read_lm_sweep
+from difftransformer.retrieval.schema import read_results as read_retrieval
 from difftransformer.rundir import files
 from difftransformer.rundir.studies import (
     POLICIES,
     LmSweepResults,
     Policy,
     RetrievalResults,
-    read_lm_sweep,
-    read_retrieval,
     validate,
     validate_lm_sweep,
     validate_retrieval_results,
@@ -87,7 +87,7 @@ def test_report_refuses_a_results_json_with_a_field_removed(committed, tmp_path,
 
 def test_every_command_taking_a_sweep_refuses_a_mistyped_one(tmp_path, capsys):
     """``report --lm-sweep`` and ``demo --lm-sweep`` (``lm-sweep --rounding-of`` reads through the same
-    ``read_study``): the same check, the same line."""
+    ``lmsweep.schema.read_sweep``): the same check, the same line."""
     bad = json.loads((SWEEPS[0] / files.SWEEP_RESULTS_NAME).read_text())
     bad["table"]["diff_v1"][0]["test_loss"] = "3.9"
     (tmp_path / "sweep").mkdir()

@@ -8,7 +8,7 @@ or ``--time-limit`` ends it with one line and its own exit code (``jobs.outcome`
 from __future__ import annotations
 
 import argparse
-from typing import cast
+from typing import Any, Optional, cast
 
 from ..fileio import check_out_dir as check_out
 from ..jobs import Incomplete
@@ -122,11 +122,11 @@ def _run_cli(args) -> int:
     if mode.name.startswith("--diagnostic"):
         from pathlib import Path
 
-        from ..rundir.studies import read_study
         from . import diagnostic as dg
         from . import diagnostic_rounding, diagnostic_text
+        from .schema import read_sweep
         dg.reference(Path(args.reference))  # its journal: a protocol-version-2 sweep
-        read_study(args.reference, "lm-sweep", "--reference")  # and finished (its sweep.json), before OUT is made
+        read_sweep(args.reference, "--reference")  # and finished (its sweep.json), before OUT is made
         if args.rounding_check is not None:
             from ..studies.rounding import format_readings
             check = diagnostic_rounding.rounding_check(args.reference, args.out, args.rounding_check, options)
@@ -149,11 +149,11 @@ def _run_cli(args) -> int:
     if mode.name == "--mechanism":
         from pathlib import Path
 
-        from ..rundir.studies import read_study
         from . import diagnostic as dg
         from . import mechanism
+        from .schema import read_sweep
         cfg, _, _ = dg.reference(Path(args.reference))
-        read_study(args.reference, "lm-sweep", "--reference")  # finished, before OUT is made
+        read_sweep(args.reference, "--reference")  # finished, before OUT is made
         mechanism.comparison_runs(args.diagnostics, cfg, cfg.largest)
         print(mechanism.format_mechanism(mechanism.run_mechanism(args.reference, args.diagnostics, args.out,
                                                                  options)))
@@ -162,11 +162,11 @@ def _run_cli(args) -> int:
     if mode.name == "--longer":
         from pathlib import Path
 
-        from ..rundir.studies import read_study
         from . import diagnostic as dg
         from . import longer
+        from .schema import read_sweep
         dg.reference(Path(args.reference))
-        read_study(args.reference, "lm-sweep", "--reference")  # finished, before OUT is made
+        read_sweep(args.reference, "--reference")  # finished, before OUT is made
         print(longer.format_longer(longer.run_longer(args.reference, args.out, options)))
         print(f"wrote {args.out}/{longer.RESULTS}")
         return 0
@@ -176,10 +176,11 @@ def _run_cli(args) -> int:
         return 0
     cfg = config_from_args(args)
     _check_preset(cfg.preset)
-    other = choices = None
+    other: Optional[dict[str, Any]] = None
+    choices = None
     if args.rounding_of is not None:
-        from ..rundir.studies import read_study
-        other = read_study(args.rounding_of, "lm-sweep", "--rounding-of")  # a finished sweep's sweep.json
+        from .schema import read_sweep
+        other = dict(read_sweep(args.rounding_of, "--rounding-of"))  # a finished sweep's sweep.json
         mine = {k: v for k, v in cfg.to_dict().items() if k != "cpu_code_path"}
         if {k: v for k, v in other.get("config", {}).items() if k != "cpu_code_path"} != mine:
             raise ValueError(f"--rounding-of {args.rounding_of}: that sweep ran another configuration (only "

@@ -3,11 +3,30 @@ the mechanism arms (``lm-mechanism.json``), checked when written and when read (
 the field); the sweep's and the diagnostics' own schemas are in ``rundir.studies``."""
 
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
+import typing
 from typing import Any
 
 from typing_extensions import NotRequired, TypedDict
 
-from ..rundir.studies import Interval, LmLrScore, checker, read_checked
+from ..rundir.files import SWEEP_RESULTS_NAME
+from ..rundir.studies import (
+    LM_SWEEP_BENCHMARK,
+    Interval,
+    LmLrScore,
+    LmSweepResults,
+    checker,
+    read_checked,
+    validate_lm_sweep,
+)
+from ..studies.registry import result_reader
+
+_read_sweep = result_reader("lm-sweep", SWEEP_RESULTS_NAME, LM_SWEEP_BENCHMARK, validate_lm_sweep)
+
+
+def read_sweep(directory: Any, flag: str) -> LmSweepResults:
+    """A language-model sweep's output directory's sweep.json, validated: one ValueError naming ``flag``, the file
+    and the field (its ``Study.read``)."""
+    return typing.cast(LmSweepResults, _read_sweep(directory, flag))
 
 
 class LongerRow(TypedDict):

@@ -9,6 +9,7 @@ from ..eval.cli import add_device_arg
 from ..extras import require_all
 from ..loading import device_arg
 from . import verdicts as report_verdicts
+from .studies import STUDIES
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -17,8 +18,9 @@ def run_report(args: argparse.Namespace) -> int:
     check_out(args.out)  # a file in the way: refused before the analyses, not when the page is written
     device = device_arg(args.device)
     path = page.write_report(args.runs, args.out, quick=not args.full, seed=args.seed,
-                             progress=not args.no_progress, retrieval_dir=args.retrieval,
-                             lm_sweep_dir=args.lm_sweep, device=device)
+                             progress=not args.no_progress, device=device,
+                             studies={s.name: getattr(args, s.dest) for s in STUDIES
+                                      if getattr(args, s.dest, None) is not None})
     print(f"report written to {path}")
     return 0
 
@@ -31,12 +33,11 @@ def register_report(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR",
                    help="run (or model) directories: e.g. a baseline, a DIFF V1 and a DIFF V2 run, several seeds each")
-    p.add_argument("--retrieval", metavar="DIR", default=None,
-                   help="the output directory of `difftransformer retrieval` (results.json and its plots): shown "
-                        "first on the page, with its own verdicts")
-    p.add_argument("--lm-sweep", metavar="DIR", default=None,
-                   help="the output directory of `difftransformer lm-sweep` (sweep.json and its plots): shown after "
-                        "the retrieval benchmark, with its own verdicts")
+    for i, s in enumerate(STUDIES):  # one flag per registered study (studies/registry.py), in the page's order
+        where = "first on the page" if i == 0 else f"after {STUDIES[i - 1].what}"
+        p.add_argument(f"--{s.name}", metavar="DIR", default=None, dest=s.dest,
+                       help=f"the output directory of `difftransformer {s.name}` ({s.results} and its plots): "
+                            f"{s.what}, shown {where}, with its own verdicts")
     p.add_argument("--out", default="report", metavar="DIR", help="where report.html, results.json and the PNGs go "
                                                                   "(default ./report)")
     p.add_argument("--full", action="store_true", help="the larger evaluation settings (more samples; slower)")

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import html
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..eval.analyses import ANALYSES
 from ..eval.spec import by_name
 from ..eval.stats import SMOKE_MIN_STEPS
 from ..model import variants as registry
 from ..model.variants import label
+from ..studies.page import counts_line, esc, image, inline, table, verdict_table
 from .results import RunResults, Settings
 from .training import TITLE as TRAINING_TITLE
-from .verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULE, SMOKE, min_steps, parameter_notes, summary_note
+from .verdicts import RULE, SMOKE, min_steps, parameter_notes, summary_note
 
 # The page's sections after the training one: the attention map of Fig. 1 sits right after the retrieval results
 # it illustrates, the rest in the order of the paper's claims (analyses.ANALYSES).
@@ -41,55 +40,6 @@ document.body.setAttribute('data-images-ok',ok?'yes':'no');document.body.setAttr
 </script>"""
 
 
-def _esc(x: Any) -> str:
-    return html.escape(str(x))
-
-
-def inline(text: Any) -> str:
-    """``text`` escaped for HTML, with Markdown's `code` spans (the CLI's help and the protocols write them) as
-    <code>: the page shows no literal backticks."""
-    parts = _esc(text).split("`")
-    if len(parts) % 2 == 0:  # an odd number of backticks: no pairs to trust
-        return _esc(text)
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
-
-
-def _fmt(x: Any) -> str:
-    """One number format for the whole page: integers with thousands separators; decimals to 3 places (1,000 and
-    above: to the unit with separators; below 0.001: 3 significant digits, as 1.23e-04)."""
-    if x is None:
-        return "–"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, int):
-        return f"{x:,}"
-    if isinstance(x, float):
-        if not math.isfinite(x):
-            return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-        if abs(x) >= 1000:
-            return f"{x:,.0f}"
-        return f"{x:.3f}" if x == 0 or abs(x) >= 1e-3 else f"{x:.2e}"
-    return inline(x)
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]], cls: Optional[Sequence[str]] = None,
-          left: int = 1) -> str:
-    """An HTML table; the first ``left`` columns are left-aligned text, ``cls`` gives each row a class."""
-    h = "".join(f'<th class="l">{_esc(c)}</th>' if i < left else f"<th>{_esc(c)}</th>" for i, c in enumerate(header))
-    body = []
-    for k, row in enumerate(rows):
-        cells = "".join(f'<td class="l">{_fmt(c)}</td>' if i < left else f"<td>{_fmt(c)}</td>"
-                        for i, c in enumerate(row))
-        attr = f' class="{cls[k]}"' if cls else ""
-        body.append(f"<tr{attr}>{cells}</tr>")
-    return f"<table><tr>{h}</tr>{''.join(body)}</table>"
-
-
-def image(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<p><img alt="{_esc(alt)}" src="data:image/png;base64,{data}"></p>'
-
-
 # Figures drawn wider than the page (one bar per key, each key's token written under it: Fig. 1's attention map of
 # a short context) are shown at their own size in a box that scrolls sideways, so that their labels stay legible.
 WIDE = ("attnmap",)
@@ -101,21 +51,8 @@ def wide_image(path: Path, alt: str) -> str:
     if int.from_bytes(raw[16:20], "big") <= COLUMN_PX:  # the PNG header's width: it fits the column
         return image(path, alt)
     data = base64.b64encode(raw).decode()
-    return (f"<p class='note'>Drawn at full size (scroll sideways).</p><div class='wide'><img alt=\"{_esc(alt)}\" "
+    return (f"<p class='note'>Drawn at full size (scroll sideways).</p><div class='wide'><img alt=\"{esc(alt)}\" "
             f"src=\"data:image/png;base64,{data}\"></div>")
-
-
-def deviations_note(deviations: Optional[Sequence[str]]) -> str:
-    """A study's departures from its protocol as its results file lists them (``deviations``), for its section of
-    the page; nothing when there are none."""
-    if not deviations:
-        return ""
-    return ("<p class='note'>Deviations from the protocol:</p><ul class='note'>"
-            + "".join(f"<li>{inline(d)}</li>" for d in deviations) + "</ul>")
-
-
-def _slug(verdict: str) -> str:
-    return verdict.replace(" ", "-")
 
 
 def _verdict_rule() -> str:
@@ -123,46 +60,31 @@ def _verdict_rule() -> str:
     return RULE
 
 
-VERDICT_HEADER = ["claim", "variant", "verdict", "paper", "measure (primary endpoint)", "evidence"]
-
-
-def verdict_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Verdict rows (``stats.verdict_row``'s dicts) as the page's coloured table."""
-    return table(VERDICT_HEADER, [[r["claim"], label(r["variant"]), r["verdict"], r["paper"], r["measure"], r["why"]]
-                                  for r in rows], cls=[_slug(r["verdict"]) for r in rows], left=6)
-
-
-def counts_line(rows: Sequence[dict[str, Any]]) -> str:
-    """"DIFF V1: 3 held, 2 did not hold; DIFF V2: ..." over ``rows``."""
-    counts = {v: {k: sum(1 for r in rows if r["variant"] == v and r["verdict"] == k)
-                  for k in (HELD, NOT_HELD, INCONCLUSIVE, SMOKE)} for v in (x.name for x in registry.compared())}
-    return "; ".join(f"{label(v)}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n)
-                     for v, c in counts.items() if sum(c.values()))
-
-
-def multiplicity_note(rrows: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], fold: bool) -> str:
-    """How many verdicts the page makes and how many would read "held" by chance: the retrieval benchmark's
-    (``rrows``) and the language models' (``rows``), a smoke run's rows not counted (they judge nothing), the
-    language-model sweep's neither (its own study); "" when there are none. ``fold``: the language models' section
-    is folded (no verdict table of its own), so the note sits under the benchmark's table."""
+def multiplicity_note(rrows: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], fold: bool,
+                      lead: str = "the retrieval benchmark") -> str:
+    """How many verdicts the page makes and how many would read "held" by chance: the studies' counted ones
+    (``rrows``, ``Study.verdicts``; ``lead`` names those studies) and the language models' (``rows``), a smoke run's
+    rows not counted (they judge nothing), the language-model sweep's neither (its own family); "" when there are
+    none. ``fold``: the language models' section is folded (no verdict table of its own), so the note sits under the
+    studies' sections."""
     counted = [r for r in [*rrows, *rows] if r["verdict"] != SMOKE]
     note = summary_note(counted)
     n_lead = sum(r["verdict"] != SMOKE for r in rrows)
     if note and n_lead and not fold:
-        note += f" ({n_lead} of them in the retrieval benchmark above, {len(counted) - n_lead} here.)"
+        note += f" ({n_lead} of them in {lead} above, {len(counted) - n_lead} here.)"
     return note
 
 
 def _head(settings: Settings, extra: dict[str, Any]) -> list[str]:
-    shown = [name for name, key in (("the answer table", "answer"), ("the language-model sweep's section",
-                                                                     "lm_sweep_committed")) if extra.get(key)]
+    shown = (["the answer table"] if extra.get("answer") else []) + [
+        f"{study.what}'s section" for study, _, _, committed in extra.get("studies", []) if committed]
     committed = (f" The exceptions are {' and '.join(shown)}: committed results, not measured in this run, each "
                  "saying where it comes from." if shown else "")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>difftransformer report</title>"
              f"<style>{CSS}</style></head><body>",
              "<h1>Differential attention vs the baseline: report</h1>",
-             f"<p class='note'>Written {_esc(_dt.datetime.now().isoformat(timespec='seconds'))} by difftransformer "
-             f"{_esc(extra.get('version', ''))}; evaluation {'quick' if settings.quick else 'full'} settings, "
+             f"<p class='note'>Written {esc(_dt.datetime.now().isoformat(timespec='seconds'))} by difftransformer "
+             f"{esc(extra.get('version', ''))}; evaluation {'quick' if settings.quick else 'full'} settings, "
              f"evaluation seed {settings.seed}. Every number below was measured in this run of the report, on the "
              "models and results it names; nothing is copied from the paper except the column headed "
              f"&ldquo;paper&rdquo;.{committed}</p>"]
@@ -172,21 +94,13 @@ def _head(settings: Settings, extra: dict[str, Any]) -> list[str]:
 
 
 def _lead(extra: dict[str, Any], note: str) -> list[str]:
-    """The pre-registered studies first: the retrieval benchmark (with ``note``, the multiplicity note, when the
-    language models below judge nothing), then the language-model sweep."""
+    """The committed answer table, then the pre-registered studies in the registry's order, each drawing its own
+    section (the retrieval benchmark first: the paper's central claim), with ``note``, the multiplicity note, after
+    them when the language models below judge nothing."""
     parts = [extra["answer"]] if "answer" in extra else []  # which attention for which job (committed results)
-    if "retrieval" in extra:  # the lead: the paper's central claim, on a task every variant learns
-        rrows = extra["retrieval_rows"]
-        parts += ["<h2>Retrieval among distractors: token-level key-value benchmark</h2>",
-                  "<h3>Verdicts (the primary analysis: each variant at its tuned learning rate)</h3>",
-                  verdict_table(rrows)]
-        if rrows:
-            parts.append(f"<p><b>Summary.</b> {_esc(counts_line(rrows))}.</p>")
-        if note:
-            parts.append(f"<p class='note'>{_esc(note)}</p>")
-        parts.append(extra["retrieval"])
-    if "lm_sweep" in extra:  # the pre-registered language-model claims (Fig. 3), before the descriptive models
-        parts.append(extra["lm_sweep"])
+    parts += [section for _, section, _, _ in extra.get("studies", [])]
+    if note:
+        parts.append(f"<p class='note'>{esc(note)}</p>")
     return parts
 
 
@@ -208,9 +122,9 @@ def _verdicts(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], note: 
     notes = [note, *parameter_notes(runs)]
     return ["<h2>Verdicts</h2>",
             "<p class='note'>Runs per variant: " + ", ".join(f"{label(v)} {n}" for v, n in n_seeds.items() if n)
-            + "." + one_seed + " " + _esc(_verdict_rule()) + "</p>", verdict_table(rows),
-            f"<p><b>Summary.</b> {_esc(counts_line(rows))}.</p>"
-            + "".join(f"<p class='note'>{_esc(n)}</p>" for n in notes if n)]
+            + "." + one_seed + " " + esc(_verdict_rule()) + "</p>", verdict_table(rows),
+            f"<p><b>Summary.</b> {esc(counts_line(rows))}.</p>"
+            + "".join(f"<p class='note'>{esc(n)}</p>" for n in notes if n)]
 
 
 def _sections(runs: Sequence[RunResults], figures: dict[str, Path], extra: dict[str, Any], h: str) -> list[str]:
@@ -218,7 +132,7 @@ def _sections(runs: Sequence[RunResults], figures: dict[str, Path], extra: dict[
     sec = extra.get("sections", {})
     headings = {s.name: s.heading for s in ANALYSES}
     for key, title in [("training", TRAINING_TITLE)] + [(k, headings[k]) for k in PAGE_ORDER]:
-        parts.append(f"<{h}>{_esc(title)}</{h}>")
+        parts.append(f"<{h}>{esc(title)}</{h}>")
         if key in sec:
             parts.append(sec[key])
         if key in figures:
@@ -226,13 +140,13 @@ def _sections(runs: Sequence[RunResults], figures: dict[str, Path], extra: dict[
         errs = [(r.ev.label, r.errors[key]) for r in runs if key in r.errors]
         if errs:
             sub = f"h{int(h[1]) + 1}"
-            parts.append(f"<{sub}>{_esc(title)}: not measured on every run</{sub}>"
+            parts.append(f"<{sub}>{esc(title)}: not measured on every run</{sub}>"
                          + table(["run", "not measured because"], errs, left=2))
     parts.append(f"<{h}>Configurations and seeds</{h}>")
     for r in runs:
         cfg = r.ev.run_config or {"model": r.ev.model.cfg.to_dict()}
-        parts.append(f"<details><summary>{_esc(r.ev.label)}: {_esc(r.ev.source)}</summary>"
-                     f"<pre>{_esc(json.dumps(cfg, indent=1))}</pre></details>")
+        parts.append(f"<details><summary>{esc(r.ev.label)}: {esc(r.ev.source)}</summary>"
+                     f"<pre>{esc(json.dumps(cfg, indent=1))}</pre></details>")
     return parts
 
 
@@ -241,7 +155,7 @@ def _folded(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], body: li
     steps = min_steps(runs)
     claims = len({r["claim"] for r in rows})
     return [f"<h2>The demo's language models: {steps} training steps each (a smoke run)</h2>",
-            f"<p>{len(runs)} language models ({', '.join(_esc(r.ev.label) for r in runs)}) trained on the embedded "
+            f"<p>{len(runs)} language models ({', '.join(esc(r.ev.label) for r in runs)}) trained on the embedded "
             f"corpus to show the pipeline and every analysis. At {steps} steps (fewer than "
             f"{SMOKE_MIN_STEPS}: the report's smoke rule) their losses and analyses are descriptive and none of the "
             f"{claims} claims is judged on them; the studies above are the comparisons.</p>",
@@ -251,16 +165,18 @@ def _folded(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], body: li
 
 def render_html(runs: Sequence[RunResults], rows: Sequence[dict[str, Any]], figures: dict[str, Path],
                 settings: Settings, extra: dict[str, Any]) -> str:
-    rrows = extra.get("retrieval_rows", []) if "retrieval" in extra else []
+    studies = extra.get("studies", [])
+    rrows = [r for _, _, counted, _ in studies for r in counted or []]
+    lead = " and ".join(study.what for study, _, counted, _ in studies if counted)
     smoke = bool(rows) and all(r["verdict"] == SMOKE for r in rows)
-    fold = smoke and ("retrieval" in extra or "lm_sweep" in extra)
-    note = multiplicity_note(rrows, rows, fold)
+    fold = smoke and bool(studies)
+    note = multiplicity_note(rrows, rows, fold, lead)
     parts = _head(settings, extra) + _lead(extra, note if fold else "")
     if fold:
-        body = _models(runs, "h3") + [f"<p class='note'>{_esc(n)}</p>" for n in parameter_notes(runs)]
+        body = _models(runs, "h3") + [f"<p class='note'>{esc(n)}</p>" for n in parameter_notes(runs)]
         parts += _folded(runs, rows, body + _sections(runs, figures, extra, "h3"))
     else:
-        if "retrieval" in extra or "lm_sweep" in extra:
+        if studies:
             parts.append("<h2>Language models on the embedded corpus</h2>")
         parts += _models(runs, "h2") + _verdicts(runs, rows, note) + _sections(runs, figures, extra, "h2")
     parts.append(CHECK_IMAGES + "</body></html>")
@@ -318,7 +234,7 @@ def _quantized_section(runs: Sequence[RunResults]) -> str:
     rows = [[r.ev.label] + [row["loss"] for row in r.results["quantized"]["rows"]]
             + [row["accuracy"] for row in r.results["quantized"]["rows"]] for r in rs]
     t = rs[0].results["quantized"]["task"]
-    return (f"<p class='note'>{_esc(rs[0].results['quantized']['scheme'])}; random-needle level "
+    return (f"<p class='note'>{esc(rs[0].results['quantized']['scheme'])}; random-needle level "
             f"{t['random_needle']:.3g}, chance {t['chance']:.3g}.</p>" + table(head, rows))
 
 
@@ -328,7 +244,7 @@ def _module_section(runs: Sequence[RunResults], name: str) -> str:
         return ""
     fmt = by_name(ANALYSES, name).format
     texts = [fmt(r.results[name]) for r in runs if name in r.results]
-    return "".join(f"<pre>{_esc(t)}</pre>" for t in texts)
+    return "".join(f"<pre>{esc(t)}</pre>" for t in texts)
 
 
 

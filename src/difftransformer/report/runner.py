@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,11 +15,10 @@ from ..eval.spec import AnalysisSpec
 from ..fileio import atomic_write
 from ..log import progress_bar
 from ..rundir import RESULTS_NAME
-from ..rundir.studies import read_lm_sweep, read_retrieval
-from .html import analysis_section, image, render_html, table
+from ..studies.page import table
+from .html import analysis_section, render_html
 from .results import RunResults, Settings
-from .retrieval import retrieval_verdicts
-from .retrieval import section as retrieval_section
+from .studies import STUDIES
 from .training import TRAINING_HEADER, plot_training, training_summary, training_table
 from .verdicts import verdicts
 
@@ -73,26 +72,30 @@ def _multi_run(runs: Sequence[RunResults], settings: Settings, out: Path,
 
 
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: bool = True, seed: int = 0,
-                 progress: bool = True, preface: str = "", retrieval_dir: Optional[str | Path] = None,
-                 lm_sweep_dir: Optional[str | Path] = None,
-                 lm_sweep_provenance: Optional[dict[str, Any]] = None, answer: Optional[str] = None,
+                 progress: bool = True, preface: str = "", studies: Optional[Mapping[str, Optional[str | Path]]] = None,
+                 provenance: Optional[Mapping[str, dict[str, Any]]] = None, answer: Optional[str] = None,
                  device: str | torch.device = "cpu") -> Path:
     """Evaluate ``run_dirs`` and write ``out_dir/report.html`` (returned) and ``out_dir/results.json``.
 
-    ``retrieval_dir``: the output directory of ``difftransformer retrieval`` (its ``results.json`` and plots), shown
-    first on the page with its own verdicts. ``lm_sweep_dir``: the output directory of ``difftransformer lm-sweep``
-    (its ``sweep.json`` and plots), shown after it with its own verdicts; ``lm_sweep_provenance``: where that sweep's
-    results come from when they are committed ones, not measured by this run (``lmsweep.committed.provenance``): the
-    section then says so first. ``preface``: a paragraph of text (`code` spans allowed) under the title. ``answer``:
-    the HTML of the committed answer table (``report.answer.section``), shown first. ``device``: where the models
-    run (the CLI's ``--device``, checked by ``loading.device_arg``)."""
+    ``studies``: {a registered study's name (``studies.registry.STUDIES``: "retrieval", "lm-sweep"): its command's
+    output directory (its result file and plots)}, each shown with its own verdicts, in the registry's order, before
+    the language models. ``provenance``: {a study's name: where its results come from when they are committed ones,
+    not measured by this run (e.g. ``lmsweep.committed.provenance``)}: its section then says so first. ``preface``:
+    a paragraph of text (`code` spans allowed) under the title. ``answer``: the HTML of the committed answer table
+    (``report.answer.section``), shown first. ``device``: where the models run (the CLI's ``--device``, checked by
+    ``loading.device_arg``)."""
     from .. import __version__
 
     if not run_dirs:
         raise ValueError("report: give at least one RUN_DIR")
     # the studies' outputs first: a file of the wrong shape is one line before any model is read
-    bench = read_retrieval(retrieval_dir, "--retrieval") if retrieval_dir is not None else None
-    sweep = read_lm_sweep(lm_sweep_dir, "--lm-sweep") if lm_sweep_dir is not None else None
+    dirs = {k: Path(v) for k, v in (studies or {}).items() if v is not None}
+    provenance = dict(provenance or {})
+    known = {s.name for s in STUDIES}
+    for name in [*dirs, *provenance]:
+        if name not in known:
+            raise ValueError(f"report: no study named {name!r}; the studies are {', '.join(sorted(known))}")
+    shown = [(s, s.read(dirs[s.name], f"--{s.name}"), dirs[s.name]) for s in STUDIES if s.name in dirs]
     evs = [load_for_eval(p, device) for p in run_dirs]
     vocab = {ev.tokenizer.get_vocab_size() for ev in evs}
     if len(vocab) > 1:
@@ -123,21 +126,19 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, quick: boo
     extra: dict[str, Any] = {"version": __version__, "sections": sections, "preface": preface}
     if answer is not None:
         extra["answer"] = answer
-    if bench is not None and retrieval_dir is not None:  # one is None only when the other is
-        extra["retrieval_rows"] = retrieval_verdicts(bench)
-        extra["retrieval"] = retrieval_section(bench, Path(retrieval_dir), table, image)
-    if sweep is not None and lm_sweep_dir is not None:
-        from .html import _slug
-        from .lmsweep import section as lm_sweep_section
-        extra["lm_sweep"] = lm_sweep_section(sweep, Path(lm_sweep_dir), table, image, _slug, lm_sweep_provenance)
-        extra["lm_sweep_committed"] = lm_sweep_provenance is not None
+    # each study's section, its counted verdict rows (None: its own family) and whether its results are committed
+    extra["studies"] = [(s, s.section(res, d, provenance.get(s.name)), s.verdicts(res) if s.verdicts else None,
+                         s.name in provenance) for s, res, d in shown]
     page = render_html(runs, rows, figures, settings, extra)
-    results = {"settings": vars(settings), "verdicts": rows, "retrieval_verdicts": extra.get("retrieval_rows", []),
+    # e.g. "retrieval_verdicts": [] where the study is not shown
+    counted: dict[str, list] = {f"{s.name}_verdicts": [] for s in STUDIES if s.verdicts}
+    counted.update({f"{s.name}_verdicts": v for s, _, v, _ in extra["studies"] if v is not None})
+    results = {"settings": vars(settings), "verdicts": rows, **counted,
                "runs": [{"model": r.ev.describe(), "training": r.training, "results": r.results,
                          "errors": r.errors} for r in runs],
                **multi}
-    if lm_sweep_provenance is not None:
-        results["lm_sweep_provenance"] = lm_sweep_provenance
+    if provenance:
+        results["provenance"] = provenance
     atomic_write(out / RESULTS_NAME, json.dumps(results, indent=1, default=float) + "\n")
     atomic_write(out / "report.html", page)
     return out / "report.html"

@@ -232,10 +232,10 @@ def _run_cli(args) -> int:
         print(f"wrote {args.out}/{mechanism.RESULTS}")
         return 0
     if mode.name == "--diagnostic":
-        from ..rundir.studies import read_study
         from . import diagnostic as dg
+        from .schema import read_results
         dg.reference(Path(args.reference))  # its journal: a protocol-version-3 benchmark, not a smoke run
-        read_study(args.reference, "retrieval", "--reference")  # and finished (its results.json), before OUT is made
+        read_results(args.reference, "--reference")  # and finished (its results.json), before OUT is made
         if args.rounding_check is not None:
             from ..studies.rounding import format_readings
             from . import diagnostic_rounding

@@ -5,12 +5,23 @@ when read (``read``), one ValueError naming the file and the field; the benchmar
 are in ``rundir.studies``."""
 
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
+import typing
 from typing import Any, Optional
 
 from typing_extensions import NotRequired, TypedDict
 
-from ..rundir.schemas import RetrievalArmRun
-from ..rundir.studies import Interval, checker, read_checked
+from ..rundir.files import RESULTS_NAME
+from ..rundir.schemas import RETRIEVAL_BENCHMARK, RetrievalArmRun, RetrievalResults
+from ..rundir.studies import Interval, checker, read_checked, validate_retrieval_results
+from ..studies.registry import result_reader
+
+_read_results = result_reader("retrieval", RESULTS_NAME, RETRIEVAL_BENCHMARK, validate_retrieval_results)
+
+
+def read_results(directory: Any, flag: str) -> RetrievalResults:
+    """A retrieval benchmark's output directory's results.json, validated: one ValueError naming ``flag``, the file
+    and the field (its ``Study.read``)."""
+    return typing.cast(RetrievalResults, _read_results(directory, flag))
 
 
 class Speed(TypedDict):

@@ -1,6 +1,7 @@
-"""A study's output directory as every reader takes it (the report, ``demo --lm-sweep``, ``lm-sweep --rounding-of``):
-the schema of each study's result file, written once here, and ``read_study``, which checks a file against it before
-any long work, in one line that names the flag, the file and the field it lacks or mistypes.
+"""The schema of each study's result file, written once here, and the validator that checks a file against it
+before any long work, in one line that names the file and the field it lacks or mistypes. Each study's reader of
+its command's output (``Study.read``: ``retrieval.schema.read_results``, ``lmsweep.schema.read_sweep``, made by
+``studies.registry.result_reader``) checks with it.
 
 The schemas are ``TypedDict``s: the JSON on disk is exactly what the writers build (``retrieval/benchmark.py``'s
 results.json, ``lmsweep/sweep.py``'s sweep.json), the readers index it with keys mypy checks. A field is required
@@ -45,7 +46,6 @@ from .diagnostic_schemas import (  # noqa: F401  (re-exported)
     RetrievalDiagnostic,
     RetrievalDiagnosticRow,
 )
-from .files import RESULTS_NAME, SWEEP_RESULTS_NAME
 from .schemas import (  # noqa: F401  (re-exported: every reader names them through this module)
     COUNTED_POLICY,
     LM_SWEEP_BENCHMARK,
@@ -304,43 +304,3 @@ def write_checked(path: Path, obj: Any, check: typing.Callable[[Any, str], Any])
     text = json.dumps(obj, indent=1) + "\n"
     check(json.loads(text), f"{path} (as written)")
     atomic_write(path, text)
-
-
-# What each study's output directory holds: its result file, the "benchmark" that file names, its validator
-STUDIES: dict[str, tuple[str, str, Any]] = {
-    "retrieval": (RESULTS_NAME, RETRIEVAL_BENCHMARK, validate_retrieval_results),
-    "lm-sweep": (SWEEP_RESULTS_NAME, LM_SWEEP_BENCHMARK, validate_lm_sweep),
-}
-
-
-def _read(directory: str | Path, kind: str, flag: str) -> Any:
-    name, benchmark, check = STUDIES[kind]
-    path = Path(directory) / name
-    if not path.is_file():
-        raise ValueError(f"{flag} {directory}: holds no {name} (run `difftransformer {kind} --out {directory}` "
-                         "first)")
-    res = read_json(path)
-    where = f"{flag}: {path} is not a {kind} result"
-    if not isinstance(res, dict):
-        raise ValueError(f"{where}: a JSON {type(res).__name__}, not an object")
-    if res.get("benchmark") != benchmark:
-        raise ValueError(f"{where}: its \"benchmark\" is {res.get('benchmark')!r}, not {benchmark!r}")
-    return check(res, where)
-
-
-def read_retrieval(directory: str | Path, flag: str) -> RetrievalResults:
-    """A retrieval benchmark's output directory's results.json, validated (``read_study``)."""
-    return typing.cast(RetrievalResults, _read(directory, "retrieval", flag))
-
-
-def read_lm_sweep(directory: str | Path, flag: str) -> LmSweepResults:
-    """A language-model sweep's output directory's sweep.json, validated (``read_study``)."""
-    return typing.cast(LmSweepResults, _read(directory, "lm-sweep", flag))
-
-
-def read_study(directory: str | Path, kind: str, flag: str) -> Any:
-    """A study's output as every reader takes it: ``kind`` "retrieval" (``difftransformer retrieval``'s results.json,
-    a ``RetrievalResults``) or "lm-sweep" (``difftransformer lm-sweep``'s sweep.json, a ``LmSweepResults``) in
-    ``directory``. A missing file, bad JSON, or JSON of another shape is one ValueError naming ``flag``, the file
-    and the field it lacks or mistypes (``read_retrieval``/``read_lm_sweep`` give the typed result)."""
-    return _read(directory, kind, flag)

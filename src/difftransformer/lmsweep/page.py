@@ -12,27 +12,11 @@ from typing import Any, Optional
 from ..model.variants import label
 from ..rundir.files import LM_SWEEP_LR_PNG, LM_SWEEP_PARAMS_PNG, LM_SWEEP_TOKENS_PNG
 from ..rundir.studies import LmSweepResults
-from .html import deviations_note
+from ..studies.page import deviations_note, image, provenance_note, slug, table
 
 
-def provenance_note(prov: dict[str, Any]) -> str:
-    """The box that opens the section when its results are committed ones (``lmsweep.committed.provenance``): not
-    measured in this run, where and when they were, and the commands that measure them again."""
-    t = prov["timings"]
-    return ("<div class='provenance'><p><b>Not measured in this run.</b> These are the repository's committed "
-            f"results ({html.escape(prov['what'])}; <code>{html.escape(prov['folder'])}</code>): {t['jobs']} jobs "
-            f"run at commit {html.escape(prov['commit'])} on {html.escape(prov['date'])}, in "
-            f"{t['wall_s'] / 60:.0f} min on {t['workers']} worker processes on {html.escape(prov['machine'])} (CPU "
-            f"kernels {html.escape(', '.join(prov['cpu_kernels']))}). This run rebuilt the tables, verdicts and "
-            "plots below from that journal with this code, training nothing.</p><p>To measure them again (about "
-            f"{t['wall_s'] / 60:.0f} min on 2 cores): <code>{html.escape(prov['command'])}</code>, then "
-            f"<code>difftransformer demo --lm-sweep {html.escape(prov['command'].split('--out ')[-1])}</code> shows "
-            "that sweep here instead.</p></div>")
-
-
-def section(res: LmSweepResults, fig_dir: Path, table, image, slug,
-            provenance: Optional[dict[str, Any]] = None) -> str:
-    """The HTML of the sweep's section; ``table``/``image``/``slug`` are the page's own helpers; ``provenance``:
+def section(res: LmSweepResults, fig_dir: Path, provenance: Optional[dict[str, Any]] = None) -> str:
+    """The HTML of the sweep's section (its ``Study.section``, ``study.py``); ``provenance``:
     the committed results' (``lmsweep.committed.provenance``), which the section then shows first and whose timings it
     gives (the rebuilt sweep.json holds the rebuild's)."""
     cfg = res["config"]

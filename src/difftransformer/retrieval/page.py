@@ -1,4 +1,5 @@
-"""The report's lead section: the token-level retrieval benchmark (``difftransformer retrieval``) and its verdicts.
+"""The benchmark's section of the report page (its ``Study.section``, ``study.py``): the token-level retrieval
+benchmark (``difftransformer retrieval``) and its verdicts.
 
 It reads the benchmark's ``results.json`` dict only (no model, none of the benchmark's code): the benchmark decides
 its verdicts (``retrieval/statistics.py``, PROTOCOL.md's "Endpoints" and "Statistics") and writes them under
@@ -14,7 +15,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ..eval import stats
 from ..fileio import read_json
@@ -40,7 +41,7 @@ from ..rundir.studies import (
     VerdictRow,
     validate_rounding,
 )
-from .html import deviations_note, inline
+from ..studies.page import counts_line, deviations_note, image, inline, provenance_note, table, verdict_table
 
 # How the page names results.json's verdict policies (``rundir.studies.POLICIES``, the benchmark's)
 POLICY_LABELS: dict[Policy, str] = dict(zip(POLICIES, ("tuned lr", "matched lr", "tuned lr, failed seeds dropped")))
@@ -226,7 +227,7 @@ def _failures_notes(results: RetrievalResults) -> list[str]:
     return parts
 
 
-def _rounding_part(fig_dir: Path, table) -> str:
+def _rounding_part(fig_dir: Path) -> str:
     """The rounding check's tables, where ``fig_dir`` holds its rounding.json; else nothing."""
     rounding = fig_dir / ROUNDING_NAME
     if not rounding.is_file():
@@ -244,9 +245,16 @@ def _rounding_part(fig_dir: Path, table) -> str:
                 + f" Grid runs with bitwise the same primary accuracy: {eq} of {n}.") + "</p>")
 
 
-def section(results: RetrievalResults, fig_dir: Path, table, image) -> str:
-    """The HTML of the lead section; ``table``/``image`` are the page's own helpers."""
-    parts = [f"<p>{html.escape(_intro(results))}</p>", *_failures_notes(results),
+def section(results: RetrievalResults, fig_dir: Path, provenance: Optional[dict[str, Any]] = None) -> str:
+    """The HTML of the lead section: the verdicts (the tuned-lr rows, with their counts), then the benchmark's
+    tables and figures from ``fig_dir``; ``provenance``: committed results' (``studies.page.provenance_note``)."""
+    counted = retrieval_verdicts(results)
+    parts = ["<h2>Retrieval among distractors: token-level key-value benchmark</h2>",
+             provenance_note(provenance) if provenance else "",
+             "<h3>Verdicts (the primary analysis: each variant at its tuned learning rate)</h3>",
+             verdict_table(counted),
+             f"<p><b>Summary.</b> {html.escape(counts_line(counted))}.</p>" if counted else "",
+             f"<p>{html.escape(_intro(results))}</p>", *_failures_notes(results),
              deviations_note(results.get("deviations"))]
     if results.get("quick"):
         parts.append("<p class='note'>A quick benchmark: a smoke run, its numbers mean nothing.</p>")
@@ -261,7 +269,7 @@ def section(results: RetrievalResults, fig_dir: Path, table, image) -> str:
     for title, make in TABLES:
         head, rows = make(results)
         parts.append(f"<h3>{html.escape(title)}</h3>" + table(head, rows, left=1))
-    parts.append(_rounding_part(fig_dir, table))
+    parts.append(_rounding_part(fig_dir))
     for name, title in FIGURES:
         if (fig_dir / name).is_file():
             parts.append(f"<h3>{html.escape(title)}</h3>" + image(fig_dir / name, title))
