@@ -10,7 +10,7 @@ from difftransformer.retrieval.page import section
 from difftransformer.retrieval.benchmark import run_benchmark
 from difftransformer.retrieval.config import Condition, RetrievalConfig
 from difftransformer.retrieval.rounding import compare, format_rounding, rounding_check
-from difftransformer.rundir.studies import RoundingRow, validate_rounding
+from difftransformer.studies.schema import RoundingRow, validate_rounding
 
 
 def _cfg(**kw) -> RetrievalConfig:

@@ -1,7 +1,8 @@
-"""Issue 56 part 1: the job journals' records have one written schema per study (``rundir/studies.py``: a retrieval
-job's ``RetrievalRun``, a diagnostic arm's ``RetrievalArmRun``, a language-model sweep job's ``LmSweepRun``, its
-diagnostics' ``LmArmRun``), which every reader of a journal applies through ``jobs.Journal``/``read_journal``'s
-``check``: a record of another shape is one line naming the file, the line and the field, before any job runs."""
+"""Issue 56 part 1: the job journals' records have one written schema per study (``retrieval/benchmark_schema.py``,
+``lmsweep/sweep_schema.py``: a retrieval job's ``RetrievalRun``, a diagnostic arm's ``RetrievalArmRun``, a language-
+model sweep job's ``LmSweepRun``, its diagnostics' ``LmArmRun``), which every reader of a journal applies through
+``jobs.Journal``/``read_journal``'s ``check``: a record of another shape is one line naming the file, the line and
+the field, before any job runs."""
 
 from __future__ import annotations
 
@@ -16,27 +17,28 @@ import pytest
 from difftransformer.cli import main
 from difftransformer.jobs import Journal, read_journal
 from difftransformer.retrieval.schema import V4Run, validate_v4_run
-from difftransformer.rundir import studies
+from difftransformer.lmsweep import sweep_schema as lm
+from difftransformer.retrieval import benchmark_schema as kv
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 COMMITTED = sorted(RESULTS.rglob("*.jsonl"))
 # the header's "benchmark" (a study's journal names its kind there) -> the schema its records' results take
-SCHEMAS = {"kv_retrieval benchmark": studies.RetrievalRun, "kv_retrieval width sweep": studies.RetrievalRun,
-           "retrieval diagnostic": studies.RetrievalArmRun, "retrieval longer training": studies.RetrievalArmRun,
-           "language-model sweep": studies.LmSweepRun, "language-model longer training": studies.LmArmRun,
-           "DIFF V1 diagnostic": studies.LmArmRun, "DIFF V2 diagnostic": studies.LmArmRun,
-           "retrieval mechanism arms": studies.RetrievalArmRun,
-           "retrieval mechanism arms, longer": studies.RetrievalArmRun,
-           "language-model mechanism arms": studies.LmArmRun, "retrieval protocol 4": V4Run}
+SCHEMAS = {"kv_retrieval benchmark": kv.RetrievalRun, "kv_retrieval width sweep": kv.RetrievalRun,
+           "retrieval diagnostic": kv.RetrievalArmRun, "retrieval longer training": kv.RetrievalArmRun,
+           "language-model sweep": lm.LmSweepRun, "language-model longer training": lm.LmArmRun,
+           "DIFF V1 diagnostic": lm.LmArmRun, "DIFF V2 diagnostic": lm.LmArmRun,
+           "retrieval mechanism arms": kv.RetrievalArmRun,
+           "retrieval mechanism arms, longer": kv.RetrievalArmRun,
+           "language-model mechanism arms": lm.LmArmRun, "retrieval protocol 4": V4Run}
 # journals committed while their study runs (each resumes from its committed journal): at least one record
 IN_PROGRESS: set[str] = {"retrieval-longer/rounding-avx2/longer-jobs.jsonl",  # started 2026-12-02
                           "retrieval-v4/v4-jobs.jsonl"}
 # finished journals of fewer than 20 jobs, each with its whole count
 SMALL: dict[str, int] = {"lm-mechanism/rounding-avx2/lm-mechanism-jobs.jsonl": 15}  # finished 2026-12-02
-CHECKS = {studies.RetrievalRun: studies.validate_retrieval_run, studies.RetrievalArmRun:
-          studies.validate_retrieval_arm_run, studies.LmSweepRun: studies.validate_lm_run,
-          studies.LmArmRun: studies.validate_lm_arm_run, V4Run: validate_v4_run}
+CHECKS = {kv.RetrievalRun: kv.validate_retrieval_run, kv.RetrievalArmRun:
+          kv.validate_retrieval_arm_run, lm.LmSweepRun: lm.validate_lm_run,
+          lm.LmArmRun: lm.validate_lm_arm_run, V4Run: validate_v4_run}
 TINY_KV = ["--d-model", "16", "--n-layers", "1", "--steps", "3", "--batch", "4", "--seeds", "2", "--lr-grid", "2e-3",
            "--lr-widen", "0", "--eval-contexts", "4", "--train-pairs", "8,10", "--train-context", "40,48",
            "--queries", "2", "--variants", "baseline,diff_v2", "--workers", "1", "--no-progress"]
@@ -144,11 +146,11 @@ def test_every_reader_and_the_writer_apply_the_check(tmp_path):
     bad = _damaged(src, tmp_path / "bad" / "lm-jobs.jsonl", 9, lambda r: r.update(diverged="no"))
     header = json.loads(src.read_text().splitlines()[0])["journal"]
     where = f"{bad}, line 9, result: diverged is a JSON string, not a boolean"
-    for read in (lambda: Journal(bad, header, studies.validate_lm_run), lambda: read_sweep(bad.parent),
-                 lambda: read_journal(bad, studies.validate_lm_run)):
+    for read in (lambda: Journal(bad, header, lm.validate_lm_run), lambda: read_sweep(bad.parent),
+                 lambda: read_journal(bad, lm.validate_lm_run)):
         with pytest.raises(ValueError, match="^" + where.replace("(", r"\(")):
             read()
-    fresh = Journal(tmp_path / "new" / "lm-jobs.jsonl", header, studies.validate_lm_run)
+    fresh = Journal(tmp_path / "new" / "lm-jobs.jsonl", header, lm.validate_lm_run)
     with pytest.raises(ValueError, match=where):
         fresh.reuse_from(bad)
     assert not fresh.path.exists()
@@ -156,4 +158,4 @@ def test_every_reader_and_the_writer_apply_the_check(tmp_path):
     with pytest.raises(ValueError, match=r"\(as written\), job .*, result: it lacks \"floor\""):
         fresh.append(rec["key"], rec["job"], {k: v for k, v in rec["result"].items() if k != "floor"})
     assert not fresh.path.exists()
-    assert fresh.reuse_from(src) == 160 and len(Journal(fresh.path, header, studies.validate_lm_run).records) == 160
+    assert fresh.reuse_from(src) == 160 and len(Journal(fresh.path, header, lm.validate_lm_run).records) == 160

@@ -1,6 +1,7 @@
-"""The study results' schema (``rundir/studies.py``): every committed result file validates against its study's
-schema, and a file that departs from it is refused by every command that takes a study's directory, in one line that
-names the field (exit 2), before any model is read."""
+"""The study results' schema (each beside its study: ``retrieval/benchmark_schema.py``,
+``lmsweep/sweep_schema.py``): every committed result file validates against its study's schema, and a file that
+departs from it is refused by every command that takes a study's directory, in one line that names the field (exit
+2), before any model is read."""
 
 from __future__ import annotations
 
@@ -15,16 +16,9 @@ from difftransformer.cli import main
 from difftransformer.lmsweep.schema import read_sweep as read_lm_sweep
 from difftransformer.retrieval.schema import read_results as read_retrieval
 from difftransformer.rundir import files
-from difftransformer.rundir.studies import (
-    POLICIES,
-    LmSweepResults,
-    Policy,
-    RetrievalResults,
-    validate,
-    validate_lm_sweep,
-    validate_retrieval_results,
-    validate_rounding,
-)
+from difftransformer.lmsweep.sweep_schema import LmSweepResults, validate_lm_sweep
+from difftransformer.retrieval.benchmark_schema import POLICIES, Policy, RetrievalResults, validate_retrieval_results
+from difftransformer.studies.schema import validate, validate_rounding
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
 RETRIEVAL = DOCS / "retrieval-v3"
@@ -135,8 +129,11 @@ DIAGNOSTICS = ("retrieval-diagnostic", "v1-diagnostic", "v2-diagnostic")
 
 @pytest.mark.parametrize("where", DIAGNOSTICS)
 def test_every_committed_diagnostic_and_its_rounding_check_validate(where):
-    from difftransformer.rundir.studies import validate_diagnostic, validate_readings
+    from difftransformer.lmsweep.sweep_schema import validate_diagnostic as lm
+    from difftransformer.retrieval.benchmark_schema import validate_diagnostic as retrieval
+    from difftransformer.studies.schema import validate_readings
 
+    validate_diagnostic = retrieval if where.startswith("retrieval") else lm
     d = json.loads((DOCS / where / files.DIAGNOSTIC_RESULTS_NAME).read_text())
     assert validate_diagnostic(d, where)["benchmark"] == d["benchmark"]
     validate_readings(json.loads((DOCS / where / files.ROUNDING_NAME).read_text()), where)
@@ -160,7 +157,7 @@ def _other_benchmark(d):
     ("v1-diagnostic", ["lm-sweep", "--diagnostic", "v1", "--reference", str(DOCS / "lm-sweep-v2")], _no_test_loss,
      'arms.no_norm lacks "test_loss"'),
     ("v2-diagnostic", ["lm-sweep", "--diagnostic", "v2", "--reference", str(DOCS / "lm-sweep-v2")],
-     _other_benchmark, "its \"benchmark\" is 'lm_sweep', not one of 'retrieval_diagnostic'"),
+     _other_benchmark, "its \"benchmark\" is 'lm_sweep', not one of 'v1_diagnostic', 'v2_diagnostic'"),
 ])
 def test_the_rounding_check_refuses_a_diagnostic_of_another_shape(tmp_path, assert_cli_error, where, command,
                                                                    change, says):

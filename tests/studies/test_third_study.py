@@ -17,7 +17,7 @@ from typing_extensions import TypedDict
 
 from difftransformer.cli import build_parser, main
 from difftransformer.eval.stats import HELD, Verdict, verdict_row
-from difftransformer.rundir.studies import checker, write_checked
+from difftransformer.studies.schema import checker, write_checked
 from difftransformer.studies import registry
 from difftransformer.studies.page import table
 

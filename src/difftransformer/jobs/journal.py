@@ -10,10 +10,11 @@ line (a kill mid-write), and is an error anywhere else (the file was edited or d
 A journal whose header differs from the command's is refused in one line (delete it or pass another ``--out``).
 
 **The records' shape** is the study's: a study passes ``check`` (a callable ``(result, where) -> result`` raising a
-one-line ValueError, its job result's schema validator from ``rundir/studies.py``; this module imports none) to
-``Journal`` and ``read_journal``, and every record's ``result`` is checked as the journal is read (on open, before
-any job runs; ``reuse_from``'s other journal, before anything is copied) and as it is written, the error naming the
-file and line ("OUT/jobs.jsonl, line 7, result: val_loss is a JSON string, not a number").
+one-line ValueError: its job result's schema validator, ``studies/schema.py``'s ``checker`` over the study's own
+schema; this module imports none) to ``Journal`` and ``read_journal``, and every record's ``result`` is checked as
+the journal is read (on open, before any job runs; ``reuse_from``'s other journal, before anything is copied) and as
+it is written, the error naming the file and line ("OUT/jobs.jsonl, line 7, result: val_loss is a JSON string, not
+a number").
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from typing import Any, Optional
 from ..fileio import read_json
 from ..jobs import job_key, read_journal
 from ..rundir import SWEEP_RESULTS_NAME
-from ..rundir.studies import LmSweepResults, validate_lm_run, validate_lm_sweep
 from .config import LMSweepConfig
 from .sweep import JOURNAL, job_description, run_lm_sweep
+from .sweep_schema import LmSweepResults, validate_lm_run, validate_lm_sweep
 
 # src/difftransformer/lmsweep/ -> the repository root; an installed package has no docs/ (see ``available``).
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results" / "lm-sweep-v2"

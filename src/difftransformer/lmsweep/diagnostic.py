@@ -24,10 +24,10 @@ from typing import Any, Optional
 
 from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor, read_journal
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_diagnostic, validate_lm_arm_run, validate_lm_run
 from ..studies.followup import Arm, FollowUp, loss_reading
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
+from .sweep_schema import validate_diagnostic, validate_lm_arm_run, validate_lm_run
 
 VERSION = 1  # DIAGNOSTIC.md's version: in every job key and the journal header
 JOURNAL = "diag-jobs.jsonl"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor
-from ..rundir.studies import validate_diagnostic, validate_readings
+from ..studies.schema import validate_readings
 from .analysis import Job, _compare, loss_of, passed
 from .diagnostic import (
     BASE,
@@ -26,6 +26,7 @@ from .diagnostic import (
     v2_reading,
     v2_spec,
 )
+from .sweep_schema import validate_diagnostic
 
 
 def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,

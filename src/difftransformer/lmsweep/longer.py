@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor
-from ..rundir.studies import validate_lm_arm_run
 from ..studies.followup import Arm, FollowUp, interval, loss_reading, paired, sign_of
 from .config import LMSweepConfig
 from .diagnostic import (
@@ -34,6 +33,7 @@ from .diagnostic import (
     reference,
 )
 from .schema import validate_longer
+from .sweep_schema import validate_lm_arm_run
 
 VERSION = 1  # LONGER.md's language-model addition: in every job key and the journal header
 JOURNAL = "lm-longer-jobs.jsonl"

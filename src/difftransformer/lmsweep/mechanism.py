@@ -18,7 +18,6 @@ from typing import Any, Optional
 
 from ..jobs import JobSpec, RunOptions, device_key, job_key, open_executor, read_journal
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_lm_arm_run
 from ..studies.followup import Arm, FollowUp, interval
 from .analysis import Job, _compare, loss_of, lr_choice, lr_scores, passed, unresolved_edge
 from .config import LMSweepConfig
@@ -33,10 +32,9 @@ from .diagnostic import (
     reference,
     v2_reading,
 )
-from .diagnostic import (
-    JOURNAL as DIAG_JOURNAL,
-)
+from .diagnostic import JOURNAL as DIAG_JOURNAL
 from .schema import validate_mechanism
+from .sweep_schema import validate_lm_arm_run
 
 VERSION = 1
 JOURNAL = "lm-mechanism-jobs.jsonl"

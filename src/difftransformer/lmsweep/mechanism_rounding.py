@@ -15,13 +15,14 @@ from typing import Any, Optional
 from ..fileio import read_json
 from ..jobs import JobSpec, RunOptions, open_executor, read_journal
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, ROUNDING_NAME
-from ..rundir.studies import validate_lm_arm_run, validate_readings
 from ..studies.followup import FollowUp
 from ..studies.rounding import compare_readings
+from ..studies.schema import validate_readings
 from .analysis import Job, _compare, loss_of, passed
 from .diagnostic import JOURNAL as DIAG_JOURNAL
 from .diagnostic import _interval, cap_of, out_removed_on_refusal, reference, v2_reading
 from .mechanism import ARMS, CHOSEN, JOURNAL, VERSION, _key, rebuild, run_mechanism_job
+from .sweep_schema import validate_lm_arm_run
 
 STUDY: FollowUp[Job] = FollowUp("language-model mechanism arms rounding check", "lm_mechanism_rounding", VERSION,
                                 JOURNAL, ROUNDING_NAME, Job, (int, str, int, float), validate_lm_arm_run,

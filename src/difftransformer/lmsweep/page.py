@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from ..model.variants import label
 from ..rundir.files import LM_SWEEP_LR_PNG, LM_SWEEP_PARAMS_PNG, LM_SWEEP_TOKENS_PNG
-from ..rundir.studies import LmSweepResults
 from ..studies.page import deviations_note, image, provenance_note, slug, table
+from .sweep_schema import LmSweepResults
 
 
 def section(res: LmSweepResults, fig_dir: Path, provenance: Optional[dict[str, Any]] = None) -> str:

@@ -11,21 +11,15 @@ from pathlib import Path
 from typing import Any, Optional, cast
 
 from ..model import variants as registry
-from ..rundir.studies import (
-    RoundingCheck,
-    RoundingRow,
-    VerdictCells,
-    compare_verdicts,
-    rounding_counts,
-    validate_lm_run,
-)
+from ..studies.schema import RoundingCheck, RoundingRow, VerdictCells, compare_verdicts, rounding_counts
 from .analysis import Choices, Job, assemble, lr_choice
 from .config import LMSweepConfig
 from .sweep import JOURNAL, verdict_rows
+from .sweep_schema import validate_lm_run
 
 
 def compare(other: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
-    """The rounding check's comparison (``rundir.studies.compare_verdicts``, the retrieval benchmark's too: the
+    """The rounding check's comparison (``studies.schema.compare_verdicts``, the retrieval benchmark's too: the
     reference first): the same sweep under two CPU code paths (``other`` the reference run's sweep.json, ``res`` this
     run): both verdict tables side by side, the verdicts and lr choices that differ."""
     if {k: v for k, v in res["config"].items() if k != "cpu_code_path"} != \

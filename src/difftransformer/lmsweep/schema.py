@@ -1,6 +1,6 @@
 """The language-model follow-ups' result files, beside their code: the 2x-tokens re-reading (``lm-longer.json``) and
 the mechanism arms (``lm-mechanism.json``), checked when written and when read (one ValueError naming the file and
-the field); the sweep's and the diagnostics' own schemas are in ``rundir.studies``."""
+the field); the sweep's and the diagnostics' own schemas are in ``sweep_schema.py``."""
 
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
 import typing
@@ -9,16 +9,9 @@ from typing import Any
 from typing_extensions import NotRequired, TypedDict
 
 from ..rundir.files import SWEEP_RESULTS_NAME
-from ..rundir.studies import (
-    LM_SWEEP_BENCHMARK,
-    Interval,
-    LmLrScore,
-    LmSweepResults,
-    checker,
-    read_checked,
-    validate_lm_sweep,
-)
 from ..studies.registry import result_reader
+from ..studies.schema import Interval, checker, read_checked
+from .sweep_schema import LM_SWEEP_BENCHMARK, LmLrScore, LmSweepResults, validate_lm_sweep
 
 _read_sweep = result_reader("lm-sweep", SWEEP_RESULTS_NAME, LM_SWEEP_BENCHMARK, validate_lm_sweep)
 

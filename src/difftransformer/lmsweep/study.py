@@ -31,8 +31,8 @@ def mechanism(results: Path) -> str:
 
 def mechanism_rounding(results: Path) -> str:
     from ..rundir.files import ROUNDING_NAME
-    from ..rundir.studies import read_checked, validate_readings
     from ..studies.rounding import format_readings
+    from ..studies.schema import read_checked, validate_readings
     check = read_checked(results / "lm-mechanism" / ROUNDING_NAME, validate_readings)
     return "```\n" + format_readings(check, check["study"]) + "\n```"
 

@@ -25,9 +25,10 @@ from ..rundir.files import (
     LM_SWEEP_TOKENS_PNG,
     SWEEP_RESULTS_NAME,
 )
-from ..rundir.studies import LM_SWEEP_BENCHMARK, validate_lm_run, validate_lm_sweep, write_checked
+from ..studies.schema import write_checked
 from .analysis import Choices, Job, assemble, needed_jobs, rounding_jobs
 from .config import LMSweepConfig
+from .sweep_schema import LM_SWEEP_BENCHMARK, validate_lm_run, validate_lm_sweep
 
 PROTOCOL_VERSION = 2  # in every job key and the journal header: a journal of another version is refused
 JOURNAL = LM_SWEEP_JOURNAL

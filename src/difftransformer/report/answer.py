@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..fileio import read_json
+from ..lmsweep.sweep_schema import validate_diagnostic as validate_lm_diagnostic
+from ..retrieval.benchmark_schema import validate_diagnostic as validate_retrieval_diagnostic
+from ..retrieval.benchmark_schema import validate_retrieval_results
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RESULTS_NAME, ROUNDING_NAME
-from ..rundir.studies import validate_diagnostic, validate_readings, validate_retrieval_results
 from ..studies.followup import interval
+from ..studies.schema import validate_readings
 
 # src/difftransformer/studies/ -> the repository root; an installed package has no docs/ (see ``available``)
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
@@ -50,7 +53,8 @@ def load(source: Path = RESULTS) -> dict[str, dict[str, Any]]:
     ``NAME_rounding``)."""
     out = {k: read_json(source / d / f) for k, (d, f) in FILES.items()}
     for k, (d, f) in FILES.items():  # each file against its schema
-        (validate_retrieval_results if k == "retrieval" else validate_diagnostic)(out[k], f"{source / d / f}")
+        check = {"retrieval": validate_retrieval_results, "retrieval_diagnostic": validate_retrieval_diagnostic}
+        check.get(k, validate_lm_diagnostic)(out[k], f"{source / d / f}")
     out.update({f"{k}_rounding": validate_readings(read_json(source / d / f), f"{source / d / f}")
                 for k, (d, f) in ROUNDING.items() if (source / d / f).is_file()})
     return out

@@ -23,7 +23,9 @@ from typing import Any, Optional, cast
 
 from ..jobs import JobSpec, Journal, RunOptions, device_key, job_key, run_jobs
 from ..rundir.files import RESULTS_NAME, RETRIEVAL_JOURNAL
-from ..rundir.studies import (
+from ..studies.report import protocol_deviations
+from ..studies.schema import write_checked
+from .benchmark_schema import (
     RETRIEVAL_BENCHMARK,
     RUNS_OF,
     Policy,
@@ -32,9 +34,7 @@ from ..rundir.studies import (
     TestCondition,
     validate_retrieval_results,
     validate_retrieval_run,
-    write_checked,
 )
-from ..studies.report import protocol_deviations
 from .config import RetrievalConfig
 from .protocol import Job, assemble, needed_jobs
 from .statistics import verdicts_by_policy

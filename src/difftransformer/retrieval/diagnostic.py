@@ -18,13 +18,13 @@ from typing import Any, Optional
 from ..eval import stats
 from ..jobs import JobSpec, RunOptions, job_key, read_journal
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME, RETRIEVAL_JOURNAL
-from ..rundir.studies import (
+from ..studies.followup import Arm, FollowUp, interval, paired
+from .benchmark_schema import (
     RETRIEVAL_DIAGNOSTIC,
     validate_diagnostic,
     validate_retrieval_arm_run,
     validate_retrieval_run,
 )
-from ..studies.followup import Arm, FollowUp, interval, paired
 from .config import RetrievalConfig
 from .protocol import Job, lr_choice, lr_robustness, needed_jobs
 from .train import LOSS_THRESHOLDS

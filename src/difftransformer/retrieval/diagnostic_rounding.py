@@ -12,8 +12,9 @@ from typing import Any, Optional
 from ..eval import stats
 from ..jobs import JobSpec, RunOptions
 from ..rundir.files import ROUNDING_NAME
-from ..rundir.studies import validate_readings, validate_retrieval_arm_run
 from ..studies.followup import FollowUp
+from ..studies.schema import validate_readings
+from .benchmark_schema import validate_retrieval_arm_run
 from .diagnostic import (
     ARMS,
     BASE,

@@ -20,8 +20,8 @@ from typing import Any, NamedTuple, Optional
 from ..eval import stats
 from ..jobs import JobSpec, RunOptions, job_key
 from ..rundir.files import DIAGNOSTIC_RESULTS_NAME
-from ..rundir.studies import validate_diagnostic, validate_retrieval_arm_run
 from ..studies.followup import FollowUp, interval, sign_of
+from .benchmark_schema import validate_diagnostic, validate_retrieval_arm_run
 from .config import RetrievalConfig
 from .diagnostic import ARMS, BASE, LEARNED, STARTED, V1, V2, _interval, arm_change, reading, run_arm_job
 from .schema import validate_longer

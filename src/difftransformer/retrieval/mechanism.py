@@ -17,8 +17,8 @@ from typing import Any, Optional
 
 from ..eval import stats
 from ..jobs import JobSpec, RunOptions, job_key
-from ..rundir.studies import validate_retrieval_arm_run
 from ..studies.followup import Arm, FollowUp, interval
+from .benchmark_schema import validate_retrieval_arm_run
 from .config import RetrievalConfig
 from .diagnostic import BASE, LEARNED, STARTED, V1, V2, _interval, arm_jobs, reading
 from .longer import LongJob, crossing, first_reading

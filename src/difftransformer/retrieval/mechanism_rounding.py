@@ -14,9 +14,10 @@ from typing import Any, Optional
 from ..eval import stats
 from ..jobs import JobSpec, RunOptions, read_journal
 from ..rundir.files import ROUNDING_NAME
-from ..rundir.studies import validate_readings, validate_retrieval_arm_run
 from ..studies.followup import FollowUp
 from ..studies.rounding import compare_readings
+from ..studies.schema import validate_readings
+from .benchmark_schema import validate_retrieval_arm_run
 from .config import RetrievalConfig
 from .diagnostic import BASE, _interval, reading
 from .diagnostic import JOURNAL as DIAG_JOURNAL

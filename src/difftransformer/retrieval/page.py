@@ -29,21 +29,11 @@ from ..rundir.files import (
     QUANTIZATION_PNG,
     ROUNDING_NAME,
 )
-from ..rundir.studies import (
-    COUNTED_POLICY,
-    POLICIES,
-    Policy,
-    RetrievalResults,
-    RetrievalRun,
-    RoundingCheck,
-    RoundingRow,
-    RunsKey,
-    VerdictRow,
-    validate_rounding,
-)
 from ..studies.page import counts_line, deviations_note, image, inline, provenance_note, table, verdict_table
+from ..studies.schema import RoundingCheck, RoundingRow, validate_rounding
+from .benchmark_schema import COUNTED_POLICY, POLICIES, Policy, RetrievalResults, RetrievalRun, RunsKey, VerdictRow
 
-# How the page names results.json's verdict policies (``rundir.studies.POLICIES``, the benchmark's)
+# How the page names results.json's verdict policies (``benchmark_schema.POLICIES``, the benchmark's)
 POLICY_LABELS: dict[Policy, str] = dict(zip(POLICIES, ("tuned lr", "matched lr", "tuned lr, failed seeds dropped")))
 FIGURES = ((ACCURACY_HEATMAP_PNG, "Accuracy by facts x context length per variant (Fig. 5 style), seed mean"),
            (ACCURACY_VS_DIFFICULTY_PNG, "Accuracy per condition, seed mean and standard deviation"),
@@ -176,7 +166,7 @@ TABLES = (("The models: parameters, learning rates, training failures", models_t
 
 
 def rounding_tables(check: RoundingCheck) -> tuple[list[str], list[list[Any]]]:
-    """The rounding check's two verdict tables side by side (rounding.json, ``rundir.studies.RoundingCheck``)."""
+    """The rounding check's two verdict tables side by side (rounding.json, ``studies.schema.RoundingCheck``)."""
     kernels = check["torch_kernels"] if "torch_kernels" in check else [[] for _ in check["code_paths"]]
     names = [f"{c} ({', '.join(k)})" for c, k in zip(check["code_paths"], kernels)]
     rows = [[r.endpoint, vlabel(r.variant), f"{r.verdict}: {r.estimate}", f"{r.other_verdict}: {r.other_estimate}",

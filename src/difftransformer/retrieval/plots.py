@@ -17,9 +17,9 @@ from ..rundir.files import (
     ATTENTION_SHARES_PNG,
     QUANTIZATION_PNG,
 )
-from ..rundir.studies import RetrievalResults
 from ..studies.report import plt
 from ..studies.report import save as _save
+from .benchmark_schema import RetrievalResults
 
 
 def _ms(xs: Iterable[float]) -> tuple[float, float]:

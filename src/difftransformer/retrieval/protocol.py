@@ -13,8 +13,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, cast
 
-from ..rundir.studies import LrRobustnessRow, LrScore, RetrievalRun, VariantResult
 from ..studies.lr import LrChoice, next_lr, replay_lr_choice
+from .benchmark_schema import LrRobustnessRow, LrScore, RetrievalRun, VariantResult
 from .config import RetrievalConfig
 
 

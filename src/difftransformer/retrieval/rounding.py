@@ -15,14 +15,8 @@ from pathlib import Path
 from typing import Any, Optional, cast
 
 from ..jobs import RunOptions
-from ..rundir.studies import (
-    RetrievalResults,
-    RoundingCheck,
-    RoundingRow,
-    VerdictCells,
-    VerdictRow,
-    compare_verdicts,
-)
+from ..studies.schema import RoundingCheck, RoundingRow, VerdictCells, compare_verdicts
+from .benchmark_schema import RetrievalResults, VerdictRow
 from .config import RetrievalConfig
 from .statistics import verdicts
 
@@ -40,7 +34,7 @@ def verdict_cells(results: RetrievalResults) -> list[VerdictCells]:
 
 
 def compare(first_: Mapping[str, Any], second_: Mapping[str, Any]) -> RoundingCheck:
-    """The rounding check of two ``RetrievalResults`` (``rundir.studies.compare_verdicts``, the sweep's too): both
+    """The rounding check of two ``RetrievalResults`` (``studies.schema.compare_verdicts``, the sweep's too): both
     verdict tables side by side, the verdicts and the chosen lrs that differ, and how many grid runs kept bitwise the
     same primary accuracy."""
     first, second = cast(RetrievalResults, first_), cast(RetrievalResults, second_)

@@ -2,7 +2,7 @@
 mechanism arms (``mechanism.json``, ``mechanism-longer.json``), protocol version 4 (its jobs' results and
 ``protocol4.json``). Each is checked when written (``write_checked``) and
 when read (``read``), one ValueError naming the file and the field; the benchmark's and the diagnostic's own schemas
-are in ``rundir.studies``."""
+are in ``benchmark_schema.py``."""
 
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
 import typing
@@ -11,9 +11,9 @@ from typing import Any, Optional
 from typing_extensions import NotRequired, TypedDict
 
 from ..rundir.files import RESULTS_NAME
-from ..rundir.schemas import RETRIEVAL_BENCHMARK, RetrievalArmRun, RetrievalResults
-from ..rundir.studies import Interval, checker, read_checked, validate_retrieval_results
 from ..studies.registry import result_reader
+from ..studies.schema import Interval, checker, read_checked
+from .benchmark_schema import RETRIEVAL_BENCHMARK, RetrievalArmRun, RetrievalResults, validate_retrieval_results
 
 _read_results = result_reader("retrieval", RESULTS_NAME, RETRIEVAL_BENCHMARK, validate_retrieval_results)
 

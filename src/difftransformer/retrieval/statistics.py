@@ -15,7 +15,7 @@ from typing import NamedTuple, cast
 
 from ..eval import stats
 from ..model import variants as registry
-from ..rundir.studies import (
+from .benchmark_schema import (
     COUNTED_POLICY,
     POLICIES,
     RUNS_OF,

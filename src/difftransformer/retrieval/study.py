@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..rundir.files import RESULTS_NAME, ROUNDING_NAME
-from ..rundir.studies import read_checked, validate_readings
 from ..studies.registry import Study, read_object
+from ..studies.schema import read_checked, validate_readings
 from . import cli, page
 from .schema import read_results
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..jobs import JobSpec, Journal, RunOptions, job_key, run_jobs
 from ..model import variants as registry
 from ..rundir.files import SWEEP_RESULTS_NAME, WIDTH_SWEEP_JOURNAL, WIDTH_SWEEP_PNG
-from ..rundir.studies import validate_retrieval_run
+from .benchmark_schema import validate_retrieval_run
 from .config import RetrievalConfig
 
 MIN_SLOPE = 1e-6  # a fitted slope at or below this is flat (saturated or untrained curves): no ratio

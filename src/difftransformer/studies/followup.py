@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Generic, NamedTuple, Optional, TypeVar
 
 from ..jobs import JobSpec, Journal, RunOptions, read_journal, run_jobs, run_jobs_into
-from ..rundir.studies import write_checked
+from .schema import write_checked
 
 J = TypeVar("J", bound=tuple)
 Check = Callable[[Any, str], Any]

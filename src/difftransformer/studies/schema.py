@@ -1,23 +1,21 @@
-"""The schema of each study's result file, written once here, and the validator that checks a file against it
-before any long work, in one line that names the file and the field it lacks or mistypes. Each study's reader of
-its command's output (``Study.read``: ``retrieval.schema.read_results``, ``lmsweep.schema.read_sweep``, made by
-``studies.registry.result_reader``) checks with it.
+"""What every study's result schema is built from, below the studies (each study's own schemas sit beside its code:
+``retrieval/benchmark_schema.py``, ``lmsweep/sweep_schema.py`` and the follow-ups' ``schema.py`` in each).
 
-The schemas are ``TypedDict``s: the JSON on disk is exactly what the writers build (``retrieval/benchmark.py``'s
-results.json, ``lmsweep/sweep.py``'s sweep.json), the readers index it with keys mypy checks. A field is required
-(total) where today's writer always writes it and no reader accepts it missing; ``NotRequired`` where an older
-version of the file lacks it and the readers already say so (``.get``, ``in``). Extra keys are allowed (a newer
-writer's). The schema sits in ``rundir`` (not ``studies/``) because the report, which once sat below the studies in
-``eval/report`` and could import no study, reads it too; the report is now ``report/``, above the studies, so the
-schemas can move to their studies (issue 66 item 2, not done yet).
+The schemas are ``TypedDict``s: the JSON on disk is exactly what the writers build, the readers index it with keys
+mypy checks. A field is required (total) where today's writer always writes it and no reader accepts it missing;
+``NotRequired`` where an older version of the file lacks it and the readers already say so (``.get``, ``in``). Extra
+keys are allowed (a newer writer's).
 
 ``validate(obj, schema, where)`` checks any JSON value against a schema type (TypedDicts, ``list``, ``dict``,
 ``Sequence``, ``Literal``, ``Optional``, the JSON scalars; ``Any`` is not looked into), so each file's validator is one
-call (``validate_retrieval_results``, ``validate_lm_sweep``).
+call (``checker(schema)``); ``read_checked`` and ``write_checked`` check a file when it is read and when it is
+written, one ValueError naming the file and the field. Here too: the schemas both studies' follow-ups share (a paired
+``Interval``, a reading's row, the readings' rounding.json ``ReadingsCheck``) and both studies' rounding check of
+their verdicts (``RoundingCheck``, ``compare_verdicts``).
 
-The job journals' records are schemas here too: each study's per-job result (``RetrievalRun``, ``RetrievalArmRun``,
-``LmSweepRun``, ``LmArmRun``), whose validator the study passes to ``jobs.Journal``/``read_journal`` as ``check``
-(``jobs/`` sits below this package and imports no schema): every record written, resumed, reused or read."""
+The job journals' records are schemas too: each study passes its record's validator to
+``jobs.Journal``/``read_journal`` as ``check`` (``jobs/`` sits below and imports no schema): every record written,
+resumed, reused or read."""
 
 # no ``from __future__ import annotations``: TypedDict reads NotRequired from evaluated annotations only
 
@@ -33,59 +31,47 @@ from typing import Any, Literal, NamedTuple, Optional, Union
 from typing_extensions import NotRequired, TypedDict, is_typeddict
 
 from ..fileio import atomic_write, read_json
-from .diagnostic_schemas import (  # noqa: F401  (re-exported)
-    LM_DIAGNOSTICS,
-    RETRIEVAL_DIAGNOSTIC,
-    Interval,
-    LmDiagnostic,
-    LmDiagnosticRow,
-    ReadingRow,
-    ReadingsCheck,
-    ReadingsRow,
-    RerunCheck,
-    RetrievalDiagnostic,
-    RetrievalDiagnosticRow,
-)
-from .schemas import (  # noqa: F401  (re-exported: every reader names them through this module)
-    COUNTED_POLICY,
-    LM_SWEEP_BENCHMARK,
-    POLICIES,
-    RETRIEVAL_BENCHMARK,
-    RUNS_OF,
-    Applicability,
-    AttentionShare,
-    ConditionMeasures,
-    ConditionSpec,
-    CpuInfo,
-    ExampleRow,
-    LmArmRun,
-    LmCurve,
-    LmLrScore,
-    LmOutliers,
-    LmSweepConfigDict,
-    LmSweepResults,
-    LmSweepRun,
-    LmTimings,
-    LmWidthRow,
-    LrRobustnessRow,
-    LrScore,
-    Measured,
-    Policy,
-    PrimaryEndpoint,
-    QuantRow,
-    RetrievalArmRun,
-    RetrievalConfigDict,
-    RetrievalResults,
-    RetrievalRun,
-    RunsKey,
-    SeedRow,
-    TestCondition,
-    TuningRun,
-    V1Scale,
-    VariantResult,
-    VerdictRow,
-    VerdictStats,
-)
+
+
+# ================================================================= what the follow-ups share: intervals, readings
+class Interval(TypedDict):
+    """A paired comparison over the test seeds: D (arm minus baseline), C (arm minus its variant); ``ci`` is
+    [null, null] where no interval exists."""
+    estimate: float
+    ci: list[Optional[float]]
+    n: int
+    method: str
+
+
+class ReadingRow(TypedDict):
+    """What every diagnostic's row carries and the rounding check and the answer table read: the chosen lr, D (all
+    but the baseline), C and the reading (the arms)."""
+    lr: float
+    D: NotRequired[Interval]
+    C: NotRequired[Interval]
+    reading: NotRequired[str]
+
+
+class ReadingsRow(TypedDict):
+    """rows[name] of a diagnostic's rounding.json: the row under both code paths and whether its reading is the
+    same."""
+    first: ReadingRow
+    second: ReadingRow
+    equal_runs: list[int]  # [runs whose endpoint is bitwise equal under both, runs]
+    survives: bool
+
+
+class ReadingsCheck(TypedDict):
+    """A diagnostic's rounding.json, either study's (``studies.rounding.compare_readings`` and the command's
+    additions): each reading again under another CPU code path, at the first run's chosen lrs."""
+    scope: str
+    rows: dict[str, ReadingsRow]
+    differ: list[str]
+    equal_runs: list[int]
+    study: str
+    code_paths: list[str]
+    timings: NotRequired[dict[str, Any]]
+
 
 
 # ==================================================================== both studies' rounding check: rounding.json
@@ -264,28 +250,6 @@ def checker(schema: type[T]) -> typing.Callable[[Any, str], T]:
     """``validate`` against one schema, as the ``(obj, where) -> obj`` check that ``write_checked`` and the job
     journals (``jobs.Journal``, ``read_journal``) take."""
     return lambda obj, where: validate(obj, schema, where)
-
-
-validate_retrieval_results = checker(RetrievalResults)  # a retrieval benchmark's results.json, whole
-validate_lm_sweep = checker(LmSweepResults)  # a language-model sweep's sweep.json
-# The job journals' results: each study passes its check to ``jobs.Journal``/``read_journal`` (``jobs/`` imports no
-# study and no schema), which checks every record read, reused or written
-validate_retrieval_run = checker(RetrievalRun)  # a retrieval benchmark or width-sweep job's result
-validate_retrieval_arm_run = checker(RetrievalArmRun)  # a retrieval diagnostic job's result
-validate_lm_run = checker(LmSweepRun)  # a language-model sweep job's result
-validate_lm_arm_run = checker(LmArmRun)  # a language-model diagnostic job's result
-
-
-def validate_diagnostic(obj: Any, where: str) -> Union[RetrievalDiagnostic, LmDiagnostic]:
-    """A diagnostic.json of either study, checked whole against the schema its "benchmark" names; one ValueError
-    naming ``where`` and the field."""
-    kinds = (RETRIEVAL_DIAGNOSTIC, *LM_DIAGNOSTICS)
-    if not isinstance(obj, dict) or obj.get("benchmark") not in kinds:
-        got = obj.get("benchmark") if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
-        raise ValueError(f"{where}: its \"benchmark\" is {got!r}, not one of {', '.join(map(repr, kinds))}")
-    if obj["benchmark"] == RETRIEVAL_DIAGNOSTIC:
-        return validate(obj, RetrievalDiagnostic, where)
-    return validate(obj, LmDiagnostic, where)
 
 
 def validate_readings(obj: Any, where: str) -> ReadingsCheck:
