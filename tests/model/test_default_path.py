@@ -89,7 +89,34 @@ def test_a_registered_rule_that_serves_the_default_backend_is_asked(monkeypatch)
         return None
 
     monkeypatch.setattr(fused, "_RULES", [*fused._RULES, rule])
-    monkeypatch.setattr(fused, "_SERVES", [*fused._SERVES, lambda backend, device_type: backend == "auto"])
+    monkeypatch.setattr(fused, "_SERVES", [*fused._SERVES, lambda backend, x, d, dv: backend == "auto"])
     model = DiffTransformerLM(tiny_model_config("diff_v1")).eval()
     model(torch.randint(0, 64, (2, 16)))
     assert seen and set(seen) == {"auto"}
+
+
+def test_auto_on_the_cpu_runs_the_blocked_kernel_where_the_table_says_and_sdpa_elsewhere(monkeypatch):
+    """``auto``'s CPU choice is the committed table (``kernels/hook.CPU_AUTO_BLOCKED``, measured in BENCHMARKS.md):
+    DIFF V1 at head_dim 16 trains through the blocked kernel from 128 tokens on, through SDPA (no rule asked) below
+    it, and without autograd (a pass not measured) through SDPA; the result is the same function either way."""
+    from difftransformer.kernels import hook
+    from difftransformer.model.attention import dispatch
+
+    assert hook.CPU_AUTO_BLOCKED[(torch.float32, 16, 32, "train")] == 128
+    model = DiffTransformerLM(tiny_model_config("diff_v1", max_seq_len=256)).train()
+    attn = model.layers[0].attn
+    x = torch.randn(1, 128, model.cfg.d_model, requires_grad=True)
+    assert not dispatch.sdpa_direct(attn, x, False)
+    assert dispatch.diff_path(attn, x, attn.head_dim, attn.value_dim, None, None, False) == "blocked"
+    assert dispatch.sdpa_direct(attn, x[:, :127], False)  # shorter than the table's length: SDPA, no rule asked
+    with torch.no_grad():
+        assert dispatch.sdpa_direct(attn, x.detach(), False)  # the inference pass: not measured, SDPA
+    assert dispatch.sdpa_direct(attn, x.double(), False)  # float64: not measured
+    hops, called = _trace(model, torch.randint(0, 64, (2, 128)), monkeypatch)
+    assert "fused_kernel" in called and not hops  # every layer: the blocked kernel, no SDPA
+    idx = torch.randint(0, 64, (2, 128))
+    torch.manual_seed(0)
+    auto = model(idx)
+    model.set_backend("sdpa")
+    sdpa = model(idx)
+    torch.testing.assert_close(auto.logits, sdpa.logits, rtol=1e-5, atol=1e-5)

@@ -16,15 +16,17 @@ key head i // (h / h_kv), k1 is k2 for DIFF V2's shared keys) with the PyTorch p
   Triton's CPU interpreter (``TRITON_INTERPRET=1``, for tests). Where Triton was wanted and cannot run (not
   installed, not on CUDA), one line says so, once per process.
 * ``blocked`` -- the row-blocked kernel (``blocked.py``), which forms A1 - lambda*A2 block by block before
-  multiplying by V; with ``backend="blocked"``, on the CPU only (on an H100, DIFF's own SDPA path was 2.7-5.2x faster
-  than it: BENCHMARKS.md) and only without a mask (no padding, no KV cache other than a prefill from 0).
+  multiplying by V; with ``backend="blocked"`` (``auto`` where ``CPU_AUTO_BLOCKED`` lists the case), on the CPU
+  only (on an H100, DIFF's own SDPA path was 2.7-5.2x faster than it: BENCHMARKS.md) and only without a mask (no
+  padding, no KV cache other than a prefill from 0).
 
 When a Triton launch fails (out of shared memory, a compile error, a GPU older than sm_80), one RuntimeWarning names
 the reason and that call, and every later call of the same kind (device, dtype, head sizes and pass:
 ``launches.triton_kind``), runs the fallback instead (a backward that fails recomputes its gradients in PyTorch).
 
-``auto`` (the model's default backend) runs a kernel only for the (GPU, dtype, head_dim, pass) entries of
-``TRITON_AUTO_MEASURED``, where a GPU measurement in BENCHMARKS.md showed the Triton kernel faster: none yet.
+``auto`` (the model's default backend) runs a kernel only where a measurement in BENCHMARKS.md showed it faster:
+the Triton kernel for the (GPU, dtype, head_dim, pass) entries of ``TRITON_AUTO_MEASURED`` (none yet), the blocked
+kernel for the CPU cases of ``CPU_AUTO_BLOCKED`` (DIFF's training pass at the head sizes and lengths measured).
 
 This module imports neither triton nor a kernel: each kernel module is imported when its path first runs.
 """
@@ -66,6 +68,18 @@ MIN_TRITON_CAPABILITY = (8, 0)
 # ``((9, 0), torch.bfloat16, 64, "train")`` where that check shows the kernel faster there.
 TRITON_AUTO_MEASURED: frozenset[tuple[tuple[int, int], torch.dtype, int, str]] = frozenset()
 
+# Where ``auto`` runs the row-blocked kernel for DIFF on the CPU (an unmasked call: causal self-attention, or a
+# prefill from 0): (dtype, head_dim, value_dim, pass) -> the shortest sequence length from which `bench attention`
+# measured it at least 5% faster than DIFF's sdpa path at every length measured (BENCHMARKS.md, "auto on the CPU":
+# the command, commit and machine). value_dim tells the variants apart (DIFF V1's values are 2 head_dim wide). Only
+# the training pass (forward and backward) was measured; everywhere else ``auto`` on the CPU is sdpa.
+CPU_AUTO_BLOCKED: dict[tuple[torch.dtype, int, int, str], int] = {
+    (torch.float32, 16, 32, "train"): 128,  # DIFF V1: 0.90x sdpa's time at 128, 0.53-0.55x at 512-1024
+    (torch.float32, 32, 64, "train"): 128,  # DIFF V1: 0.88x at 128, 0.53-0.56x at 512-1024
+    (torch.float32, 32, 32, "train"): 512,  # DIFF V2: 0.82x at 512, 0.93x at 1024 (slower up to 256)
+    (torch.float32, 64, 128, "train"): 64,  # DIFF V1: 0.93x at 64, 0.59x at 512
+}
+
 Fallback = Callable[[], torch.Tensor]
 
 
@@ -77,7 +91,8 @@ def fused_kernel(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, m
         return TRITON_DECODE if use_triton_decode(backend, x, mask, head_dim, value_dim) else None
     if own_keys and use_triton(backend, x, head_dim, value_dim):
         return TRITON
-    if backend == "blocked" and mask is None and x.device.type == "cpu":  # no mask: no cache, or a prefill
+    if mask is None and x.device.type == "cpu" and (  # no mask: no cache, or a prefill
+            backend == "blocked" or (backend == "auto" and auto_runs_blocked(x, head_dim, value_dim))):
         return BLOCKED
     return None
 
@@ -137,6 +152,13 @@ def use_triton_decode(backend: str, x: torch.Tensor, mask: Optional[torch.Tensor
     if head_dim not in TRITON_HEAD_DIMS:
         return False
     return _triton_runs(backend, x, "decode", head_dim, value_dim)
+
+
+def auto_runs_blocked(x: torch.Tensor, head_dim: int, value_dim: int) -> bool:
+    """Whether ``auto`` runs the row-blocked kernel for this CPU call (``CPU_AUTO_BLOCKED``: its dtype, head sizes,
+    pass and length measured faster there); a dict lookup."""
+    shortest = CPU_AUTO_BLOCKED.get((x.dtype, head_dim, value_dim, triton_pass(x)))
+    return shortest is not None and x.device.type == "cpu" and x.shape[1] >= shortest
 
 
 def auto_runs_triton(capability: tuple[int, int], dtype: torch.dtype, head_dim: int, pass_: str) -> bool:
@@ -202,10 +224,13 @@ def key_padding(mask: Optional[torch.Tensor], batch: int, T: int) -> Optional[to
     return mask[:, 0, -1, :T].expand(batch, -1)
 
 
-def serves(backend: str, device_type: str) -> bool:
-    """The (backend, device type) pairs ``fused_kernel`` may take a call of at all: ``triton`` and ``blocked``
-    anywhere (their rules check the device), ``auto`` on CUDA only (on the CPU it is sdpa: ``_triton_runs``)."""
-    return backend in ("triton", "blocked") or (backend == "auto" and device_type == "cuda")
+def serves(backend: str, x: torch.Tensor, head_dim: int, value_dim: int) -> bool:
+    """Whether ``fused_kernel`` may take a call of this backend and case at all: ``triton`` and ``blocked`` anywhere
+    (their rules check the device), ``auto`` on CUDA (``_triton_runs`` decides) and on the CPU where
+    ``CPU_AUTO_BLOCKED`` lists the case (elsewhere on the CPU ``auto`` is sdpa, and no rule is asked)."""
+    if backend in ("triton", "blocked"):
+        return True
+    return backend == "auto" and (x.device.type == "cuda" or auto_runs_blocked(x, head_dim, value_dim))
 
 
 # the model's table (model/attention/fused.py) asks this rule; imported by the package

@@ -70,7 +70,7 @@ class AttentionConfig:
     # Typed as what they hold once built: None at construction means "derive it", done in __post_init__.
     n_kv_heads: int = None  # type: ignore[assignment]  # the baseline's KV heads H_kv (GQA); default H
     head_dim: int = None  # type: ignore[assignment]  # d; default d_model // n_heads
-    backend: Backend = "auto"  # sdpa; Triton only where measured faster on a GPU (none yet: model/attention/base.py)
+    backend: Backend = "auto"  # sdpa, or a kernel where measured faster: kernels/hook.py (CPU_AUTO_BLOCKED)
     # --- DIFF V1 options (paper eq. 2-3 and the Table 6 ablations) ---
     lambda_init: Union[Literal["schedule"], float] = "schedule"  # or a constant in (0, 1), e.g. 0.8 / 0.5
     headwise_norm: bool = True  # Table 6: "w/o GroupNorm" ablation when False

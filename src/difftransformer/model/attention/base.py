@@ -73,6 +73,8 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.layer_idx = cfg, layer_idx
         self.scale = cfg.head_dim ** -0.5
+        # a query head's width and a value head's (DIFF V1's 2d-wide values set their own): the kernels' table key
+        self.head_dim, self.value_dim = cfg.head_dim, cfg.head_dim
         self.kv_cache: Optional[KVCache] = None
         # Set by evaluation (e.g. quantised attention logits, paper Fig. 8); forces the eager path.
         self.logits_hook: Optional[LogitsHook] = None

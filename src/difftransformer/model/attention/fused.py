@@ -32,23 +32,26 @@ class Rule(Protocol):
                  decode: bool, own_keys: bool) -> Optional[Kernel]: ...
 
 
+# Whether a rule may take a call at all: ``serves(backend, x, head_dim, value_dim)`` (x: the layer input, whose
+# device, dtype, length and autograd state name the case); a table lookup, never a launch
+Serves = Callable[[str, torch.Tensor, int, int], bool]
 _RULES: list[Rule] = []
-# Per rule: which (backend, device type) it may take a call of at all (its other conditions are the rule's own)
-_SERVES: list[Callable[[str, str], bool]] = []
+_SERVES: list[Serves] = []  # per rule (its other conditions, the mask and the cache, are the rule's own)
 
 
-def register(rule: Rule, serves: Optional[Callable[[str, str], bool]] = None) -> None:
-    """Add a rule (once: registering the same function again is a no-op). ``serves(backend, device_type)``: whether
-    the rule may take any call of that backend on that kind of device (default: every one); where no registered rule
-    serves a call's, the model's PyTorch paths decide alone, without asking the rules (``may_take``)."""
+def register(rule: Rule, serves: Optional[Serves] = None) -> None:
+    """Add a rule (once: registering the same function again is a no-op). ``serves(backend, x, head_dim,
+    value_dim)``: whether the rule may take any call of that backend in that case (default: every one); where no
+    registered rule serves a call's, the model's PyTorch paths decide alone, without asking the rules
+    (``may_take``)."""
     if rule not in _RULES:
         _RULES.append(rule)
-        _SERVES.append(serves or (lambda backend, device_type: True))
+        _SERVES.append(serves or (lambda backend, x, head_dim, value_dim: True))
 
 
-def may_take(backend: str, device_type: str) -> bool:
-    """Whether any registered kernel may take a DIFF call of ``backend`` on a ``device_type`` device."""
-    return any(serves(backend, device_type) for serves in _SERVES)
+def may_take(backend: str, x: torch.Tensor, head_dim: int, value_dim: int) -> bool:
+    """Whether any registered kernel may take a DIFF call of ``backend`` on the input ``x`` with these head sizes."""
+    return any(serves(backend, x, head_dim, value_dim) for serves in _SERVES)
 
 
 def fused_kernel(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor], *,
