@@ -1,6 +1,8 @@
 """Issue 57: a local-pool driver killed by SIGKILL or SIGTERM leaves no worker behind. Each worker watches its
 driver's pid and exits within a second, even in the middle of a job (before, it read the end of its pipe only when
-its job was done: a 20-minute job ran to its end for nobody)."""
+its job was done: a 20-minute job ran to its end for nobody). Issue 70 item 7: a driver of ``--executor ray`` that
+started a local Ray instance and is SIGKILLed mid-job leaves none of the instance's processes behind (before, the
+raylet's DashboardAgent and RuntimeEnvAgent ran on for 60-90 s): ``jobs/ray_watch.py``."""
 
 from __future__ import annotations
 
@@ -65,3 +67,62 @@ def test_no_worker_outlives_its_driver(tmp_path, sig):
         for p in tmp_path.glob("*.pid"):  # never leave one behind, whatever the outcome
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(p.read_text()), signal.SIGKILL)
+
+
+RAY_DRIVER = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[2])
+from difftransformer.jobs.ray_executor import RayExecutor
+from difftransformer.jobs.ray_watch import tree
+from difftransformer.model import variants
+
+
+def sleeper(folder, i):  # defined here, in __main__: Ray pickles it by value, as its workers cannot import a test
+    open(os.path.join(folder, f"{i}.pid"), "w").write(str(os.getpid()))
+    time.sleep(120)
+    return {}
+
+
+ex = RayExecutor(None, 1, 0, "cpu", "machine", variants.variants())
+assert ex.watcher is not None, "a local instance without its watcher"
+fut = ex.submit(sleeper, (sys.argv[1], 0))
+while not os.path.exists(os.path.join(sys.argv[1], "0.pid")):
+    if fut.done():
+        raise SystemExit(f"the job ended early: {fut.exception()}")
+    time.sleep(0.1)
+mine = tree([os.getpid()]) - {os.getpid()}  # the instance's processes, agents and the job's worker included
+open(os.path.join(sys.argv[1], "ray.json"), "w").write(json.dumps(sorted(mine)))
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_a_killed_ray_driver_takes_its_local_instance_with_it(tmp_path):
+    pytest.importorskip("ray")
+    driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, str(tmp_path), str(HERE)], start_new_session=True,
+                              env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    procs: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ray.json").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, "the Ray job did not start"
+            time.sleep(0.2)
+        time.sleep(0.2)
+        import json
+        procs = json.loads((tmp_path / "ray.json").read_text())
+        names = {Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace") for p in procs
+                 if alive(p)}
+        assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names  # what used to linger
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [p for p in procs if alive(p)]
+        assert not left, f"Ray processes {left} outlived their driver by 10 s"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for p in procs:  # never leave one behind, whatever the outcome
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)

@@ -1,24 +1,26 @@
 """The Ray executor (``--executor ray``): each job a Ray task with the resources it asks for.
 
 ``ray.init`` joins the cluster at ``--ray-address`` (``auto``: the one this node belongs to; none: a local instance
-on this machine, stopped again at the end). Before any job: a missing Ray, an address that does not answer, or a
-cluster with no node offering one job's CPUs and GPUs is one ``ValueError`` (never a hang). A task is
-``local.call`` (the driver's variant registry, one torch thread, the device) under the CPU code path's variables as
-its runtime environment (set before its worker process loads torch); Ray gives it ``--gpus-per-job`` of a GPU
-(``CUDA_VISIBLE_DEVICES``) and retries it when its worker or node is lost (``MAX_RETRIES``). Only the driver writes
-the journal: a result travels back to it as the task's return value, a job's exception as its ``JobError`` (the
-worker's traceback; ``outcome``), a task Ray gave up on as Ray's error.
+on this machine, stopped again at the end, and ended with the driver if it is killed: ``ray_watch``). Before any
+job: a missing Ray, an address that does not answer, or a cluster with no node offering one job's CPUs and GPUs is
+one ``ValueError`` (never a hang). A task is ``local.call`` (the driver's variant registry, one torch thread, the
+device) under the CPU code path's variables as its runtime environment (set before its worker process loads torch);
+Ray gives it ``--gpus-per-job`` of a GPU (``CUDA_VISIBLE_DEVICES``) and retries it when its worker or node is lost
+(``MAX_RETRIES``). Only the driver writes the journal: a result travels back to it as the task's return value, a
+job's exception as its ``JobError`` (the worker's traceback; ``outcome``), a task Ray gave up on as Ray's error.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Optional
 
+from . import ray_watch
 from .codepath import code_path_env
 from .local import call
 from .outcome import JobError
@@ -72,6 +74,7 @@ class RayExecutor:
         ray = require("ray", "ray", "--executor ray")
         self.ray, self.variants, self.device = ray, variants, device
         self.started = not ray.is_initialized()
+        self.watcher = None
         if self.started:
             named = address
             if address is not None and not address.startswith("ray://"):
@@ -88,6 +91,7 @@ class RayExecutor:
                 hint = AUTH_HINT if isinstance(e, (ConnectionError, auth)) else ""
                 raise ValueError(f"--executor ray: could not join the Ray cluster at {where}: "
                                  f"{' '.join(str(e).split())}{hint}") from None
+            self.watcher = ray_watch.start(os.getpid(), _own_processes(ray))  # a local instance: it ends with us
         try:
             nodes = ray.nodes()
             self.slots = slots(nodes, cpus, gpus)
@@ -121,3 +125,18 @@ class RayExecutor:
     def close(self) -> None:
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
+        if self.watcher is not None:  # the instance is down: its watcher has nothing left to end
+            self.watcher.kill()
+            self.watcher.wait(timeout=10)
+            self.watcher = None
+
+
+def _own_processes(ray: Any) -> list[int]:
+    """The pids of the Ray processes this driver's ``ray.init`` started (a new local instance: GCS, raylet, monitor,
+    dashboard, log monitor), none when it joined a running cluster. Read from Ray's private ``Node``; a Ray whose
+    internals differ gives none (no watcher, the 60-90 s of ``ray_watch``'s docstring)."""
+    try:
+        node = ray._private.worker._global_node
+        return sorted(p.process.pid for procs in node.all_processes.values() for p in procs if p.process is not None)
+    except (AttributeError, TypeError):
+        return []
