@@ -120,3 +120,24 @@ def test_auto_on_the_cpu_runs_the_blocked_kernel_where_the_table_says_and_sdpa_e
     model.set_backend("sdpa")
     sdpa = model(idx)
     torch.testing.assert_close(auto.logits, sdpa.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_on_cuda_asks_no_rule_unless_the_gpu_table_lists_the_case(monkeypatch):
+    """``serves`` decides from the tables alone: ``auto`` on a GPU is sdpa with no rule asked while
+    ``TRITON_AUTO_MEASURED`` is empty, and is served exactly where an entry names its (GPU, dtype, head_dim, pass).
+    A stand-in for a CUDA tensor (this machine has none): what ``serves`` reads of x."""
+    from types import SimpleNamespace
+
+    from difftransformer.kernels import hook
+
+    x = SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(2, 256, 512),
+                        requires_grad=True)
+    monkeypatch.setattr(hook, "cuda_capability", lambda device: (9, 0))
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type: False)
+    assert hook.TRITON_AUTO_MEASURED == frozenset()
+    assert not hook.serves("auto", x, 64, 64) and hook.serves("triton", x, 64, 64) and not hook.serves("sdpa", x, 64, 64)
+    monkeypatch.setattr(hook, "TRITON_AUTO_MEASURED", frozenset({((9, 0), torch.bfloat16, 64, "train")}))
+    assert hook.serves("auto", x, 64, 64)
+    assert not hook.serves("auto", x, 128, 128) and not hook.serves("auto", x, 24, 24)  # another width; none built
+    x.requires_grad = False  # the prefill pass: not listed
+    assert not hook.serves("auto", x, 64, 64)

@@ -225,12 +225,18 @@ def key_padding(mask: Optional[torch.Tensor], batch: int, T: int) -> Optional[to
 
 
 def serves(backend: str, x: torch.Tensor, head_dim: int, value_dim: int) -> bool:
-    """Whether ``fused_kernel`` may take a call of this backend and case at all: ``triton`` and ``blocked`` anywhere
-    (their rules check the device), ``auto`` on CUDA (``_triton_runs`` decides) and on the CPU where
-    ``CPU_AUTO_BLOCKED`` lists the case (elsewhere on the CPU ``auto`` is sdpa, and no rule is asked)."""
+    """Whether ``fused_kernel`` may take a (non-cache) call of this backend and case at all, decided by the tables
+    alone: ``triton`` and ``blocked`` anywhere (their rules check the device); ``auto`` on CUDA where
+    ``TRITON_AUTO_MEASURED`` lists (GPU, dtype, head_dim, pass) and on the CPU where ``CPU_AUTO_BLOCKED`` lists the
+    case. Everywhere else ``auto`` is sdpa and no rule is asked (the KV cache's calls always ask: ``sdpa_direct``)."""
     if backend in ("triton", "blocked"):
         return True
-    return backend == "auto" and (x.device.type == "cuda" or auto_runs_blocked(x, head_dim, value_dim))
+    if backend != "auto":
+        return False
+    if x.device.type == "cuda":
+        return head_dim in TRITON_HEAD_DIMS and auto_runs_triton(cuda_capability(x.device), attention_dtype(x),
+                                                                 head_dim, triton_pass(x))
+    return auto_runs_blocked(x, head_dim, value_dim)
 
 
 # the model's table (model/attention/fused.py) asks this rule; imported by the package

@@ -131,9 +131,9 @@ def sdpa_direct(attn: Attention, x: torch.Tensor, return_maps: bool) -> bool:
     """Whether this call runs the sdpa path with nothing to ask: no maps or logits hook (eager), no KV cache (the
     decode step and the prefill's rules), and no registered kernel serving this backend in this case
     (``fused.may_take``, a table lookup on x's device, dtype, length and pass and the head sizes: ``sdpa`` anywhere,
-    ``auto`` on the CPU except where ``kernels/hook.CPU_AUTO_BLOCKED`` lists the case). The variants then call
-    ``sdpa_diff`` (the baseline SDPA) themselves; every other call goes through ``diff_attention`` and its rules
-    (``diff_route``)."""
+    ``auto`` except where ``kernels/hook.py``'s measured tables list the case: ``CPU_AUTO_BLOCKED``, and on CUDA
+    ``TRITON_AUTO_MEASURED``, empty today). The variants then call ``sdpa_diff`` (the baseline SDPA) themselves;
+    every other call goes through ``diff_attention`` and its rules (``diff_route``)."""
     backend = attn.backend
     return (backend != "eager" and not return_maps and attn.logits_hook is None and attn.kv_cache is None
             and not may_take(backend, x, attn.head_dim, attn.value_dim))
