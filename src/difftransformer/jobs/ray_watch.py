@@ -7,7 +7,8 @@ workers). ``ray.shutdown`` ends them when the driver closes, but a driver killed
 the raylet notice and exit, while the raylet's agents, no longer anyone's, ran on for 60-90 s (measured 2026-12-01).
 ``RayExecutor`` therefore starts this watcher, in a session of its own, beside the instance it started: every
 ``WATCH_S`` seconds it notes the ROOTs and every process descended from one (found through ``/proc``: each process's
-parent); once the driver is gone it SIGKILLs every noted process still running, then exits. It exits alone when
+parent); once the driver is gone it SIGKILLs every noted process still running, then exits. A process started
+less than ``WATCH_S`` before the driver's death may not have been noted yet: that is the bound. It exits alone when
 every ROOT has ended (a normal ``ray.shutdown``), and does nothing where there is no ``/proc``. A cluster the driver
 only joins (``--ray-address``) is the cluster's: no watcher, nothing ended."""
 
