@@ -209,3 +209,27 @@ def test_every_flag_has_help():
         assert all(a.help for a in actions), what
         shape = next(a for a in actions if a.dest == "shape")
         assert all(name in shape.help for name in FLAVOURS)
+
+
+def test_the_prefill_pass_times_the_forward_alone_without_autograd(monkeypatch):
+    """``--pass prefill``: each step is one forward under no_grad (what ``auto``'s "prefill" entries are read from);
+    ``--pass train`` (the default) a forward with autograd and a backward."""
+    from difftransformer.kernels.launches import triton_pass
+    seen: list[tuple[str, bool]] = []
+    real = bench_attention.build_attention
+
+    def spy(cfg, layer_idx):
+        m = real(cfg, layer_idx)
+        m.register_forward_hook(lambda mod, inp, out: seen.append((triton_pass(inp[0]), out[0].requires_grad)))
+        return m
+
+    monkeypatch.setattr(bench_attention, "build_attention", spy)
+    for flag, want in (("prefill", ("prefill", False)), ("train", ("train", True))):
+        args = parse("attention", "--shape", "tiny", "--head-dim", "8", "--seq-lens", "8", "--pass", flag)
+        assert args.pass_ == flag
+        resolve_shape(args, ("d_model", "head_dim", "kv_heads"))
+        seen.clear()
+        step = bench_attention._build("diff_v1", "sdpa", 8, args)
+        step()
+        assert seen == [want], (flag, seen)
+    assert parse("attention").pass_ == "train"

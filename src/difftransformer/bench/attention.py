@@ -1,5 +1,6 @@
-"""`difftransformer bench attention`: forward+backward time and peak memory of one attention module of each
-variant, relative to the baseline with SDPA, measured in the same run.
+"""`difftransformer bench attention`: forward+backward time (``--pass prefill``: the forward alone, without
+autograd) and peak memory of one attention module of each variant, relative to the baseline with SDPA, measured in
+the same run.
 
 Times are taken round-robin in one process (each round runs every case once) and each ratio is the median over
 rounds of the per-round ratio, so that a change of machine load hits all cases alike. Peak memory is measured
@@ -58,18 +59,24 @@ def cases(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 
 
 def _build(attention: str, backend: str, n: int, args) -> Callable[[], None]:
-    """One fwd+bwd step of a freshly built attention module on a fixed random input."""
+    """One step of a freshly built attention module on a fixed random input: forward and backward (``--pass
+    train``), or the forward under ``torch.no_grad`` (``--pass prefill``: the inference pass, as ``auto`` reads it)."""
     torch.manual_seed(0)
     dt = getattr(torch, args.dtype)
     cfg = bench_config(attention, backend, d_model=args.d_model, head_dim=args.head_dim, n_layers=1,
                        vocab_size=256, max_seq_len=n, n_kv_heads=args.kv_heads,
                        shape=args.shape)  # one layer, no LM head: tiny vocab
     attn = build_attention(cfg, layer_idx=0).to(device=args.device, dtype=dt)
-    x = torch.randn(args.batch, n, args.d_model, device=args.device, dtype=dt, requires_grad=True)
+    train = args.pass_ == "train"
+    x = torch.randn(args.batch, n, args.d_model, device=args.device, dtype=dt, requires_grad=train)
     rope = rope_cos_sin(torch.arange(n, device=args.device),
                         rope_frequencies(args.head_dim, cfg.rope_theta, args.device))
 
     def step() -> None:
+        if not train:
+            with torch.no_grad():
+                attn(x, rope, None)
+            return
         out, _ = attn(x, rope, None)
         out.float().square().mean().backward()
         x.grad = None
@@ -88,7 +95,7 @@ def _status_kib(field: str) -> int:
 
 
 def _peak_child(attention: str, backend: str, n: int, args, queue, known: tuple) -> None:
-    """In a fresh process: the rise of peak memory over the first fwd+bwd step, from just after building."""
+    """In a fresh process: the rise of peak memory over the first step, from just after building."""
     variants.adopt(known)
     step = _build(attention, backend, n, args)
     if args.device == "cuda":
@@ -149,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--d-model {args.d_model} / --head-dim {args.head_dim} / --kv-heads {args.kv_heads} "
                              f"give no valid {attention} module: {e}") from None
     ref = measured[0][0]
-    print(f"# attention fwd+bwd, {shape}: d_model={args.d_model} head_dim={args.head_dim} "
+    what = "fwd+bwd" if args.pass_ == "train" else "forward without autograd (prefill)"
+    print(f"# attention {what}, {shape}: d_model={args.d_model} head_dim={args.head_dim} "
           f"kv_heads={args.kv_heads or 'all'} batch={args.batch} {args.dtype} on {args.device} "
           f"({torch.get_num_threads()} threads).\n"
           f"# time: median over {args.repeats} rounds (after a warm-up round) of the ratio to {ref} in the same "
@@ -159,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     widths = (6, *(20 for _ in measured))
     print(table_row(("N", *(c[0] for c in measured)), widths), flush=True)
     print(data_line("attention", "setup", {**shape_fields(shape), "head_dim": args.head_dim, "dtype": args.dtype,
-                                           "labels": [c[0] for c in measured[1:]]}), flush=True)
+                                           "pass": args.pass_, "labels": [c[0] for c in measured[1:]]}), flush=True)
     for n in args.seq_lens:
         steps = {label: _build(attention, backend, n, args) for label, attention, backend in measured}
         times = paired_times(steps, repeats=args.repeats, warmup=1)
@@ -181,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("attention", help="attention module fwd+bwd time and peak memory vs baseline SDPA",
+    p = sub.add_parser("attention", help="attention module time (fwd+bwd, or --pass prefill) and peak memory vs "
+                                         "baseline SDPA",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                        allow_abbrev=False)
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096], metavar="N",
@@ -200,6 +209,9 @@ def register(sub) -> None:
     p.add_argument("--backends", nargs="+", choices=diff_backends(), default=list(DEFAULT_BACKENDS), metavar="B",
                    help=f"DIFF backends to time, each as V1 and V2 (choices: {', '.join(diff_backends())}; default: "
                         f"{' '.join(DEFAULT_BACKENDS)}); the baseline always uses sdpa")
+    p.add_argument("--pass", dest="pass_", choices=["train", "prefill"], default="train",
+                   help="train: forward and backward (default); prefill: the forward alone under torch.no_grad, the "
+                        "inference pass `auto` reads from its own table entries")
     p.add_argument("--eager", action="store_true",
                    help="also time V1's eager path (the official plain computation with materialised maps)")
     p.add_argument("--no-memory", action="store_true",
