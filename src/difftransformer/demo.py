@@ -1,18 +1,19 @@
 """`difftransformer demo`: the main job on the embedded default data.
 
-First the token-level retrieval benchmark (`difftransformer retrieval`, pre-registered in its PROTOCOL.md,
-version 3: baseline, DIFF V1 and DIFF V2 learn a key-value lookup among distractors; the learning-rate grid on each
-of 12 paired test seeds, each variant's lr chosen on the validation split; into OUT/retrieval, journaled job by
-job), the paper's central claim on a task every variant learns. Then a baseline, a DIFF V1 and a DIFF V2 language
-model from the `demo` preset (or --config; only model.attention differs) on the same tokens (the embedded King James
-Bible with a share of synthetic multi-needle retrieval documents, tokenised once into OUT/data), 50 steps each by
-default (descriptive: what the 30-minute budget leaves), with a table of parameters, training tokens/s and final
-validation loss. Then every analysis of `difftransformer eval` on the three
-language models, and one HTML report (OUT/report/report.html) that leads with the retrieval benchmark, then shows
-the language-model sweep (Fig. 3): the repository's committed results of its protocol version 2
-(docs/results/lm-sweep-v2, about 100 minutes on 2 cores to measure), rebuilt from their journal into
-OUT/lm-sweep-v2 in seconds and marked on the page as not measured in this run (--lm-sweep DIR shows your own
-sweep instead), and folds the short-trained language models' analyses into one collapsed section.
+First the token-level retrieval benchmark (`difftransformer retrieval`, pre-registered in its PROTOCOL.md, version
+3: baseline, DIFF V1 and DIFF V2 learn a key-value lookup among distractors; the learning-rate grid on each of 12
+paired test seeds, each variant's lr chosen on the validation split; into OUT/retrieval, journaled job by job), the
+paper's central claim on a task every variant learns, then its protocol version 4's `--quick` form (speed and
+capability as separate endpoints; a smoke run of every phase into OUT/retrieval-v4, marked so on the page). Then a
+baseline, a DIFF V1 and a DIFF V2 language model from the `demo` preset (or --config; only model.attention differs)
+on the same tokens (the embedded King James Bible with a share of synthetic multi-needle retrieval documents,
+tokenised once into OUT/data), 50 steps each by default (descriptive: what the 30-minute budget leaves), with a
+table of parameters, training tokens/s and final validation loss. Then every analysis of `difftransformer eval` on
+the three language models, and one HTML report (OUT/report/report.html) that leads with the retrieval benchmark,
+then shows the language-model sweep (Fig. 3): the repository's committed results of its protocol version 2
+(docs/results/lm-sweep-v2, about 100 minutes on 2 cores to measure), rebuilt from their journal into OUT/lm-sweep-v2
+in seconds and marked on the page as not measured in this run (--lm-sweep DIR shows your own sweep instead), and
+folds the short-trained language models' analyses into one collapsed section.
 
 Runs already complete in OUT are reused and interrupted ones are resumed, so running the demo again continues
 where it stopped (the retrieval benchmark is reused when complete, rerun otherwise); delete OUT to start over.
@@ -291,6 +292,10 @@ def run(args: argparse.Namespace) -> int:
     bench_dir = None if (args.no_retrieval or source) else retrieval_benchmark(out, args.quick, args.retrieval_seeds,
                                                                                not args.no_progress,
                                                                                args.device or "cpu")
+    v4_dir = None
+    if bench_dir is not None:  # protocol version 4's smoke run: every phase, no measurement
+        from .retrieval.protocol4_study import smoke_run
+        v4_dir = smoke_run(out, not args.no_progress, args.device or "cpu")
     t1 = time.perf_counter()
     runs = train_variants(out, args.seeds, args.quick, not args.no_progress, args.steps, config,
                           init_from=source.resolve() if source else None, device=args.device)
@@ -305,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     path = write_report(runs, out / "report", quick=args.quick or not args.full_eval, seed=0,
                         progress=not args.no_progress, preface=preface(args, config, lm_steps, bench_dir, sweep_dir,
                                                                        provenance, answer is not None),
-                        studies={"retrieval": bench_dir, "lm-sweep": sweep_dir},
+                        studies={"retrieval": bench_dir, "retrieval-v4": v4_dir, "lm-sweep": sweep_dir},
                         provenance={"lm-sweep": provenance} if provenance else None, answer=answer)
     print(f"time: report {(time.perf_counter() - t2) / 60:.1f} min")
     print_verdicts(path.parent / RESULTS_NAME)
@@ -333,7 +338,9 @@ def preface(args: argparse.Namespace, config: str, lm_steps: Optional[int], benc
                      "parts, for which job): the repository's committed results, not measured in this run.")
     if bench_dir is not None:
         parts.append("First the token-level retrieval benchmark, measured in this run"
-                     + (" (quick: a smoke run, its numbers mean nothing)." if args.quick else "."))
+                     + (" (quick: a smoke run, its numbers mean nothing)." if args.quick else ".")
+                     + " Then its protocol version 4 (speed and capability apart) in its quick form: a smoke run of "
+                       "every phase, its numbers mean nothing.")
     if sweep_dir is not None:
         parts.append("Then the language-model sweep: " + ("the repository's committed results, rebuilt from their "
                                                            "journal, not measured in this run." if provenance else

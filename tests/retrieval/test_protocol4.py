@@ -6,6 +6,7 @@ run byte for byte), and the command's refusals before any work."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,36 @@ def test_the_committed_journal_rebuilds():
     res = P.rebuild(out, plan)
     assert res["complete"][0] == len(records)
     assert f"{len(records)} of {res['complete'][1]} jobs" in markdown_table(res)
+
+
+def test_the_report_reads_it_and_its_section_marks_a_smoke_run(toy, tmp_path):
+    """Version 4 as a registered study: ``report --retrieval-v4 DIR`` reads protocol4.json (checked), and the section
+    shows both endpoints' table; a ``--quick`` run's section says it is a smoke run, a full one's does not."""
+    from difftransformer.report.studies import STUDIES
+    from difftransformer.retrieval import protocol4_study as S
+    from difftransformer.studies.registry import by_name
+    plan, out, res = toy
+    assert by_name("retrieval-v4") is S.STUDY and [s.name for s in STUDIES][:2] == ["retrieval", "retrieval-v4"]
+    read = S.STUDY.read(out, "--retrieval-v4")
+    html = S.STUDY.section(read, out, None)
+    assert "speed and capability as separate endpoints" in html and "Smoke run" not in html
+    assert all(f"<code>{n}</code>" in html for n in plan.names) and f"L = {res['length']['L']}" in html
+    assert "Smoke run" in S.STUDY.section({**read, "quick": True}, out, None)
+    (tmp_path / P.RESULTS).write_text(json.dumps({**read, "benchmark": "retrieval"}))
+    with pytest.raises(ValueError, match="--retrieval-v4: .* is not a retrieval --protocol 4 result"):
+        S.STUDY.read(tmp_path, "--retrieval-v4")
+
+
+def test_the_demo_runs_the_quick_form_into_its_folder(toy, tmp_path, monkeypatch):
+    """``demo``'s stage runs ``quick_plan`` (here the toy plan, its journal already there: nothing to train) into
+    OUT/retrieval-v4 and writes its protocol4.json; ``quick_plan`` itself is the smoke run's."""
+    from difftransformer.retrieval import protocol4_study as S
+    plan, out, res = toy
+    assert P.quick_plan().quick and not P.Plan().quick
+    monkeypatch.setattr(P, "quick_plan", lambda: plan)
+    (tmp_path / "retrieval-v4").mkdir()
+    shutil.copy(out / P.JOURNAL, tmp_path / "retrieval-v4" / P.JOURNAL)
+    folder = S.smoke_run(tmp_path, progress=False)
+    got = json.loads((folder / P.RESULTS).read_text())
+    assert folder == tmp_path / "retrieval-v4" and got["timings"]["jobs_run"] == 0
+    assert got["capability"] == json.loads(json.dumps(res["capability"]))

@@ -278,41 +278,6 @@ def sensitivity_rows(res: dict[str, Any]) -> list[SensitivityRow]:
     return rows
 
 
-def markdown_lr_table(res: dict[str, Any]) -> str:
-    """docs/lm-sweep.md's table of chosen lrs and test-half losses per variant and width (non-embedding parameters;
-    seed mean and sample sd), from sweep.json."""
-    import statistics
-
-    from ..eval.plotting import label
-    lines = ["| variant | " + " | ".join(f"d={w}" for w in res["widths"]) + " |",
-             "| --- | " + " | ".join("---" for _ in res["widths"]) + " |"]
-    for v, rows in res["table"].items():
-        cells = [f"{r['params_non_embedding']:,}: lr {r['lr']:g}, {statistics.fmean(r['test_loss']):.3f} ± "
-                 f"{statistics.stdev(r['test_loss']):.3f}" for r in rows]
-        lines.append(f"| {label(v)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def markdown_verdicts(res: dict[str, Any]) -> str:
-    """docs/lm-sweep.md's verdict table (sweep.json's verdict_rows): per endpoint each DIFF variant's estimate with
-    its interval and verdict, and the paper's figure."""
-    from ..eval.plotting import label
-    variants = list(dict.fromkeys(r[1] for r in res["verdict_rows"]))
-    rows: dict[str, dict[str, str]] = {}
-    paper: dict[str, str] = {}
-    for endpoint, v, estimate, _n, verdict, ref in res["verdict_rows"]:
-        if estimate.startswith(">1"):
-            estimate = "not reached on any seed (> 1)"
-        rows.setdefault(endpoint, {})[v] = f"{estimate}, **{verdict}**"
-        paper[endpoint] = ref
-    lines = ["| endpoint | " + " | ".join(label(v) for v in variants) + " | paper |",
-             "| --- | " + " | ".join("---" for _ in variants) + " | --- |"]
-    for endpoint, cells in rows.items():
-        name = endpoint.replace("|", "\\|")  # |attention logit|: a table's cell, not its border
-        lines.append(f"| {name} | " + " | ".join(cells.get(v, "") for v in variants) + f" | {paper[endpoint]} |")
-    return "\n".join(lines)
-
-
 def corpus(cfg_d: dict[str, Any]) -> str:
     """Which text a sweep trained on: the user's files (``--data``) or the preset's own sources."""
     if cfg_d.get("data"):

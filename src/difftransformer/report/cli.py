@@ -36,7 +36,7 @@ def register_report(sub) -> None:
     for i, s in enumerate(STUDIES):  # one flag per registered study (studies/registry.py), in the page's order
         where = "first on the page" if i == 0 else f"after {STUDIES[i - 1].what}"
         p.add_argument(f"--{s.name}", metavar="DIR", default=None, dest=s.dest,
-                       help=f"the output directory of `difftransformer {s.name}` ({s.results} and its plots): "
+                       help=f"the output directory of `difftransformer {s.writer}` ({s.results} and its plots): "
                             f"{s.what}, shown {where}, with its own verdicts")
     p.add_argument("--out", default="report", metavar="DIR", help="where report.html, results.json and the PNGs go "
                                                                   "(default ./report)")

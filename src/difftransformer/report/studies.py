@@ -5,10 +5,12 @@ report (its ``--NAME DIR`` flags, its runner, its page) and ``make docs`` iterat
 from __future__ import annotations
 
 from ..lmsweep.study import STUDY as LM_SWEEP
+from ..retrieval.protocol4_study import STUDY as RETRIEVAL_V4
 from ..retrieval.study import STUDY as RETRIEVAL
 from ..studies import registry
 
-for _study in (RETRIEVAL, LM_SWEEP):  # the lead (the paper's central claim) first, then the sweep (Fig. 3)
+# the lead (the paper's central claim) first, its protocol version 4 (speed and capability), then the sweep (Fig. 3)
+for _study in (RETRIEVAL, RETRIEVAL_V4, LM_SWEEP):
     if _study not in registry.STUDIES:
         registry.add(_study)
 

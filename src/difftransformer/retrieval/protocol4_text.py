@@ -62,32 +62,45 @@ def phase(res: dict[str, Any]) -> str:
     return "finished" if res["speed"] is not None and res["capability"] is not None else "test seeds"
 
 
-def markdown_table(res: dict[str, Any]) -> str:
-    """docs/retrieval.md's table of version 4: per name its lr at the speed length and the speed verdict (steps to
-    1.0 nats minus the baseline's), its lr at L, the accuracy at the primary capability condition, D with its verdict
-    and an arm's C with its reading; each cell once the protocol has it; then where the run stands."""
+def table_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The version-4 table's header and rows (docs/retrieval.md's ``markdown_table``, the report page's section):
+    per name its lr at the speed length and the speed verdict (steps to 1.0 nats minus the baseline's), its lr at L,
+    the accuracy at the primary capability condition, D with its verdict and an arm's C with its reading; each cell
+    once the protocol has it."""
     plan, speed, cap = res["plan"], res["speed"] or {}, res["capability"] or {}
     primary = (res["conditions"] or {}).get("primary") or "the primary capability condition"
     L = (res["length"] or {}).get("L", "L")
-    lines = [f"| name | lr at {plan['speed_steps']} steps | steps to 1.0 nats, minus baseline: verdict | lr at {L} "
-             f"steps | accuracy at `{primary}` | D (minus baseline): verdict | C (minus its variant): reading |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    head = ["name", f"lr at {plan['speed_steps']} steps", "steps to 1.0 nats, minus baseline: verdict",
+            f"lr at {L} steps", f"accuracy at `{primary}`", "D (minus baseline): verdict",
+            "C (minus its variant): reading"]
 
     def lr(c: Optional[dict[str, Any]]) -> str:
         return "" if c is None or c["lr"] is None else f"{c['lr']:g}" + (" (edge)" if c["at_edge"] else "")
 
+    rows = []
     for n in plan["names"]:
         s, c = speed.get(n, {}), cap.get(n, {})
         sp = f"{interval(s['speed'][STARTED], '+g')}: {s['verdict']}" if "speed" in s else ""
         d = f"{interval(c['D'])}: {c['verdict']}" if "D" in c else ""
         cc = f"{interval(c['C'])}: {c['reading']}" if "C" in c else ""
         acc = f"{c['mean']:.3f}" if c else ""
-        lines.append(f"| `{n}` | {lr(res['speed_lrs'].get(n))} | {sp} | {lr((res['capability_lrs'] or {}).get(n))} "
-                     f"| {acc} | {d} | {cc} |")
+        rows.append([f"`{n}`", lr(res["speed_lrs"].get(n)), sp, lr((res["capability_lrs"] or {}).get(n)), acc, d,
+                     cc])
+    return head, rows
+
+
+def standing(res: dict[str, Any]) -> str:
+    """Where the run stands: "Running: 12 of 40 jobs asked so far are in ... (its phase)." and L once chosen."""
     done, total = res["complete"]
     stage = phase(res)
-    lines += ["", (f"{'Finished' if stage.startswith('finished') else 'Running'}: {done} of {total} jobs asked so far "
-                   f"are in the committed journal ({stage}).")]
-    if res["length"] is not None:
-        lines[-1] += f" L = {res['length']['L']}."
-    return "\n".join(lines)
+    line = (f"{'Finished' if stage.startswith('finished') else 'Running'}: {done} of {total} jobs asked so far "
+            f"are in the committed journal ({stage}).")
+    return line + (f" L = {res['length']['L']}." if res["length"] is not None else "")
+
+
+def markdown_table(res: dict[str, Any]) -> str:
+    """docs/retrieval.md's table of version 4 (``table_rows``), then where the run stands."""
+    head, rows = table_rows(res)
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join([*lines, "", standing(res)])

@@ -5,12 +5,32 @@ its committed results (``docs/results/retrieval-*``). Each block imports its mod
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..rundir.files import RESULTS_NAME, ROUNDING_NAME
 from ..studies.registry import Study, read_object
 from ..studies.schema import read_checked, validate_readings
 from . import cli, page
 from .schema import read_results
+
+
+def _v3(results: Path) -> Any:
+    return read_object(results / "retrieval-v3" / RESULTS_NAME)
+
+
+def v3_lr(results: Path) -> str:
+    from . import benchmark_text
+    return benchmark_text.lr_markdown(_v3(results))
+
+
+def v3_accuracy(results: Path) -> str:
+    from . import benchmark_text
+    return benchmark_text.accuracy_markdown(_v3(results))
+
+
+def v3_verdicts(results: Path) -> str:
+    from . import benchmark_text
+    return benchmark_text.verdicts_markdown(_v3(results))
 
 
 def diagnostic(results: Path) -> str:
@@ -39,10 +59,19 @@ def mechanism(results: Path) -> str:
                                                       results / "retrieval-mechanism"))
 
 
-def mechanism_rounding(results: Path) -> str:
+def _rounding(folder: Path) -> str:
+    """A follow-up's committed rounding check (its rounding.json) as its text, in a code block."""
     from ..studies.rounding import format_readings
-    check = read_checked(results / "retrieval-mechanism" / ROUNDING_NAME, validate_readings)
+    check = read_checked(folder / ROUNDING_NAME, validate_readings)
     return "```\n" + format_readings(check, check["study"]) + "\n```"
+
+
+def diagnostic_rounding(results: Path) -> str:
+    return _rounding(results / "retrieval-diagnostic")
+
+
+def mechanism_rounding(results: Path) -> str:
+    return _rounding(results / "retrieval-mechanism")
 
 
 def mechanism_longer(results: Path) -> str:
@@ -60,7 +89,9 @@ def protocol4(results: Path) -> str:
 STUDY = Study(
     name="retrieval", what="the retrieval benchmark", results=RESULTS_NAME, read=read_results,
     register=cli.register, section=page.section, verdicts=page.retrieval_verdicts,
-    docs={"retrieval-diagnostic": diagnostic, "retrieval-dynamics": dynamics, "retrieval-longer": longer,
+    docs={"retrieval-v3-lr": v3_lr, "retrieval-v3-accuracy": v3_accuracy, "retrieval-v3-verdicts": v3_verdicts,
+          "retrieval-diagnostic": diagnostic, "retrieval-diagnostic-rounding": diagnostic_rounding,
+          "retrieval-dynamics": dynamics, "retrieval-longer": longer,
           "speed-or-capability": speed_or_capability, "retrieval-mechanism": mechanism,
           "retrieval-mechanism-rounding": mechanism_rounding, "retrieval-mechanism-longer": mechanism_longer,
           "retrieval-v4": protocol4})

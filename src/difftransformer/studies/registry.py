@@ -16,7 +16,9 @@ What a study gives:
 * ``verdicts(results)``: the verdict rows (``eval.stats.verdict_row``'s dicts) the page counts in its multiplicity
   note, or None when the study's verdicts are its own family (the language-model sweep's);
 * ``docs``: the ``make docs`` blocks it fills, each a name and a function of the committed results' folder
-  (``docs/results``) that returns the block's Markdown."""
+  (``docs/results``) that returns the block's Markdown;
+* ``command``: where the study runs under another study's command (protocol version 4: ``retrieval --protocol
+  4``), that command; ``register`` then adds none."""
 
 from __future__ import annotations
 
@@ -42,6 +44,12 @@ class Study:
     section: Section
     verdicts: Optional[Callable[[Any], list]] = None
     docs: Mapping[str, Block] = field(default_factory=dict)
+    command: str = ""  # the command that writes ``results`` when it is not ``difftransformer NAME``
+
+    @property
+    def writer(self) -> str:
+        """The command line that writes this study's results ("retrieval --protocol 4", or its name)."""
+        return self.command or self.name
 
     @property
     def dest(self) -> str:
