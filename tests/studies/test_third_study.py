@@ -77,7 +77,7 @@ def toy():
 
 
 def test_the_registry_takes_it_and_refuses_a_second(toy):
-    assert [s.name for s in registry.STUDIES] == ["retrieval", "lm-sweep", "toy-study"]
+    assert [s.name for s in registry.STUDIES] == ["retrieval", "retrieval-v4", "lm-sweep", "toy-study"]
     assert registry.by_name("toy-study") is toy
     with pytest.raises(ValueError, match="a study named 'toy-study' is registered already"):
         registry.add(toy)
