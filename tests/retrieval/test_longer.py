@@ -147,3 +147,20 @@ def test_the_rounding_check_compares_every_length_and_class(monkeypatch, tmp_pat
         LR.rounding_check(DIAG, tmp_path / "longer", "machine")
     with pytest.raises(ValueError, match="no re-reading there"):
         LR.rounding_check(DIAG, tmp_path / "nothing", "avx2")
+
+
+def test_the_committed_rounding_check_rebuilds(tmp_path):
+    """The committed AVX2 rerun of the 1,200- and 2,400-step jobs (docs/results/retrieval-longer/rounding-avx2,
+    192 of 192 jobs): the check run again over a copy of the committed folders trains nothing and gives the committed
+    rounding.json (less its timings); no reading and no answer-table class differs between the two code paths."""
+    import shutil
+
+    from difftransformer.jobs import RunOptions
+    from difftransformer.retrieval import longer_rounding as LR
+    shutil.copytree(OUT, tmp_path / "longer")
+    check = LR.rounding_check(DIAG, tmp_path / "longer", "avx2", RunOptions(workers=1, progress=False))
+    committed = json.loads((OUT / "rounding-avx2" / LR.ROUNDING_RESULTS).read_text())
+    strip = lambda r: {k: v for k, v in json.loads(json.dumps(r)).items() if k != "timings"}  # noqa: E731
+    assert strip(check) == strip(committed)
+    assert check["classes_differ"] == [] and all(not c["differ"] for c in check["lengths"].values())
+    assert [c["equal_runs"][1] for c in check["lengths"].values()] == [84, 84]

@@ -74,6 +74,13 @@ def mechanism_rounding(results: Path) -> str:
     return _rounding(results / "retrieval-mechanism")
 
 
+def longer_rounding(results: Path) -> str:
+    """The longer re-reading's committed AVX2 rerun (its rounding.json) as its text, in a code block."""
+    from . import longer_rounding as LR
+    check = read_object(results / "retrieval-longer" / LR.ROUNDING.format(code_path="avx2") / LR.ROUNDING_RESULTS)
+    return "```\n" + LR.format_rounding(check) + "\n```"
+
+
 def mechanism_longer(results: Path) -> str:
     from . import mechanism
     return mechanism.markdown_table(mechanism.rebuild_longer(results / "retrieval-diagnostic",
@@ -92,6 +99,6 @@ STUDY = Study(
     docs={"retrieval-v3-lr": v3_lr, "retrieval-v3-accuracy": v3_accuracy, "retrieval-v3-verdicts": v3_verdicts,
           "retrieval-diagnostic": diagnostic, "retrieval-diagnostic-rounding": diagnostic_rounding,
           "retrieval-dynamics": dynamics, "retrieval-longer": longer,
-          "speed-or-capability": speed_or_capability, "retrieval-mechanism": mechanism,
+          "speed-or-capability": speed_or_capability, "retrieval-longer-rounding": longer_rounding, "retrieval-mechanism": mechanism,
           "retrieval-mechanism-rounding": mechanism_rounding, "retrieval-mechanism-longer": mechanism_longer,
           "retrieval-v4": protocol4})
