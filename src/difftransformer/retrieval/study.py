@@ -99,6 +99,7 @@ STUDY = Study(
     docs={"retrieval-v3-lr": v3_lr, "retrieval-v3-accuracy": v3_accuracy, "retrieval-v3-verdicts": v3_verdicts,
           "retrieval-diagnostic": diagnostic, "retrieval-diagnostic-rounding": diagnostic_rounding,
           "retrieval-dynamics": dynamics, "retrieval-longer": longer,
-          "speed-or-capability": speed_or_capability, "retrieval-longer-rounding": longer_rounding, "retrieval-mechanism": mechanism,
+          "speed-or-capability": speed_or_capability, "retrieval-longer-rounding": longer_rounding,
+          "retrieval-mechanism": mechanism,
           "retrieval-mechanism-rounding": mechanism_rounding, "retrieval-mechanism-longer": mechanism_longer,
           "retrieval-v4": protocol4})
