@@ -185,6 +185,7 @@ def test_the_report_reads_it_and_its_section_marks_a_smoke_run(toy, tmp_path):
     assert "speed and capability as separate endpoints" in html and "Smoke run" not in html
     assert all(f"<code>{n}</code>" in html for n in plan.names) and f"L = {res['length']['L']}" in html
     assert "Smoke run" in S.STUDY.section({**read, "quick": True}, out, None)
+    assert "in its journal (finished" in html and "`" not in html and "min of CPU in training" in html
     (tmp_path / P.RESULTS).write_text(json.dumps({**read, "benchmark": "retrieval"}))
     with pytest.raises(ValueError, match="--retrieval-v4: .* is not a retrieval --protocol 4 result"):
         S.STUDY.read(tmp_path, "--retrieval-v4")

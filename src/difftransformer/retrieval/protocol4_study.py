@@ -40,12 +40,12 @@ def section(results: dict[str, Any], directory: Path, provenance: Optional[dict[
              "the baseline's. Capability (endpoint 2): the accuracy after L steps at the hardest condition the "
              "trained baseline still half-solves, minus the baseline's (D) and, for an arm, minus its variant's "
              "(C).</p>",
-             table(head, rows, left=len(head)),
-             f"<p class='note'>{html.escape(standing(results))}</p>"]
+             table([h.replace("`", "") for h in head], rows, left=len(head)),
+             f"<p class='note'>{html.escape(standing(results, 'its journal'))}</p>"]
     t = results.get("timings", {})
     if t:
-        parts.append(f"<p class='note'>Wall time {t.get('wall_s', 0) / 60:.1f} min, {t.get('jobs')} jobs on "
-                     f"{t.get('workers')} worker(s).</p>")
+        parts.append(f"<p class='note'>{t['jobs']} jobs, {t['job_cpu_s'] / 60:.1f} min of CPU in training "
+                     f"({t['jobs_run']} run by the last call, in {t['wall_s'] / 60:.1f} min).</p>")
     return "".join(parts)
 
 

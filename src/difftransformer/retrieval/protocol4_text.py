@@ -89,12 +89,13 @@ def table_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def standing(res: dict[str, Any]) -> str:
-    """Where the run stands: "Running: 12 of 40 jobs asked so far are in ... (its phase)." and L once chosen."""
+def standing(res: dict[str, Any], journal: str = "the committed journal") -> str:
+    """Where the run stands: "Running: 12 of 40 jobs asked so far are in ``journal`` (its phase)." and L once
+    chosen."""
     done, total = res["complete"]
     stage = phase(res)
     line = (f"{'Finished' if stage.startswith('finished') else 'Running'}: {done} of {total} jobs asked so far "
-            f"are in the committed journal ({stage}).")
+            f"are in {journal} ({stage}).")
     return line + (f" L = {res['length']['L']}." if res["length"] is not None else "")
 
 
