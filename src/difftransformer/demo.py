@@ -4,7 +4,7 @@ First the token-level retrieval benchmark (`difftransformer retrieval`, pre-regi
 3: baseline, DIFF V1 and DIFF V2 learn a key-value lookup among distractors; the learning-rate grid on each of 12
 paired test seeds, each variant's lr chosen on the validation split; into OUT/retrieval, journaled job by job), the
 paper's central claim on a task every variant learns, then its protocol version 4's `--quick` form (speed and
-capability as separate endpoints; a smoke run of every phase into OUT/retrieval-v4, marked so on the page). Then a
+capability as separate endpoints; a smoke run of its phases into OUT/retrieval-v4, marked so on the page). Then a
 baseline, a DIFF V1 and a DIFF V2 language model from the `demo` preset (or --config; only model.attention differs)
 on the same tokens (the embedded King James Bible with a share of synthetic multi-needle retrieval documents,
 tokenised once into OUT/data), 50 steps each by default (descriptive: what the 30-minute budget leaves), with a
@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
                                                                                not args.no_progress,
                                                                                args.device or "cpu")
     v4_dir = None
-    if bench_dir is not None:  # protocol version 4's smoke run: every phase, no measurement
+    if bench_dir is not None:  # protocol version 4's smoke run: its phases, no measurement
         from .retrieval.protocol4_study import smoke_run
         v4_dir = smoke_run(out, not args.no_progress, args.device or "cpu")
     t1 = time.perf_counter()
@@ -340,7 +340,7 @@ def preface(args: argparse.Namespace, config: str, lm_steps: Optional[int], benc
         parts.append("First the token-level retrieval benchmark, measured in this run"
                      + (" (quick: a smoke run, its numbers mean nothing)." if args.quick else ".")
                      + " Then its protocol version 4 (speed and capability apart) in its quick form: a smoke run of "
-                       "every phase, its numbers mean nothing.")
+                       "its phases, its numbers mean nothing.")
     if sweep_dir is not None:
         parts.append("Then the language-model sweep: " + ("the repository's committed results, rebuilt from their "
                                                            "journal, not measured in this run." if provenance else

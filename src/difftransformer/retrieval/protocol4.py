@@ -84,11 +84,12 @@ def base_config(cfg: RetrievalConfig) -> RetrievalConfig:
 
 
 def quick_plan() -> Plan:
-    """PROTOCOL4.md "Budget, and the demo": a smoke run (fewer validation seeds, the three variants only, L fixed)
-    on ``quick_config``'s sizes, at 150 and 300 steps (its "Deviations", 2026-12-02 02:56); not a measurement."""
+    """PROTOCOL4.md "Budget, and the demo": a smoke run (one validation seed, two test seeds, one lr, the three
+    variants only, L fixed) on ``quick_config``'s sizes, at 100 and 200 steps (its "Deviations", 2026-12-02 02:56
+    and 15:50); not a measurement."""
     from .config import quick_config
-    return Plan(val_seeds=(4000, 4001, 4002), test_seeds=(6000, 6001), speed_steps=150, curve=(), fixed_length=300,
-                names=(BASE, V1, V2), quick=True, config=base_config(quick_config()))
+    return Plan(val_seeds=(4000,), test_seeds=(6000, 6001), speed_steps=100, curve=(), fixed_length=200,
+                names=(BASE, V1, V2), quick=True, config=base_config(quick_config().replace(lr_grid=(2e-3,))))
 
 
 # ---------------------------------------------------------------------------------------------- the jobs
