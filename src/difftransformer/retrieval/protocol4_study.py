@@ -24,7 +24,8 @@ SMOKE = ("A smoke run (<code>--quick</code>): one validation seed, two test seed
          "and are read: endpoint 1, the length and the conditions. At these sizes no model learns the lookup, so no "
          "condition is kept and endpoint 2 is not read (the test suite runs it on a toy plan). Its numbers measure "
          "nothing and it gives no verdict. PROTOCOL4.md's run is <code>difftransformer retrieval --protocol 4 --out "
-         "DIR</code> (about 27 core-hours when L is 4,800, on a 2-core AVX2 machine); docs/retrieval.md shows the committed one.")
+         "DIR</code> (about 27 core-hours when L is 4,800, on a 2-core AVX2 machine); docs/retrieval.md shows the "
+         "committed one.")
 
 
 def _no_command(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +64,8 @@ def smoke_run(out: Path, progress: bool, device: Device = "cpu") -> Path:
     from .protocol4 import quick_plan, run_protocol4
     from .protocol4_text import format_protocol4
     folder = out / "retrieval-v4"
-    print(f"retrieval protocol 4, quick: a smoke run of its phases (speed, L, the conditions; both endpoints where a condition is kept); "
+    print("retrieval protocol 4, quick: a smoke run of its phases (speed, L, the conditions; both endpoints where a "
+          "condition is kept); "
           f"finished jobs are kept in {folder / FOLLOWUP.journal}")
     res = run_protocol4(folder, quick_plan(), RunOptions(workers=2, progress=progress, device=device))
     print(format_protocol4(res))
