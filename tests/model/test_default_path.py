@@ -98,7 +98,8 @@ def test_a_registered_rule_that_serves_the_default_backend_is_asked(monkeypatch)
 def test_auto_on_the_cpu_runs_the_blocked_kernel_where_the_table_says_and_sdpa_elsewhere(monkeypatch):
     """``auto``'s CPU choice is the committed table (``kernels/hook.CPU_AUTO_BLOCKED``, measured in BENCHMARKS.md):
     DIFF V1 at head_dim 16 trains through the blocked kernel from 128 tokens on, through SDPA (no rule asked) below
-    it, and without autograd (a pass not measured) through SDPA; the result is the same function either way."""
+    it, and without autograd (the inference pass, its own entry) through SDPA below 256 tokens and the blocked kernel
+    from there; the result is the same function either way."""
     from difftransformer.kernels import hook
     from difftransformer.model.attention import dispatch
 
@@ -109,8 +110,12 @@ def test_auto_on_the_cpu_runs_the_blocked_kernel_where_the_table_says_and_sdpa_e
     assert not dispatch.sdpa_direct(attn, x, False)
     assert dispatch.diff_path(attn, x, attn.head_dim, attn.value_dim, None, None, False) == "blocked"
     assert dispatch.sdpa_direct(attn, x[:, :127], False)  # shorter than the table's length: SDPA, no rule asked
-    with torch.no_grad():
-        assert dispatch.sdpa_direct(attn, x.detach(), False)  # the inference pass: not measured, SDPA
+    with torch.no_grad():  # the inference pass: its own entry, from 256 tokens at this head size
+        assert hook.CPU_AUTO_BLOCKED[(torch.float32, 16, 32, "prefill")] == 256
+        assert dispatch.sdpa_direct(attn, x.detach(), False)
+        long = torch.randn(1, 256, model.cfg.d_model)
+        assert not dispatch.sdpa_direct(attn, long, False)
+        assert dispatch.diff_path(attn, long, attn.head_dim, attn.value_dim, None, None, False) == "blocked"
     assert dispatch.sdpa_direct(attn, x.double(), False)  # float64: not measured
     hops, called = _trace(model, torch.randint(0, 64, (2, 128)), monkeypatch)
     assert "fused_kernel" in called and not hops  # every layer: the blocked kernel, no SDPA

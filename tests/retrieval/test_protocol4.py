@@ -146,6 +146,7 @@ def test_every_job_records_the_validation_measures(toy):
     (["--reference", "x"], "--reference does not go with --protocol 4"),
     (["--steps", "5"], "--steps does not go with --protocol 4"),
     (["--diagnostic"], "--diagnostic"),
+    (["--rounding-check", "avx2", "--quick"], "--quick does not go with --protocol 4 --rounding-check"),
 ])
 def test_the_command_refuses_before_any_work(extra, match, tmp_path, capsys):
     cli_fails(capsys, ["retrieval", "--protocol", "4", "--out", str(tmp_path / "o"), *extra], match)
@@ -204,3 +205,57 @@ def test_the_demo_runs_the_quick_form_into_its_folder(toy, tmp_path, monkeypatch
     got = json.loads((folder / P.RESULTS).read_text())
     assert folder == tmp_path / "retrieval-v4" and got["timings"]["jobs_run"] == 0
     assert got["capability"] == json.loads(json.dumps(res["capability"]))
+
+
+def test_the_rounding_check_reruns_the_test_jobs_and_reads_both_endpoints_again(toy, tmp_path, monkeypatch):
+    """``retrieval --protocol 4 --rounding-check``: exactly the test jobs (every name at 600 steps at its speed lr and
+    at L at its capability lr) run again (here a seam returns them, one name's accuracy at L moved), both endpoints
+    are read again with the protocol's rules, and a reading that moves is named; the runs bitwise equal and each
+    pair's kernels are counted; the check refuses a code path the protocol ran and an unfinished protocol."""
+    import copy
+
+    from difftransformer.jobs import read_journal
+    from difftransformer.retrieval import protocol4_rounding as R
+    plan, out, res = toy
+    work = tmp_path / "v4"
+    shutil.copytree(out, work)
+    _, records = read_journal(work / P.JOURNAL, P.STUDY.validate_run)
+    first = {P.V4Job(*r["job"]): r["result"] for r in records.values()}
+    L, primary = res["length"]["L"], res["conditions"]["primary"]
+    flip = 1.0 if res["capability"]["diff_v1"]["verdict"] == "inconclusive" else 0.0
+    asked: list = []
+
+    def rerun(plan_, jobs, where, code_path, options):
+        asked.extend(jobs)
+        got = {}
+        for j in jobs:
+            r = copy.deepcopy(first[j])
+            r["cpu_capability"] = "AVX2"
+            if j.name == "diff_v1" and j.steps == L:
+                r["conditions"][primary]["accuracy"] = flip
+                r["final_window_loss"] += 1.0
+            got[j] = r
+        return got, len(got)
+    monkeypatch.setattr(R, "_rerun", rerun)
+    check = R.rounding_check(work, "avx2", RunOptions(workers=1, progress=False), plan)
+    want = [P.V4Job(n, plan.speed_steps, s, res["speed_lrs"][n]["lr"]) for n in plan.names for s in plan.test_seeds]
+    want += [P.V4Job(n, L, s, res["capability_lrs"][n]["lr"]) for n in plan.names for s in plan.test_seeds]
+    assert asked == want
+    assert check["speed"]["differ"] == [] and check["speed"]["equal_runs"] == [6, 6]
+    cap = check["capability"]
+    assert "diff_v1" in cap["differ"] and set(cap["differ"]) <= {"diff_v1", "v1_no_norm"}
+    assert cap["equal_runs"] == [4, 6] and cap["rows"]["baseline"]["survives"]
+    assert check["differ"] == [f"capability: {n}" for n in cap["differ"]]
+    before = {first[j]["cpu_capability"] for j in want}
+    assert sum(check["speed"]["kernels"].values()) == 6 and {k.split(" -> ")[0] for k in cap["kernels"]} == before
+    written = json.loads((work / "rounding-avx2" / "rounding.json").read_text())
+    assert written["capability"] == json.loads(json.dumps(cap)) and written["timings"]["jobs_run"] == 12
+    assert "DIFFERS" in R.format_rounding(check) and "kernels of each pair" in R.format_rounding(check)
+    with pytest.raises(ValueError, match="the protocol ran that CPU code path"):
+        R.rounding_check(work, "machine", RunOptions(workers=1, progress=False), plan)
+    lines = (work / P.JOURNAL).read_text().splitlines()
+    (work / P.JOURNAL).write_text("\n".join(lines[:4]) + "\n")
+    with pytest.raises(ValueError, match="is not finished"):
+        R.rounding_check(work, "avx2", RunOptions(workers=1, progress=False), plan)
+    with pytest.raises(ValueError, match="no protocol version 4 there"):
+        R.rounding_check(tmp_path / "none", "avx2", RunOptions(workers=1, progress=False), plan)

@@ -26,7 +26,8 @@ the reason and that call, and every later call of the same kind (device, dtype, 
 
 ``auto`` (the model's default backend) runs a kernel only where a measurement in BENCHMARKS.md showed it faster:
 the Triton kernel for the (GPU, dtype, head_dim, pass) entries of ``TRITON_AUTO_MEASURED`` (none yet), the blocked
-kernel for the CPU cases of ``CPU_AUTO_BLOCKED`` (DIFF's training pass at the head sizes and lengths measured).
+kernel for the CPU cases of ``CPU_AUTO_BLOCKED`` (DIFF's training and inference passes at the head sizes and
+lengths measured).
 
 This module imports neither triton nor a kernel: each kernel module is imported when its path first runs.
 """
@@ -71,13 +72,20 @@ TRITON_AUTO_MEASURED: frozenset[tuple[tuple[int, int], torch.dtype, int, str]] =
 # Where ``auto`` runs the row-blocked kernel for DIFF on the CPU (an unmasked call: causal self-attention, or a
 # prefill from 0): (dtype, head_dim, value_dim, pass) -> the shortest sequence length from which `bench attention`
 # measured it at least 5% faster than DIFF's sdpa path at every length measured (BENCHMARKS.md, "auto on the CPU":
-# the command, commit and machine). value_dim tells the variants apart (DIFF V1's values are 2 head_dim wide). Only
-# the training pass (forward and backward) was measured; everywhere else ``auto`` on the CPU is sdpa.
+# the command, commit and machine). value_dim tells the variants apart (DIFF V1's values are 2 head_dim wide). The
+# training pass (forward and backward, on an AVX-512 machine) and the inference pass were measured; everywhere else
+# ``auto`` on the CPU is sdpa.
 CPU_AUTO_BLOCKED: dict[tuple[torch.dtype, int, int, str], int] = {
     (torch.float32, 16, 32, "train"): 128,  # DIFF V1: 0.90x sdpa's time at 128, 0.53-0.55x at 512-1024
     (torch.float32, 32, 64, "train"): 128,  # DIFF V1: 0.88x at 128, 0.53-0.56x at 512-1024
     (torch.float32, 32, 32, "train"): 512,  # DIFF V2: 0.82x at 512, 0.93x at 1024 (slower up to 256)
     (torch.float32, 64, 128, "train"): 64,  # DIFF V1: 0.93x at 64, 0.59x at 512
+    # the inference pass (forward under no_grad: a prefill, an evaluation), measured on another 2-core machine (an
+    # AVX2 EPYC); a length kept only where the 5% holds with the printed ratios' rounding (0.005) against it
+    (torch.float32, 16, 32, "prefill"): 256,  # DIFF V1: 0.81x at 256, 0.61-0.78x at 512-1024 (0.95x at 128)
+    (torch.float32, 32, 64, "prefill"): 256,  # DIFF V1: 0.82x at 256, 0.72-0.73x at 512-1024 (0.95x at 128)
+    (torch.float32, 64, 128, "prefill"): 128,  # DIFF V1: 0.86x at 128, 0.70-0.81x at 256-1024
+    (torch.float32, 64, 64, "prefill"): 512,  # DIFF V2: 0.82x at 512, 0.87x at 1024
 }
 
 Fallback = Callable[[], torch.Tensor]

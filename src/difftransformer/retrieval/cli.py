@@ -29,6 +29,8 @@ REFERENCE_NOTE = " (it takes its configuration from --reference DIR)"
 # What the command does, picked by its flags (the first that matches), and the flags each takes ("config": every
 # RetrievalConfig field's flag, "jobs": where the jobs run); any other flag given is refused in one line
 MODES = (
+    Mode("--protocol 4 --rounding-check", ("protocol", "rounding_check"), ("jobs",), (),
+         " (it reruns the finished protocol in OUT)"),
     Mode("--protocol 4", ("protocol",), ("quick", "jobs")),
     Mode("--mechanism --longer", ("mechanism", "longer"), ("jobs",), ("reference", "longer_reference"),
          REFERENCE_NOTE),
@@ -77,8 +79,10 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                         "OUT's arms again")
     m.add_argument("--protocol", type=int, choices=(4,), metavar="4",
                    help="retrieval protocol version 4 (PROTOCOL4.md): speed at 600 steps and capability at a length "
-                        "chosen on validation seeds, 8 names, about 750 jobs (10-15 CPU-hours; resumable, "
-                        "OUT/v4-jobs.jsonl, OUT/protocol4.json); with --quick its smoke form (the three variants)")
+                        "chosen on validation seeds, 8 names, about 750 jobs (10-30 CPU-hours as L and the CPU go; "
+                        "resumable, OUT/v4-jobs.jsonl, OUT/protocol4.json); with --quick its smoke form (the three "
+                        "variants); with --rounding-check: the finished protocol's test jobs again "
+                        "(OUT/rounding-CODE_PATH)")
     m.add_argument("--longer-reference", metavar="DIR",
                    help="with --mechanism --longer 2400: the finished re-reading (retrieval --longer's OUT)")
     m.add_argument("--reference", metavar="DIR",
@@ -175,6 +179,13 @@ def _run_cli(args) -> int:
             raise ValueError(f"--rounding-check {args.rounding_check}: the benchmark runs that CPU code path itself "
                              "(--cpu-code-path); name another")
         check_pin(args.rounding_check, options, "--rounding-check")
+    if mode.name == "--protocol 4 --rounding-check":
+        from . import protocol4_rounding as p4r
+        check_pin(args.rounding_check, options, "--rounding-check")
+        check = p4r.rounding_check(args.out, args.rounding_check, options)
+        print(p4r.format_rounding(check))
+        print(f"wrote {Path(args.out) / p4r.ROUNDING.format(code_path=args.rounding_check) / p4r.STUDY.results}")
+        return 0
     if mode.name == "--protocol 4":
         from . import protocol4, protocol4_text
         plan = protocol4.quick_plan() if args.quick else protocol4.Plan()

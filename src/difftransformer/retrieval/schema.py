@@ -107,7 +107,30 @@ class Protocol4Results(TypedDict):
     timings: dict[str, Any]
 
 
+class V4EndpointCheck(TypedDict):
+    """One endpoint of protocol version 4's rounding check (``studies.rounding.compare_readings``): each name's row
+    under both code paths, the readings that differ, the runs bitwise equal, and the kernel families of each pair."""
+    scope: str
+    rows: dict[str, dict[str, Any]]
+    differ: list[str]
+    equal_runs: list[int]
+    kernels: dict[str, int]
+
+
+class Protocol4Rounding(TypedDict):
+    """OUT/rounding-CODE_PATH/rounding.json of protocol version 4 (``protocol4_rounding.rounding_check``)."""
+    benchmark: str
+    version: int
+    study: str
+    code_paths: list[str]
+    speed: V4EndpointCheck
+    capability: Optional[V4EndpointCheck]
+    differ: list[str]
+    timings: dict[str, Any]
+
+
 validate_v4_run = checker(V4Run)
+validate_protocol4_rounding = checker(Protocol4Rounding)
 validate_protocol4 = checker(Protocol4Results)
 validate_longer = checker(LongerResults)
 validate_mechanism = checker(MechanismResults)
