@@ -7,6 +7,11 @@ merge; the forward is also what a prefill launches) with the tiles they choose f
 stack frame (where ptxas puts spilled registers) of each. A launch over its GPU's per-block shared memory would fail
 with OutOfResources at its first call; this test catches that without the GPU. The bf16 launches are also compiled
 for sm_86 against a consumer GPU's 99 KB. It runs in a subprocess: the kernels must be compiled, not interpreted.
+Compiling all 124 default launches took 298 s of the suite's CPU on a fresh machine (2026-12-02: Triton's cache
+empty), so ``python tests/model/triton_launches.py --defaults --write`` compiles them once into the committed
+``triton_default_launches.json`` (with the sha256 of the kernels' source), and this file checks that the table is
+this code's (the same source, the same launches recorded from the wrappers) and recompiles a sample of 9 of them
+against its rows.
 
 The autotune candidates (``triton_tuning.CANDIDATES_16BIT``): ``python tests/model/triton_launches.py --candidates
 --write`` compiles every one of them for sm_80 and sm_90 (246 compilations: 883 s for 240 on 2 cores at load 11,
@@ -59,9 +64,28 @@ def launches(*flags: str, pythonpath: str = "") -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+DEFAULTS = json.loads((HERE / "triton_default_launches.json").read_text())
+
+
 @pytest.fixture(scope="module")
-def compiled() -> dict:
-    return launches("--json")
+def defaults_check() -> dict:
+    """The default launches the wrappers make now (recorded, not compiled) and a recompiled sample of them."""
+    return launches("--defaults", "--check-table")
+
+
+@pytest.fixture(scope="module")
+def compiled(defaults_check) -> dict:
+    """The default launches' resources: the committed table (``triton_default_launches.json``), once it is checked
+    to be this code's (``test_the_default_launch_table_is_this_codes``)."""
+    check_default_table(defaults_check)
+    return DEFAULTS
+
+
+def check_default_table(check: dict) -> None:
+    stale = "triton_default_launches.json is stale: rerun `python tests/model/triton_launches.py --defaults --write`"
+    assert DEFAULTS["sources"] == check["sources"], f"{stale} (the kernels' source changed)"
+    have = [[r["kernel"], r["case"], r["arch"], r["config"]] for r in DEFAULTS["rows"]]
+    assert have == check["launches"], f"{stale} (the wrappers launch another set)"
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +121,23 @@ def test_the_compiled_set_is_representative(compiled):
     stages = {(r["arch"], r["config"]["num_stages"]) for r in compiled["rows"] if r["kernel"] == "decode"
               and r["case"].split("/")[1] == "bf16"}
     assert stages == {(80, 3), (90, 3), (86, 2)}
+
+
+def test_the_default_launch_table_is_this_codes(defaults_check):
+    """The committed resources of the default launches are those of the kernels and wrappers here: the same kernel
+    source, the same launches (tiles, warps, stages per GPU), and a recompiled sample of 9 (per arch four kernels;
+    the consumer GPU's decode) gives its rows: the same resources under the Triton that wrote the table, the same
+    verdict (fits, within the spill bound) under another."""
+    check_default_table(defaults_check)
+    rows = {(r["kernel"], r["case"], r["arch"], json.dumps(r["config"])): r for r in DEFAULTS["rows"]}
+    assert len(defaults_check["sample"]) == 9
+    assert {r["kernel"] for r in defaults_check["sample"]} == {"fwd", "bwd_dkdv", "bwd_dq", "decode"}
+    for got in defaults_check["sample"]:
+        want = rows[(got["kernel"], got["case"], got["arch"], json.dumps(got["config"]))]
+        fits = [(r["shared"] <= LIMITS[r["arch"]], r["stack"] <= MAX_SPILL_BYTES) for r in (got, want)]
+        assert fits[0] == fits[1], (got, want)
+        if defaults_check["triton"] == DEFAULTS["triton"]:
+            assert (got["shared"], got["regs"], got["stack"]) == (want["shared"], want["regs"], want["stack"])
 
 
 def test_the_fit_table_is_the_scripts_output(table_check):
