@@ -38,6 +38,13 @@ def code_path_env(path: str) -> dict[str, str]:
     return dict(_ENV.get(path, {}))
 
 
+def kernels_of(path: str) -> Optional[str]:
+    """The kernel family torch reports under a pinned ``path`` (``get_cpu_capability``: "AVX2", "AVX512"); None for
+    "machine" (whatever the CPU has)."""
+    code_path_env(path)  # an unknown path refused
+    return _TORCH_NAME.get(path)
+
+
 def in_code_path(path: str, environ: Optional[dict[str, str]] = None) -> bool:
     """Whether THIS process runs ``path``: its torch kernels and the MKL setting it loaded with."""
     env = os.environ if environ is None else environ
