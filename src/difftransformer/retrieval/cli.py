@@ -78,11 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> Modes:
                    help="the norm's mechanism arms (LONGER.md); --longer 2400: at 2,400 steps; --rounding-check: "
                         "OUT's arms again")
     m.add_argument("--protocol", type=int, choices=(4,), metavar="4",
-                   help="retrieval protocol version 4 (PROTOCOL4.md): speed at 600 steps and capability at a length "
-                        "chosen on validation seeds, 8 names, about 750 jobs (10-30 CPU-hours as L and the CPU go; "
-                        "resumable, OUT/v4-jobs.jsonl, OUT/protocol4.json); with --quick its smoke form (the three "
-                        "variants); with --rounding-check: the finished protocol's test jobs again "
-                        "(OUT/rounding-CODE_PATH)")
+                   help="retrieval protocol version 4 (PROTOCOL4.md): speed at 600 steps, capability at a length "
+                        "chosen on validation seeds; 8 names, about 750 jobs (10-30 CPU-hours), resumable "
+                        "(OUT/v4-jobs.jsonl, OUT/protocol4.json); --quick: its smoke form; --rounding-check: its test "
+                        "jobs again")
     m.add_argument("--longer-reference", metavar="DIR",
                    help="with --mechanism --longer 2400: the finished re-reading (retrieval --longer's OUT)")
     m.add_argument("--reference", metavar="DIR",
