@@ -31,11 +31,11 @@ from .protocol4 import (
     VERSION,
     Plan,
     V4Job,
-    choices,
+    assess,
     key_of,
+    needed,
     read_capability,
     read_speed,
-    rebuild,
     run_v4_job,
 )
 from .protocol4 import STUDY as RUN
@@ -47,16 +47,12 @@ STUDY: FollowUp[V4Job] = FollowUp("retrieval protocol 4 rounding check", "retrie
                                   validate_protocol4_rounding)
 
 
-def tested_jobs(plan: Plan, done: Mapping[V4Job, Any]) -> dict[str, list[V4Job]]:
-    """The test jobs each endpoint reads ({"speed": ..., "capability": ...}; capability empty where it is not
-    read), at the lrs and L the first run chose."""
-    c = choices(plan, done)
-    jobs: dict[str, list[V4Job]] = {"speed": [V4Job(n, plan.speed_steps, s, ch.lr) for n, ch in c["speed"].items()
-                                              for s in plan.test_seeds], "capability": []}
-    if c["capability"] is not None and c["conditions"] is not None and c["conditions"]["primary"] is not None:
-        L = c["length"]["L"]
-        jobs["capability"] = [V4Job(n, L, s, ch.lr) for n, ch in c["capability"].items() for s in plan.test_seeds]
-    return jobs
+def tested_jobs(plan: Plan, one: dict[str, Any]) -> dict[str, list[V4Job]]:
+    """The test jobs each endpoint of the reading ``one`` (``assess``) reads, at its lrs and L ({"speed": ...,
+    "capability": ...}; capability empty where it is not read)."""
+    L: int = one["length"]["L"] if one["length"] else 0  # unused where capability is not read
+    return {e: [V4Job(n, steps, s, r["lr"]) for n, r in (one[e] or {}).items() for s in plan.test_seeds]
+            for e, steps in (("speed", plan.speed_steps), ("capability", L))}
 
 
 def _speed_rows(rows: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -112,12 +108,13 @@ def rounding_check(out_dir: str | Path, code_path: str, options: Optional[RunOpt
     if not (Path(out_dir) / JOURNAL).is_file():
         raise ValueError(f"--out {out_dir}: no protocol version 4 there (its {JOURNAL}); the rounding check reruns a "
                          "finished one, e.g. docs/results/retrieval-v4")
-    one = rebuild(out_dir, plan)
-    if one["complete"][0] < one["complete"][1] or one["speed"] is None:
-        raise ValueError(f"--out {out_dir}: the protocol there is not finished ({one['complete'][0]} of "
-                         f"{one['complete'][1]} jobs asked so far); its rounding check reruns a finished one")
-    _, first = RUN.read_back(out_dir, lambda h: h.get("plan") == plan.to_dict(), "this protocol's")
-    jobs, kernels = tested_jobs(plan, first), kernels_of(code_path)
+    _, first = RUN.read_back(out_dir, lambda h: h.get("plan") == plan.to_dict(),
+                             "this protocol's (another plan or configuration)")
+    asked, one = needed(plan, first)[0], assess(plan, first)
+    if any(j not in first for j in asked) or one["speed"] is None:
+        raise ValueError(f"--out {out_dir}: the protocol there is not finished ({sum(j in first for j in asked)} of "
+                         f"{len(asked)} jobs asked so far); its rounding check reruns a finished one")
+    jobs, kernels = tested_jobs(plan, one), kernels_of(code_path)
     t0, where = time.perf_counter(), Path(out_dir) / ROUNDING.format(code_path=code_path)
     second, ran = _rerun(plan, [j for e in jobs.values() for j in e if first[j].get("cpu_capability") != kernels],
                          where, code_path, options)
