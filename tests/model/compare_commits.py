@@ -107,8 +107,14 @@ def compare(old: Path, new: Path) -> int:
         return 1
     bad = [k for k in a if a[k].shape != b[k].shape or a[k].dtype != b[k].dtype
            or not torch.equal(a[k].view(torch.int64), b[k].view(torch.int64))]
+    worst = 0.0, ""
     for k in bad:
-        print(f"DIFFERENT {k}")
+        x, y = a[k].double(), b[k].double()
+        rel = ((x - y).abs().max() / x.abs().max().clamp_min(1e-300)).item() if x.shape == y.shape else float("inf")
+        worst = max(worst, (rel, k))
+        print(f"DIFFERENT {k}: largest |new - old| {rel:.1e} of max |old|")
+    if bad:
+        print(f"largest difference: {worst[0]:.1e} of the tensor's max |old| ({worst[1]})")
     print(f"{len(a) - len(bad)} of {len(a)} tensors bit for bit the same "
           f"({len(FORMS)} forms x {len(BACKENDS)} backends: causal and padded logits and gradients, "
           f"a prefill and {STEPS} decode steps, without and with padding)")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import AttentionConfig
@@ -103,6 +104,30 @@ class Attention(nn.Module):
         """(key heads, key width, value heads, value width) that this variant caches."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ the projections
+    wq: nn.Module
+    wk: nn.Module
+    wv: nn.Module
+
+    def project(self, xq: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(xq W_q, x W_k, x W_v): the queries at ``xq``'s rows, the keys and values at ``x``'s.
+
+        For self-attention (``xq is x``) through three plain ``nn.Linear`` layers with no hooks, one matmul over the
+        three weights stacked (timm's one ``qkv`` layer; the parameters stay three, under their names): the same
+        forward values, one pass over x instead of three. Its input gradient is one product over the stacked rows
+        instead of the sum of three, so it rounds differently (float32: ~1e-7 relative). A LoRA- or otherwise
+        wrapped projection, a hook on one, or queries at other rows (``logits_at``, cross-attention) run the three
+        layers as they are."""
+        wq, wk, wv = self.wq, self.wk, self.wv
+        if xq is not x or not all(type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks)
+                                  for m in (wq, wk, wv)) or _global_hooks():
+            return wq(xq), wk(x), wv(x)
+        assert isinstance(wq, nn.Linear) and isinstance(wk, nn.Linear) and isinstance(wv, nn.Linear)
+        bias = None if wq.bias is None else torch.cat((wq.bias, wk.bias, wv.bias))
+        qkv = F.linear(x, torch.cat((wq.weight, wk.weight, wv.weight)), bias)
+        q, k, v = qkv.split((wq.out_features, wk.out_features, wv.out_features), dim=-1)
+        return q, k, v
+
     # ------------------------------------------------------------------ lambda (none in the base class)
     def lambda_parameters(self) -> list[nn.Parameter]:
         """Parameters that only shape lambda: weight decay would pull lambda to an arbitrary value."""
@@ -181,6 +206,13 @@ class Attention(nn.Module):
         if prefill_from_start(k.shape[2], input_pos):
             return k, v  # a prompt from position 0 sees only itself: its own T keys, not the cache's length
         return k_all, v_all
+
+
+def _global_hooks() -> bool:
+    """Whether a forward hook is registered for every module (``nn.modules.module.register_module_forward_hook``):
+    the stacked projection would skip it for the three layers."""
+    from torch.nn.modules import module
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
 
 
 def prefill_from_start(T: int, input_pos: Optional[torch.Tensor]) -> bool:

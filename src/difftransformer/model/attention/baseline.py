@@ -38,9 +38,10 @@ class BaselineAttention(Attention):
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
         Tq = xq.shape[1]
-        q = rotate(self.wq(xq).view(B, Tq, H, d), rq).transpose(1, 2)  # (B, H, Tq, d)
-        k = rotate(self.wk(x).view(B, T, Hkv, d), rope).transpose(1, 2)  # (B, Hkv, T, d)
-        v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
+        xq_q, x_k, x_v = self.project(xq, x)  # x W_q, x W_k, x W_v (one matmul where it can)
+        q = rotate(xq_q.view(B, Tq, H, d), rq).transpose(1, 2)  # (B, H, Tq, d)
+        k = rotate(x_k.view(B, T, Hkv, d), rope).transpose(1, 2)  # (B, Hkv, T, d)
+        v = x_v.view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
         k, v = self.update_cache(input_pos, k, v)
         out, maps = softmax_attention(self, xq, q, k, v, mask, return_maps)  # (B, H, Tq, d)
         out = out.transpose(1, 2).reshape(B, Tq, H * d)  # (B, Tq, H*d)

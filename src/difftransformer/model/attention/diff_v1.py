@@ -139,9 +139,10 @@ class DiffV1Attention(Attention):
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
         Tq = xq.shape[1]
-        q = rotate(self.wq(xq).view(B, Tq, 2 * h, d), rq).transpose(1, 2)  # (B, 2h, Tq, d)
-        k = rotate(self.wk(x).view(B, T, 2 * hkv, d), rope).transpose(1, 2)  # (B, 2hkv, T, d)
-        v = self.wv(x).view(B, T, hkv, self.value_dim).transpose(1, 2)  # (B, hkv, T, 2d) (per_head: d)
+        xq_q, x_k, x_v = self.project(xq, x)  # x W_q, x W_k, x W_v (one matmul where it can)
+        q = rotate(xq_q.view(B, Tq, 2 * h, d), rq).transpose(1, 2)  # (B, 2h, Tq, d)
+        k = rotate(x_k.view(B, T, 2 * hkv, d), rope).transpose(1, 2)  # (B, 2hkv, T, d)
+        v = x_v.view(B, T, hkv, self.value_dim).transpose(1, 2)  # (B, hkv, T, 2d) (per_head: d)
         k, v = self.update_cache(input_pos, k, v)
         # Eq. (1): half-heads (2i, 2i+1) are (Q1, Q2) of head i and (K1, K2) of KV group g = i // (h / h_kv); Q1
         # reads K1 and Q2 reads K2 of that group ("paired" keys: split, then repeat). (B, h, T, 2d) = (A1 - lambda A2) V

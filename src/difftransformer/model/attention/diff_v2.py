@@ -106,9 +106,10 @@ class DiffV2Attention(Attention):
         H, Hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         xq, rq, mask = (x, rope, mask) if query is None else query  # queries at every position, or at K rows
         Tq = xq.shape[1]
-        q = rotate(self.wq(xq).view(B, Tq, 2 * H, d), rq).transpose(1, 2)  # (B, 2H, Tq, d)
-        k = rotate(self.wk(x).view(B, T, self.n_key_heads, d), rope).transpose(1, 2)  # (B, Hkv or 2Hkv, T, d)
-        v = self.wv(x).view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
+        xq_q, x_k, x_v = self.project(xq, x)  # x W_q, x W_k, x W_v (one matmul where it can)
+        q = rotate(xq_q.view(B, Tq, 2 * H, d), rq).transpose(1, 2)  # (B, 2H, Tq, d)
+        k = rotate(x_k.view(B, T, self.n_key_heads, d), rope).transpose(1, 2)  # (B, Hkv or 2Hkv, T, d)
+        v = x_v.view(B, T, Hkv, d).transpose(1, 2)  # (B, Hkv, T, d)
         k, v = self.update_cache(input_pos, k, v)
         # attn: softmax attention over the 2H query heads ("shared" keys: standard GQA). Pair i is query heads 2i and
         # 2i+1, one GQA group's (v2_pairing="halves": i and H+i, across groups); out_i = attn_2i - lambda_i attn_2i+1.
