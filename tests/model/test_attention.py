@@ -378,3 +378,33 @@ def test_head_gain_norm_start_puts_each_head_where_the_norm_would(attention):
 def test_head_gain_refusals(opts, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(vocab_size=16, d_model=D_MODEL, n_layers=2, n_heads=N_HEADS, **opts)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_the_stacked_projection_is_the_three_layers(attention, bias):
+    """Attention.project's one matmul over the stacked W_q, W_k, W_v (self-attention) against the three layers one
+    by one: the same values and gradients in float64 (to rounding); a hook on one projection, a wrapped projection
+    or queries at other rows take the three layers, so the hook still fires."""
+    mod = make(attention, 2, qkv_bias=bias)
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64, requires_grad=True)
+    stacked = mod.project(x, x)
+    layers = (mod.wq(x), mod.wk(x), mod.wv(x))
+    for a, b in zip(stacked, layers):
+        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-13
+    g = [torch.randn_like(t) for t in layers]
+    params = [x] + [lin.weight for lin in (mod.wq, mod.wk, mod.wv)] + ([mod.wq.bias, mod.wk.bias, mod.wv.bias] if bias
+                                                                     else [])
+    ga = torch.autograd.grad(stacked, params, g)
+    gb = torch.autograd.grad(layers, params, g)
+    for a, b in zip(ga, gb):
+        assert (a - b).abs().max().item() < 1e-12
+    seen = []
+    handle = mod.wk.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    try:
+        mod.project(x, x)
+    finally:
+        handle.remove()
+    assert seen == [layers[1].shape]  # the hooked layer ran on its own
+    rows = x[:, :3]
+    assert (mod.project(rows, x)[0] - mod.wq(rows)).abs().max().item() == 0.0  # queries at other rows: W_q alone
