@@ -406,5 +406,13 @@ def test_the_stacked_projection_is_the_three_layers(attention, bias):
     finally:
         handle.remove()
     assert seen == [layers[1].shape]  # the hooked layer ran on its own
+    mod.kv_cache = object()  # under a KV cache (a decode step's few rows): the three layers, no weight copy
+    try:
+        mod.wq.register_forward_hook(lambda m, i, o: seen.append("q"))
+        mod.project(x, x)
+    finally:
+        mod.kv_cache = None
+        mod.wq._forward_hooks.clear()
+    assert seen[-1] == "q"
     rows = x[:, :3]
     assert (mod.project(rows, x)[0] - mod.wq(rows)).abs().max().item() == 0.0  # queries at other rows: W_q alone

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from ..config import AttentionConfig
 from ..kv_cache import KVCache
@@ -116,11 +117,11 @@ class Attention(nn.Module):
         three weights stacked (timm's one ``qkv`` layer; the parameters stay three, under their names): the same
         forward values, one pass over x instead of three. Its input gradient is one product over the stacked rows
         instead of the sum of three, so it rounds differently (float32: ~1e-7 relative). A LoRA- or otherwise
-        wrapped projection, a hook on one, or queries at other rows (``logits_at``, cross-attention) run the three
-        layers as they are."""
+        wrapped projection, a hook on one, queries at other rows (``logits_at``, cross-attention) and calls under a
+        KV cache run the three layers as they are: a decode step's few rows would pay for copying the weights."""
         wq, wk, wv = self.wq, self.wk, self.wv
-        if xq is not x or not all(type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks)
-                                  for m in (wq, wk, wv)) or _global_hooks():
+        plain = all(type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks) for m in (wq, wk, wv))
+        if xq is not x or self.kv_cache is not None or not plain or _global_hooks():
             return wq(xq), wk(x), wv(x)
         assert isinstance(wq, nn.Linear) and isinstance(wk, nn.Linear) and isinstance(wv, nn.Linear)
         bias = None if wq.bias is None else torch.cat((wq.bias, wk.bias, wv.bias))
@@ -211,8 +212,7 @@ class Attention(nn.Module):
 def _global_hooks() -> bool:
     """Whether a forward hook is registered for every module (``nn.modules.module.register_module_forward_hook``):
     the stacked projection would skip it for the three layers."""
-    from torch.nn.modules import module
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+    return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks)
 
 
 def prefill_from_start(T: int, input_pos: Optional[torch.Tensor]) -> bool:
