@@ -146,3 +146,56 @@ def test_auto_on_cuda_asks_no_rule_unless_the_gpu_table_lists_the_case(monkeypat
     assert not hook.serves("auto", x, 128, 128) and not hook.serves("auto", x, 24, 24)  # another width; none built
     x.requires_grad = False  # the prefill pass: not listed
     assert not hook.serves("auto", x, 64, 64)
+
+
+def test_a_kernel_backend_decides_once_per_case(monkeypatch):
+    """Where the rules are asked (a kernel backend named, a KV cache), they decide once per case: a second forward of
+    the same case, and every layer after the first, is a dict lookup (``hook.decide`` not called again); another case
+    (the pass, the length against ``CPU_AUTO_BLOCKED``, the cache's decode step) is decided afresh."""
+    from difftransformer.kernels import hook
+
+    monkeypatch.setattr(hook, "_DECIDED", {})
+    asked = []
+    real = hook.decide
+
+    def decide(*a, **k):
+        asked.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(hook, "decide", decide)
+    model = DiffTransformerLM(tiny_model_config("diff_v1", backend="blocked")).eval()
+    assert model.cfg.n_layers > 1
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        first = model(idx).logits
+        assert asked == ["blocked"]  # one case: every layer's call, decided at the first
+        torch.testing.assert_close(model(idx).logits, first, rtol=0, atol=0)
+    assert asked == ["blocked"]  # the same case again: no rule asked
+    model(idx)
+    assert asked == ["blocked", "blocked"]  # with autograd: the training pass, another case
+    x = torch.randn(1, 127, 32, requires_grad=True)  # auto at DIFF V1's head_dim 16: blocked from 128 tokens
+    assert hook.fused_kernel("auto", x, 16, 32, None, decode=False, own_keys=True) is None
+    assert hook.fused_kernel("auto", torch.randn(1, 128, 32, requires_grad=True), 16, 32, None, decode=False,
+                             own_keys=True) is hook.BLOCKED
+    assert hook.fused_kernel("auto", x, 16, 32, None, decode=False, own_keys=True) is None  # cached, still None
+    assert len(asked) == 4
+
+
+def test_a_recorded_triton_failure_changes_the_cached_answer(monkeypatch):
+    """The cache's key holds whether the case's Triton kind already failed in this process, so a failure recorded
+    after the first answer sends the next call of that case to the PyTorch path (as the rules did per call)."""
+    from difftransformer.kernels import hook, launches
+
+    monkeypatch.setattr(hook, "_DECIDED", {})
+    monkeypatch.setattr(hook, "triton_importable", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(launches, "_TRITON_FAILED", {})
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    assert hook.fused_kernel("triton", x, 16, 16, None, decode=False, own_keys=True) is hook.TRITON
+    with pytest.warns(RuntimeWarning, match="cannot run"):
+        launches.triton_failed(launches.triton_kind(x.device, x.dtype, 16, 16, "train"), "a stand-in failure")
+    assert hook.fused_kernel("triton", x, 16, 16, None, decode=False, own_keys=True) is None
+    with torch.no_grad():  # the prefill kind did not fail: still the kernel
+        assert hook.fused_kernel("triton", x, 16, 16, None, decode=False, own_keys=True) is hook.TRITON
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert hook.fused_kernel("triton", x.detach(), 16, 16, None, decode=False, own_keys=True) is None  # no interpreter

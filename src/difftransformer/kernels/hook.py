@@ -2,8 +2,10 @@
 (``model/attention/fused.py``) when this module is imported (the package's ``__init__`` imports it; the model imports
 nothing from ``kernels/``).
 
-The model's dispatcher (``model/attention/dispatch.py``) asks it once per DIFF call whose heads are
-paired the way the kernels take them (within a GQA group). It answers None, and the model's PyTorch paths run, or
+The model's dispatcher (``model/attention/dispatch.py``) asks it for each DIFF call whose heads are paired the way
+the kernels take them (within a GQA group) and that the default path's table lookup did not settle (a kernel backend
+named, a KV cache). The rules below decide once per case (``case_of``: device, dtypes, head sizes, pass, the cache's
+part, the mask); later calls of that case are one dict lookup. It answers None, and the model's PyTorch paths run, or
 the ``Kernel`` that takes the call, which the dispatcher runs on the split pairs (q1, q2, k1, k2, v; pair i reads
 key head i // (h / h_kv), k1 is k2 for DIFF V2's shared keys) with the PyTorch path as its ``fallback``:
 
@@ -91,10 +93,44 @@ CPU_AUTO_BLOCKED: dict[tuple[torch.dtype, int, int, str], int] = {
 Fallback = Callable[[], torch.Tensor]
 
 
+# Each case's answer (``fused_kernel``): the rules below run once per case, not in every forward
+_DECIDED: dict[tuple, Optional[Kernel]] = {}
+
+
+def case_of(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor], *,
+            decode: bool, own_keys: bool) -> tuple:
+    """Everything the rules below read of a call, as one key: the backend, x's device, dtype and the attention's
+    (autocast), the head sizes, the pass and grad mode, the cache's part (decode step, own keys), masked or not,
+    whether the batch fits the Triton grid and the length reaches ``CPU_AUTO_BLOCKED``'s entry, the interpreter
+    switch, and whether this case's Triton kind already failed in this process (so a failure changes the answer)."""
+    pass_ = "decode" if decode else triton_pass(x)
+    dtype = attention_dtype(x)
+    shortest = CPU_AUTO_BLOCKED.get((x.dtype, head_dim, value_dim, pass_))
+    triton_may_run = backend == "triton" or (backend == "auto" and x.device.type == "cuda")  # auto on a CPU: never
+    failed = triton_may_run and triton_kind_failed(triton_kind(x.device, dtype, head_dim, value_dim, pass_))
+    return (backend, x.device, x.dtype, dtype, head_dim, value_dim, pass_, torch.is_grad_enabled(), decode, own_keys,
+            mask is None, x.shape[0] > TRITON_MAX_BATCH, shortest is not None and x.shape[1] >= shortest,
+            os.environ.get("TRITON_INTERPRET") == "1", failed)
+
+
 def fused_kernel(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor], *,
                  decode: bool, own_keys: bool) -> Optional[Kernel]:
     """The kernel that takes this DIFF call, or None (the PyTorch paths). ``decode``: a KV-cache decode step (one new
-    token per row); ``own_keys``: the call attends only to its own keys (no KV cache, or a prefill from 0)."""
+    token per row); ``own_keys``: the call attends only to its own keys (no KV cache, or a prefill from 0).
+
+    Decided once per case (``case_of``; ``_DECIDED``): a later call of the same case is a dict lookup. Under
+    torch.compile the rules run as the graph is traced (once, by construction), with no cache to guard on."""
+    if torch.compiler.is_compiling():
+        return decide(backend, x, head_dim, value_dim, mask, decode=decode, own_keys=own_keys)
+    case = case_of(backend, x, head_dim, value_dim, mask, decode=decode, own_keys=own_keys)
+    if case not in _DECIDED:
+        _DECIDED[case] = decide(backend, x, head_dim, value_dim, mask, decode=decode, own_keys=own_keys)
+    return _DECIDED[case]
+
+
+def decide(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor], *,
+           decode: bool, own_keys: bool) -> Optional[Kernel]:
+    """The rules behind ``fused_kernel``, asked afresh (``fused_kernel`` asks them once per case)."""
     if decode:
         return TRITON_DECODE if use_triton_decode(backend, x, mask, head_dim, value_dim) else None
     if own_keys and use_triton(backend, x, head_dim, value_dim):
