@@ -30,3 +30,40 @@ def test_training_forward_is_one_graph(attention, backend):
     torch.testing.assert_close(out.loss, ref.loss, rtol=1e-12, atol=1e-12)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+def _ops(gm) -> set[str]:
+    return {str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")}
+
+
+@pytest.mark.parametrize("build", ["model", "layer"])
+def test_rope_tables_are_one_opaque_operator_of_the_graph(build):
+    """Under torch.compile RoPE's tables come from one operator (``difftransformer::rope_tables``) that inductor
+    cannot fuse into every rotated element (it did: float64 pow, cos and sin per element, the compiled baseline layer
+    with RoPE 1.4-1.8x its time without); the graph holds no cos or sin, dynamic lengths trace too, and the graph run
+    as traced equals the eager module in float64."""
+    from difftransformer import DiffAttention
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    graphs: list[set[str]] = []
+
+    def record(gm, inputs):
+        graphs.append(_ops(gm))
+        return gm.forward
+
+    if build == "model":
+        module = DiffTransformerLM(ModelConfig.from_flavour("tiny", attention="baseline")).double()
+        inputs = [torch.randint(0, module.cfg.vocab_size, (2, n)) for n in (9, 13)]
+    else:
+        module = DiffAttention(32, 4, variant="baseline", causal=True, rope=True).double()
+        inputs = [torch.randn(2, n, 32, dtype=torch.float64) for n in (9, 13)]
+    compiled = torch.compile(module, backend=record, fullgraph=True, dynamic=True)
+    for x in inputs:
+        out, ref = compiled(x), module(x)
+        out, ref = (out.logits, ref.logits) if build == "model" else (out, ref)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch._dynamo.reset()
+    assert graphs and all(any("rope_tables" in op for op in ops) for ops in graphs), graphs
+    assert not any(op in ("cos", "sin") or op.endswith((".cos", ".sin")) or "method cos" in op or "method sin" in op
+                   for ops in graphs for op in ops), graphs

@@ -7,6 +7,7 @@ Channels (2i, 2i+1) of each head form one rotated pair. Hugging Face's Llama/Dif
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Optional
 
 import torch
@@ -59,12 +60,40 @@ def rotary(positions: torch.Tensor, head_dim: int, theta: float,
            llama3: Optional[tuple[float, float, float, int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (cos, sin) tables of ``positions`` ((T,) or (B, T)) for heads of width ``head_dim``: the one RoPE set-up of
     the model and the layer. Frequencies in float64 (exact angles at long contexts), float32 where the device has no
-    float64 (MPS); ``llama3``: (factor, low_freq_factor, high_freq_factor, original_max_len), Llama 3.1's scaling."""
+    float64 (MPS); ``llama3``: (factor, low_freq_factor, high_freq_factor, original_max_len), Llama 3.1's scaling.
+
+    Under torch.compile the tables are one opaque operator of the graph (``difftransformer::rope_tables``), computed
+    as eagerly: else inductor fuses their float64 pow, cos and sin into every rotated element (B x T x heads x d/2 of
+    them, in a scalar loop), and the compiled baseline layer with RoPE took 1.4-1.8x its time without
+    (`bench layer --rope on --modes compile`, BENCHMARKS.md)."""
+    if torch.compiler.is_compiling():
+        return _rope_tables(positions, head_dim, float(theta), None if llama3 is None else [float(v) for v in llama3])
+    return _tables(positions, head_dim, theta, llama3)
+
+
+def _tables(positions: torch.Tensor, head_dim: int, theta: float,
+            llama3: Optional[Sequence[float]]) -> tuple[torch.Tensor, torch.Tensor]:
     dtype = torch.float32 if positions.device.type == "mps" else torch.float64
     inv_freq = rope_frequencies(head_dim, theta, positions.device, dtype)
     if llama3 is not None:
-        inv_freq = llama3_scaled(inv_freq, *llama3)
+        factor, low, high, original = llama3
+        inv_freq = llama3_scaled(inv_freq, factor, low, high, int(original))
     return rope_cos_sin(positions, inv_freq)
+
+
+@torch.library.custom_op("difftransformer::rope_tables", mutates_args=())
+def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
+                 llama3: Optional[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = _tables(positions, head_dim, theta, llama3)
+    return cos.contiguous(), sin.contiguous()
+
+
+@_rope_tables.register_fake
+def _(positions: torch.Tensor, head_dim: int, theta: float,
+      llama3: Optional[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype = torch.float32 if positions.device.type == "mps" else torch.float64
+    shape = (*positions.shape, 1, head_dim // 2)
+    return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
 
 
 def rotate(x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
