@@ -77,39 +77,40 @@ SERIAL_TESTS: set[str] = set()
 
 # The parallel pass hands out whole files (`--dist loadfile`) in this order (`--no-loadscope-reorder`; xdist's own
 # order is by the number of tests, which put the long one-test files last, alone at the end): the longest first, so
-# that the short ones fill in around them. Each file's seconds in one parallel pass on 2 idle cores (2026-11-29,
-# `--durations=0` summed per file); the files under 5 s follow in collection order.
+# that the short ones fill in around them. Each file's seconds in one parallel pass on 2 idle cores (2026-12-06, an
+# AVX-512 machine, `--durations=0` summed per file); the files under 5 s follow in collection order.
 LONG_FILES = (
-    "tests/train/test_distributed.py",  # 45 s
-    "tests/model/test_triton_aot.py",  # 75 s with an empty Triton cache, a fresh machine's (13 s warm; 2026-12-02)
-    "tests/gpucheck/test_gpu_check_dry.py",  # 37 s
-    "tests/retrieval/test_protocol4.py",  # 34 s (2026-12-02, alone, both cores busy)
-    "tests/interop/test_smollm2.py",  # 31 s
-    "tests/model/test_triton_diff.py",  # 31 s
-    "tests/test_lean_install.py",  # 25 s
-    "tests/test_readme_commands.py",  # 25 s
-    "tests/test_examples.py",  # 25 s (2026-12-01, alone, one busy core)
-    "tests/model/test_layer.py",  # 20 s (2026-12-01, alone)
-    "tests/lmsweep/test_resume_and_cli.py",  # 24 s
-    "tests/lmsweep/test_diagnostic.py",  # 16 s
-    "tests/test_device_placement.py",  # 16 s
+    "tests/model/test_triton_aot.py",  # 75 s with an empty Triton cache, a fresh machine's (18 s warm; 2026-12-06)
+    "tests/train/test_distributed.py",  # 51 s
+    "tests/gpucheck/test_gpu_check_dry.py",  # 47 s
+    "tests/model/test_triton_diff.py",  # 33 s
+    "tests/lmsweep/test_diagnostic.py",  # 32 s
+    "tests/lmsweep/test_resume_and_cli.py",  # 31 s
+    "tests/interop/test_smollm2.py",  # 30 s
+    "tests/test_readme_commands.py",  # 28 s
+    "tests/test_examples.py",  # 22 s
+    "tests/retrieval/test_protocol4.py",  # 21 s
+    "tests/model/test_layer.py",  # 17 s
+    "tests/test_device_placement.py",  # 17 s
+    "tests/test_lean_install.py",  # 16 s
+    "tests/eval/test_report_lmsweep.py",  # 16 s
     "tests/lmsweep/test_rounding_scope.py",  # 13 s
-    "tests/eval/test_report_lmsweep.py",  # 13 s
-    "tests/retrieval/test_journal_resume.py",  # 12 s
-    "tests/train/test_multinode.py",  # 10 s
-    "tests/jobs/test_runner.py",  # 10 s
-    "tests/eval/test_report.py",  # 9 s
-    "tests/train/test_fault_injection.py",  # 9 s
-    "tests/test_bad_input_fuzz.py",  # 8 s
-    "tests/retrieval/test_end_to_end.py",  # 7 s
+    "tests/retrieval/test_journal_resume.py",  # 13 s
+    "tests/jobs/test_runner.py",  # 12 s
+    "tests/eval/test_report.py",  # 12 s
+    "tests/retrieval/test_retrieval_diagnostic.py",  # 11 s
+    "tests/test_bad_input_fuzz.py",  # 11 s
+    "tests/retrieval/test_end_to_end.py",  # 9 s
+    "tests/train/test_multinode.py",  # 9 s
+    "tests/model/test_layer_conventions.py",  # 9 s
+    "tests/lmsweep/test_committed_results.py",  # 9 s
+    "tests/train/test_fault_injection.py",  # 8 s
     "tests/interop/test_remote_code.py",  # 7 s
-    "tests/retrieval/test_retrieval_diagnostic.py",  # 7 s
-    "tests/model/test_compile.py",  # 6 s
+    "tests/model/test_compile.py",  # 7 s
+    "tests/bench/test_bench_shape.py",  # 7 s
+    "tests/test_architecture.py",  # 6 s
     "tests/test_fourth_variant.py",  # 6 s
-    "tests/studies/test_third_study.py",  # 10 s (2026-12-02, alone, both cores busy)
-    "tests/lmsweep/test_committed_results.py",  # 6 s
-    "tests/bench/test_bench_shape.py",  # 6 s
-    "tests/eval/test_analyses.py",  # 5 s
+    "tests/eval/test_report_retrieval.py",  # 6 s
 )
 
 
