@@ -150,6 +150,29 @@ def test_package_module_runs_our_model(exported):
         assert (hf(ids).logits - model(ids).logits).abs().max() <= TOL
 
 
+def test_compiled_rope_tables_are_one_operator(exported):
+    """Under torch.compile the remote code's RoPE tables come from one opaque operator
+    (``difftransformer_remote::rope_cos_sin``), not cos and sin that inductor would fuse into every rotated element
+    (as for the package's model: tests/model/test_compile.py); the traced graphs give the eager logits."""
+    model, _, rc = exported["v2_ablation"]  # Llama 3.1's scaled frequencies too
+    hf = load(rc)
+    graphs: list[set[str]] = []
+
+    def record(gm, inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")})
+        return gm.forward
+
+    torch._dynamo.reset()
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        out, ref = torch.compile(hf, backend=record)(ids).logits, hf(ids).logits
+    torch._dynamo.reset()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert any(any("rope_cos_sin" in op for op in ops) for ops in graphs), graphs
+    assert not any(op in ("cos", "sin") or op.endswith((".cos", ".sin")) or "method cos" in op or "method sin" in op
+                   for ops in graphs for op in ops), graphs
+
+
 # ---------------------------------------------------------------------------------------------- the function
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", list(VARIANTS) + list(ABLATIONS))

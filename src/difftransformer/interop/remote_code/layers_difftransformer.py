@@ -62,9 +62,44 @@ def rope_inv_freq(config: DiffTransformerConfig, device: torch.device) -> torch.
 
 
 def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, T, 1, d/2) for position_ids (B, T), in inv_freq's dtype."""
+    """cos, sin of shape (B, T, 1, d/2) for position_ids (B, T), in inv_freq's dtype. Under torch.compile (torch >=
+    2.4) one opaque operator of the graph, computed as eagerly: else inductor fuses the float64 cos and sin into
+    every rotated element (the package's rope.py says what it cost)."""
+    if _ROPE_OP is not None and _compiling():
+        return _ROPE_OP(position_ids, inv_freq)
+    return _rope_cos_sin(position_ids, inv_freq)
+
+
+def _rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     angles = position_ids.to(inv_freq.dtype)[..., None] * inv_freq
     return angles.cos()[..., None, :], angles.sin()[..., None, :]
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+def _rope_op():
+    """``difftransformer_remote::rope_cos_sin`` (defining it again, as a second copy of this file does, replaces it
+    with the same function), or None where torch has no ``torch.library.custom_op``."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+
+    @torch.library.custom_op("difftransformer_remote::rope_cos_sin", mutates_args=())
+    def op(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = _rope_cos_sin(position_ids, inv_freq)
+        return cos.contiguous(), sin.contiguous()
+
+    @op.register_fake
+    def _(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (*position_ids.shape, 1, inv_freq.shape[-1])
+        return inv_freq.new_empty(shape), inv_freq.new_empty(shape)
+
+    return op
+
+
+_ROPE_OP = _rope_op()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
