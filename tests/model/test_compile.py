@@ -67,3 +67,18 @@ def test_rope_tables_are_one_opaque_operator_of_the_graph(build):
     assert graphs and all(any("rope_tables" in op for op in ops) for ops in graphs), graphs
     assert not any(op in ("cos", "sin") or op.endswith((".cos", ".sin")) or "method cos" in op or "method sin" in op
                    for ops in graphs for op in ops), graphs
+
+
+def test_the_rope_operator_keeps_the_positions_device_and_its_fake_matches():
+    """The operator's tables sit on the positions' device (a CUDA model's stay on CUDA: checked here on the CPU and on
+    the meta device, which runs only the fake), and its fake (what torch.compile traces with) gives the real call's
+    shape and dtype, for (T,) and (B, T) positions."""
+    from difftransformer.model import rope
+
+    for positions in (torch.arange(7), torch.arange(12).view(2, 6)):
+        cos, sin = torch.ops.difftransformer.rope_tables(positions, 16, 10000.0, None)
+        ref = rope._tables(positions, 16, 10000.0, None)
+        assert cos.device == positions.device and torch.equal(cos, ref[0]) and torch.equal(sin, ref[1])
+        meta_cos, meta_sin = torch.ops.difftransformer.rope_tables(positions.to("meta"), 16, 10000.0, None)
+        assert meta_cos.device.type == "meta" and meta_cos.shape == cos.shape and meta_cos.dtype == cos.dtype
+        assert meta_sin.shape == sin.shape and meta_sin.dtype == sin.dtype
