@@ -123,9 +123,11 @@ def fused_kernel(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, m
     if torch.compiler.is_compiling():
         return decide(backend, x, head_dim, value_dim, mask, decode=decode, own_keys=own_keys)
     case = case_of(backend, x, head_dim, value_dim, mask, decode=decode, own_keys=own_keys)
-    if case not in _DECIDED:
-        _DECIDED[case] = decide(backend, x, head_dim, value_dim, mask, decode=decode, own_keys=own_keys)
-    return _DECIDED[case]
+    try:
+        return _DECIDED[case]
+    except KeyError:  # the first call of this case
+        kernel = _DECIDED[case] = decide(backend, x, head_dim, value_dim, mask, decode=decode, own_keys=own_keys)
+        return kernel
 
 
 def decide(backend: str, x: torch.Tensor, head_dim: int, value_dim: int, mask: Optional[torch.Tensor], *,
