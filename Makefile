@@ -40,10 +40,12 @@ chromium:
 	  echo "warning: could not install chromium; the report rendering test will fail" >&2
 
 # Lint and type-check first (configured in pyproject.toml; both must report nothing), then the tests on every core
-# (pytest-xdist, a file per worker so that its fixtures are built once, the longest files first), then, alone, those
-# marked `serial`, whose clocks another worker would skew (gpu-check's time limits, a killed pool's workers, the Ray
-# cluster: tests/conftest.py lists them and the order). PYTEST_WORKERS=0: no workers.
+# (pytest-xdist, a file per worker so that its fixtures are built once, the longest files first), then the files
+# marked `serial`, whose clocks a training neighbour would skew (gpu-check's time limits, a killed pool's workers,
+# the Ray cluster), on two workers: the Ray cluster's file on one, the short timed files on the other, nothing else
+# beside them (tests/conftest.py lists them and says why). PYTEST_WORKERS=0: no workers in either pass.
 PYTEST_WORKERS ?= auto
+SERIAL_WORKERS = $(if $(filter 0,$(PYTEST_WORKERS)),0,2)
 # Bytecode is written (__pycache__/, ignored by git) even where PYTHONDONTWRITEBYTECODE is set, as in many container
 # images: else every pytest process rewrites every test file again (3 s of each one's start) and every command a
 # test starts compiles the sources again.
@@ -52,7 +54,7 @@ test: install chromium
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" tests
-	$(PY) -m pytest -q -m serial tests
+	$(PY) -m pytest -q -n $(SERIAL_WORKERS) --dist loadfile --no-loadscope-reorder -m serial tests
 
 # The core promises in under a minute (marker `fast`, tests/conftest.py): every attention variant and backend
 # against the float64 reference, cached decode vs the full forward, save/load round trips, config validation, one

@@ -34,8 +34,9 @@ def assert_cli_error(capsys):
 
 # ---------------------------------------------------------------------------------------------- markers
 # `make test-fast` runs `-m fast`: the core promises in under a minute on 2 CPU cores. `make test` runs everything
-# but `serial` on every core (pytest-xdist), then `-m serial` alone. The markers are given here, by file or test,
-# so the test files stay as they are; a file not listed runs in the parallel pass.
+# but `serial` on every core (pytest-xdist), then `-m serial` on two workers with nothing else beside them. The
+# markers are given here, by file or test, so the test files stay as they are; a file not listed runs in the
+# parallel pass.
 
 # Whole files in the fast set: every attention variant and backend against the float64 reference, the rows-only
 # forward, the model's save/load round trips and config validation, the KV cache, Hugging Face round trips (ours ->
@@ -62,12 +63,15 @@ FAST_TESTS = {
 # subcommand): exit 2, one error line, nothing changed.
 FUZZ = "tests/test_bad_input_fuzz.py::test_bad_input_is_one_line_and_changes_nothing"
 
-# Files whose tests must run alone, after the parallel pass: beside another worker their clocks would lie. The
-# gpu-check steps are killed at time limits and one kill is timed against the clock; a pool's driver killed under
-# running jobs must leave no worker alive 5 s later; the Ray cluster's processes (GCS, two raylets, a worker per job)
-# answer health checks and a node is removed mid-run. Tests that start process pools, torchrun or Chromium, or kill
-# a process with SIGKILL at a point the test waits for (a journal's line count, a checkpoint), time nothing against
-# the wall and run in the parallel pass: there they overlap the rest (measured: 106 s alone, 142 s of CPU).
+# Files whose clocks a training neighbour would skew: they run after the parallel pass, in a pass of their own on two
+# workers (`make test`), the Ray cluster's file on one and the short timed files on the other. The gpu-check steps
+# are killed at time limits and one kill is timed against the clock; a pool's driver killed under running jobs must
+# leave no worker alive 5 s later; the Ray cluster's processes (GCS, two raylets, a worker per job) answer health
+# checks and a node is removed mid-run. Beside each other they are safe: the timed files' processes sleep or wait
+# while they are timed, and the one local Ray instance among them is started apart from the cluster (RAY_ADDRESS=local,
+# test_no_orphans.py). Tests that start process pools, torchrun or Chromium, or kill a process with SIGKILL at a point
+# the test waits for (a journal's line count, a checkpoint), time nothing against the wall and run in the parallel
+# pass: there they overlap the rest (measured: 106 s alone, 142 s of CPU).
 SERIAL_FILES = {
     "tests/gpucheck/test_gpu_check.py",  # steps under time limits, and a kill timed against the clock
     "tests/jobs/test_no_orphans.py",  # a pool's driver killed (SIGKILL, SIGTERM): no worker alive 5 s later
@@ -75,11 +79,12 @@ SERIAL_FILES = {
 }
 SERIAL_TESTS: set[str] = set()
 
-# The parallel pass hands out whole files (`--dist loadfile`) in this order (`--no-loadscope-reorder`; xdist's own
+# Both passes hand out whole files (`--dist loadfile`) in this order (`--no-loadscope-reorder`; xdist's own
 # order is by the number of tests, which put the long one-test files last, alone at the end): the longest first, so
 # that the short ones fill in around them. Each file's seconds in one parallel pass on 2 idle cores (2026-12-06, an
 # AVX-512 machine, `--durations=0` summed per file); the files under 5 s follow in collection order.
 LONG_FILES = (
+    "tests/jobs/test_ray_cluster.py",  # the serial pass's longest file, 60 s (the other two: 30 s together)
     "tests/model/test_triton_aot.py",  # 75 s with an empty Triton cache, a fresh machine's (18 s warm; 2026-12-06)
     "tests/train/test_distributed.py",  # 51 s
     "tests/gpucheck/test_gpu_check_dry.py",  # 47 s
