@@ -1,5 +1,9 @@
 """torchrun on CPU/gloo: 2 processes (DDP, FSDP2) follow the 1-process run with the same global batch.
 
+The equivalence runs start their 2 ranks as torchrun does, without its launcher (``train_helpers.two_ranks``: the
+launcher loads torch a third time, about 2 s per run); the refusals run under torchrun itself, whose launcher
+reports them.
+
 Tolerance: the ranks' gradients are averaged by an all-reduce instead of inside one backward, so float32 sums are
 taken in another order; per-step losses and the validation loss agree within 1e-5 and the weights after 6 AdamW
 steps within 1e-5 (observed: losses within 5e-7; weights bit-equal under DDP, within 4e-7 under FSDP2). The weights
@@ -14,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from train_helpers import child_env, metric_records, tiny_config, weights
+from train_helpers import child_env, metric_records, tiny_config, two_ranks, weights
 
 from difftransformer.train.checkpoint import step_dir
 from difftransformer.train.trainer import train
@@ -22,14 +26,11 @@ from difftransformer.train.trainer import train
 STEPS = 6
 
 
-def _torchrun(run_dir, cfg_file, parallel: str, micro: int) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "difftransformer", "train", "--config", str(cfg_file), "--out", str(run_dir), "--no-progress",
-           "--train.parallel", parallel, "--train.micro_batch_size", str(micro)]
-    env = child_env()
-    env["OMP_NUM_THREADS"] = "1"
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+def _two_ranks(run_dir, cfg_file, parallel: str, micro: int) -> None:
+    res = two_ranks("train", "--config", str(cfg_file), "--out", str(run_dir), "--no-progress", "--train.parallel",
+                    parallel, "--train.micro_batch_size", str(micro))
     assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("parameters") == 1, res.stdout  # rank 0 alone prints the summary
     assert res.stdout.count("parameters") == 1, res.stdout  # rank 0 alone prints the summary
 
 
@@ -65,7 +66,7 @@ def test_two_processes_match_one(reference, parallel, micro):
     # derived: test_multinode.py runs it, checking the derivation's log line and the same tolerances.)
     tmp, cfg_file, single = reference
     run = tmp / f"{parallel}{micro}"
-    _torchrun(run, cfg_file, parallel, micro)
+    _two_ranks(run, cfg_file, parallel, micro)
     losses = metric_records(run, "loss")
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in losses.items():
@@ -138,12 +139,8 @@ def test_init_from_under_torchrun_matches_one_process(tmp_path, init_from, paral
 
     args, one_process = init_from
     one = one_process(attention)
-    env = child_env()
-    env["OMP_NUM_THREADS"] = "1"
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "-m", "difftransformer", *args, "--model.attention", attention, "--train.parallel",
-                          parallel, "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env,
-                         timeout=300)
+    res = two_ranks(*args, "--model.attention", attention, "--train.parallel", parallel, "--out",
+                    str(tmp_path / "two"))
     assert res.returncode == 0, res.stderr[-3000:]
     a, b = metric_records(one, "loss"), metric_records(tmp_path / "two", "loss")
     assert a.keys() == b.keys() == {1, 2, 3} and all(abs(a[s] - b[s]) <= 1e-5 for s in a)
