@@ -127,12 +127,16 @@ def _files_of(marker: str) -> set[str]:
 
 def pytest_ignore_collect(collection_path, config):
     """``-m fast`` or ``-m serial`` alone does not import the test files that hold none of its tests (collecting
-    every file takes longer than the fast tests run)."""
+    every file takes longer than the fast tests run); ``-m "not serial"`` does not import the serial files, whose
+    every test it would deselect (Ray's import, in each worker)."""
     marker = config.option.markexpr
-    if marker not in ("fast", "serial") or collection_path.suffix != ".py" or not collection_path.name.startswith(
-            "test_"):
+    if marker not in ("fast", "serial", "not serial") or collection_path.suffix != ".py" or \
+            not collection_path.name.startswith("test_"):
         return None
-    return True if collection_path.relative_to(config.rootpath).as_posix() not in _files_of(marker) else None
+    path = collection_path.relative_to(config.rootpath).as_posix()
+    if marker == "not serial":
+        return True if path in SERIAL_FILES else None
+    return True if path not in _files_of(marker) else None
 
 
 def _fuzz_command(argv: list[str]) -> tuple[str, ...]:

@@ -12,13 +12,17 @@ from difftransformer.gpucheck import gpu_check, gpu_plan
 
 def test_the_whole_dry_plan_runs_on_the_cpu_and_writes_the_summary(tmp_path, monkeypatch):
     """Every step of the dry plan once, as `make gpu-check-dry` runs it, but the smoke cut to one analysis (and the
-    training it reads) and the candidates to one (the smoke's commands run at toy size in test_readme_commands.py
-    and `make gpu-check-dry`; the candidates, one per kernel and form, in the candidates test below)."""
+    training it reads), the candidates to one and the tests step to one shard (the smoke's commands run at toy size
+    in test_readme_commands.py and `make gpu-check-dry`; the candidates, one per kernel and form, in the candidates
+    test of test_gpu_check.py; the tests step's 2 shards, stopped mid-way, there too)."""
     def cut(step):
         if step.name == "cuda-smoke":
             return gpu_check.Step(**{**step.__dict__, "args": (*step.args, "--only", "eval-outliers")})
         if step.name == "candidates":
             return gpu_check.Step(**{**step.__dict__, "args": (*step.args, "--limit", "1")})
+        if step.name == "tests":
+            i = step.args.index("--shards")
+            return gpu_check.Step(**{**step.__dict__, "args": (*step.args[:i + 1], "1", *step.args[i + 2:])})
         return step
 
     plan = [cut(s) for s in gpu_plan.dry_plan()]
@@ -37,7 +41,7 @@ def test_the_whole_dry_plan_runs_on_the_cpu_and_writes_the_summary(tmp_path, mon
     assert r["candidates"]["finished"] and r["candidates"]["counts"] == {"ok": 1, "wrong": 0, "failed": 0}
     assert (r["candidates"]["arch"], r["candidates"]["dtype"]) == ("sm_90", "float32")
     assert json.loads((tmp_path / gpu_check.SKIP_FILE).read_text())["skip"] == []
-    assert r["tests"]["finished"] and r["tests"]["shards"] == 2 and r["tests"]["counts"] == {"skipped": 30}
+    assert r["tests"]["finished"] and r["tests"]["shards"] == 1 and r["tests"]["counts"] == {"skipped": 30}
     for name in ("attention-3b", "attention-bench", "train-bench"):
         assert r[name]["rows"] and r[name]["labels"] == ["V1 sdpa", "V1 blocked", "V2 sdpa", "V2 blocked"], name
     assert r["decode-sdpa"]["rows"] and r["decode-sdpa"]["labels"] == ["V1", "V2"]

@@ -90,7 +90,7 @@ def toy(tmp_path_factory):
     and 40; the band of kept conditions opened to [0, 1] so that a toy model's accuracy keeps one."""
     mp = pytest.MonkeyPatch()
     mp.setattr(P, "KEEP", (0.0, 1.0))
-    cfg = P.base_config(RetrievalConfig(d_model=16, batch=8, eval_contexts=8, val_contexts=8, lr_grid=(2e-3, 4e-3),
+    cfg = P.base_config(RetrievalConfig(d_model=16, batch=8, eval_contexts=4, val_contexts=4, lr_grid=(2e-3, 4e-3),
                                         warmup=5))
     plan = P.Plan(val_seeds=(1, 2), test_seeds=(3, 4), speed_steps=20, curve=(30, 40),
                   names=("baseline", "diff_v1", "v1_no_norm"), config=cfg)
