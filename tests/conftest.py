@@ -86,15 +86,14 @@ SERIAL_TESTS: set[str] = set()
 LONG_FILES = (
     "tests/jobs/test_ray_cluster.py",  # the serial pass's longest file, 60 s (the other two: 30 s together)
     "tests/model/test_triton_aot.py",  # 75 s with an empty Triton cache, a fresh machine's (18 s warm; 2026-12-06)
-    "tests/train/test_distributed.py",  # 51 s
-    "tests/gpucheck/test_gpu_check_dry.py",  # 47 s
+    "tests/train/test_distributed.py",  # 49 s (51 s before its ranks ran without torchrun's launcher)
+    "tests/gpucheck/test_gpu_check_dry.py",  # 43 s (47 s with the tests step's 2 shards)
     "tests/model/test_triton_diff.py",  # 33 s
     "tests/lmsweep/test_diagnostic.py",  # 32 s
     "tests/lmsweep/test_resume_and_cli.py",  # 31 s
     "tests/interop/test_smollm2.py",  # 30 s
     "tests/test_readme_commands.py",  # 28 s
-    "tests/test_examples.py",  # 22 s
-    "tests/retrieval/test_protocol4.py",  # 21 s
+    "tests/retrieval/test_protocol4.py",  # 16 s (21 s before 2026-12-06's cut)
     "tests/model/test_layer.py",  # 17 s
     "tests/test_device_placement.py",  # 17 s
     "tests/test_lean_install.py",  # 16 s
@@ -116,6 +115,7 @@ LONG_FILES = (
     "tests/test_architecture.py",  # 6 s
     "tests/test_fourth_variant.py",  # 6 s
     "tests/eval/test_report_retrieval.py",  # 6 s
+    "tests/test_examples.py",  # 7 s (22 s before its runs moved into the pytest process)
 )
 
 
