@@ -60,7 +60,8 @@ def test_gpt_trains_reports_and_generates():
 
 
 def test_vit_prints_the_table_and_the_paired_differences(monkeypatch):
-    r = run_example_here(monkeypatch, "vit_digits.py", "--seeds", "2", "--epochs", "1", "--d-model", "16", "--depth", "1")
+    r = run_example_here(monkeypatch, "vit_digits.py", "--seeds", "2", "--epochs", "1", "--d-model", "16", "--depth",
+                         "1")
     assert r.returncode == 0, r.stderr
     assert "An example, not a claim" in r.stdout
     for variant in ("baseline", "diff_v1", "diff_v2"):
@@ -73,8 +74,8 @@ def test_vit_prints_the_table_and_the_paired_differences(monkeypatch):
 
 
 def test_vit_without_the_baseline_prints_no_difference(monkeypatch):
-    r = run_example_here(monkeypatch, "vit_digits.py", "--seeds", "1", "--epochs", "1", "--d-model", "16", "--depth", "1",
-                    "--variants", "diff_v2")
+    r = run_example_here(monkeypatch, "vit_digits.py", "--seeds", "1", "--epochs", "1", "--d-model", "16", "--depth",
+                         "1", "--variants", "diff_v2")
     assert r.returncode == 0, r.stderr
     assert re.search(r"^diff_v2 +[\d,]+ +\d+\.\d+ \(one seed: no interval\)$", r.stdout, re.M), r.stdout
     assert "baseline" not in r.stdout
