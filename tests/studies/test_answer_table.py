@@ -29,10 +29,35 @@ def test_every_cell_comes_from_its_row():
     assert cells[("diff_v2", False)]["as_published"] and cells[("diff_v2", False)]["language_model"]["estimate"] == -0.11
     assert cells[("diff_v2", True)]["retrieval"]["reading"] == "closes the gap"
     table = answer.markdown(RESULTS)
-    assert "| DIFF V2 | with | +0.010 [+0.000, +0.020], closes the gap | +0.200 [+0.190, +0.210], costs loss |" in table
-    assert "| DIFF V1 (as published) | with | +0.060 [+0.050, +0.070] | +0.330 [+0.320, +0.340] |" in table
+    assert ("| DIFF V2 | with | +0.010 [+0.000, +0.020], closes the gap | not run | +0.200 [+0.190, +0.210], costs "
+            "loss |") in table
+    assert "| DIFF V1 (as published) | with | +0.060 [+0.050, +0.070] | not run | +0.330 [+0.320, +0.340] |" in table
     page = answer.section(RESULTS)
     assert "Not measured in this run" in page and "costs loss" in page and page.count("<tr>") == 5
+
+
+def _v4(capability):
+    return {"complete": [560, 582], "conditions": {"primary": "p48c192"}, "length": {"L": 4800},
+            "capability": capability}
+
+
+def test_the_capability_column_says_where_protocol_4_stands_then_reads_endpoint_2():
+    """Version 4's endpoint 2 per (variant, norm): its name's D, an arm's reading against its variant; "running" and
+    the count in the heading until the test jobs at L are all in."""
+    running = answer.markdown({**RESULTS, "retrieval_v4": _v4(None)})
+    assert "accuracy, `p48c192`, 4,800 steps (12 seeds; higher is better; running: 560 of 582 jobs) |" in running
+    assert running.count("| running |") == 4
+    read = {"diff_v1": _d(0.02), "v1_no_norm": _d(-0.05, "removes the lead"), "diff_v2": _d(-0.03),
+            "v2_headwise_norm": _d(0.04, "closes the gap"), "v2_gain": _d(0.5, "never shown")}
+    table = answer.markdown({**RESULTS, "retrieval_v4": _v4(read)})
+    assert "(12 seeds; higher is better) |" in table and "running" not in table and "never shown" not in table
+    assert ("| DIFF V1 | without | -0.020 [-0.030, -0.010], removes the lead | -0.050 [-0.060, -0.040], removes the "
+            "lead |") in table
+    assert "| DIFF V2 (as published) | without | -0.180 [-0.190, -0.170] | -0.030 [-0.040, -0.020] |" in table
+    cells = {(c["variant"], c["headwise_norm"]): c["capability"] for c in answer.cells({**RESULTS,
+                                                                                         "retrieval_v4": _v4(read)})}
+    assert {k: c["name"] for k, c in cells.items()} == answer.CAPABILITY
+    assert "-0.050 [-0.060, -0.040], removes the lead" in answer.section({**RESULTS, "retrieval_v4": _v4(read)})
 
 
 def test_the_demo_page_says_it_opens_with_the_committed_answer():
