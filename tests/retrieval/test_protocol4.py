@@ -173,6 +173,28 @@ def test_the_committed_journal_rebuilds():
     assert f"{len(records)} of {res['complete'][1]} jobs" in markdown_table(res)
 
 
+def test_the_default_plans_rebuild_reads_a_journal_once_per_state(tmp_path, monkeypatch):
+    """``rebuild`` without a plan reads a journal once per state in a process (`make docs` and the answer table read
+    the committed one several times): the same result again, a copy the caller may change; read again once the
+    journal changes; never kept for another plan."""
+    out = tmp_path / "v4"
+    out.mkdir()
+    shutil.copy(ROOT / "docs" / "results" / "retrieval-v4" / P.JOURNAL, out / P.JOURNAL)
+    reads = []
+    real = P.assess
+    monkeypatch.setattr(P, "assess", lambda *a, **k: reads.append(1) or real(*a, **k))
+    first = P.rebuild(out)
+    first["complete"] = None
+    again = P.rebuild(out)
+    assert len(reads) == 1 and again["complete"] is not None and again == P.rebuild(out)
+    lines = (out / P.JOURNAL).read_text().splitlines(keepends=True)
+    (out / P.JOURNAL).write_text("".join(lines[:-1]))
+    assert P.rebuild(out)["complete"][0] == again["complete"][0] - 1 and len(reads) == 2
+    P.rebuild(out, P.Plan())
+    P.rebuild(out, P.Plan())
+    assert len(reads) == 4
+
+
 def test_the_report_reads_it_and_its_section_marks_a_smoke_run(toy, tmp_path):
     """Version 4 as a registered study: ``report --retrieval-v4 DIR`` reads protocol4.json (checked), and the section
     shows both endpoints' table; a ``--quick`` run's section says it is a smoke run, a full one's does not."""
