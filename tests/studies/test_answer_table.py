@@ -57,7 +57,9 @@ def test_the_capability_column_says_where_protocol_4_stands_then_reads_endpoint_
     cells = {(c["variant"], c["headwise_norm"]): c["capability"] for c in answer.cells({**RESULTS,
                                                                                          "retrieval_v4": _v4(read)})}
     assert {k: c["name"] for k, c in cells.items()} == answer.CAPABILITY
-    assert "-0.050 [-0.060, -0.040], removes the lead" in answer.section({**RESULTS, "retrieval_v4": _v4(read)})
+    page = answer.section({**RESULTS, "retrieval_v4": _v4(read)})
+    assert "-0.050 [-0.060, -0.040], removes the lead" in page and "docs/results/retrieval-v4" in page
+    assert "docs/results/retrieval-v4" not in answer.section(RESULTS)
 
 
 def test_the_demo_page_says_it_opens_with_the_committed_answer():

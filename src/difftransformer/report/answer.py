@@ -160,7 +160,8 @@ def html_table(results: dict[str, dict[str, Any]]) -> str:
 def section(results: dict[str, dict[str, Any]]) -> str:
     """The report page's opening section (the demo's): the answer table, marked as not measured in the run that shows
     it, with where its numbers come from and the commands that measure them again."""
-    folders = ", ".join(f"<code>docs/results/{d}</code>" for d, _ in FILES.values())
+    dirs = [d for d, _ in FILES.values()] + ([V4] if results.get("retrieval_v4") else [])
+    folders = ", ".join(f"<code>docs/results/{d}</code>" for d in dirs)
     return ("<h2>Which differential attention, for which job</h2>"
             "<div class='provenance'><p><b>Not measured in this run.</b> The repository's committed results of the "
             f"pre-registered diagnostics ({folders}), read as committed: a test rebuilds each from its journal. "
