@@ -173,7 +173,7 @@ def section(results: dict[str, dict[str, Any]]) -> str:
             "an arm's reading against its own variant (retrieval/DIAGNOSTIC.md). The rows marked as published are "
             "the variants as their sources define them. \"(survives AVX2)\": the same reading when every run it "
             "reads is made again under AVX2 kernels at the same lr (the diagnostics' rounding checks).</p>"
-            "<p class='note'><b>The retrieval column is a speed reading.</b> It was read after 600 training steps. "
+            "<p class='note'><b>The retrieval speed column</b> was read after 600 training steps. "
             "Re-read at 2x and 4x the steps (same seeds and learning rates; retrieval/LONGER.md, pre-registered), "
             "every retrieval cell vanishes: each variant ends at the ceiling on this lookup, while the head-wise "
             "norm still makes it learned sooner. The language-model column is read at the end of training. "
