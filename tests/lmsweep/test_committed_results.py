@@ -187,7 +187,7 @@ def test_the_committed_mechanism_journal_rebuilds():
         assert_results_close(json.loads(json.dumps(res["rows"])), read(out / mech.RESULTS, validate_mechanism)["rows"])
 
 
-def test_the_committed_mechanism_rounding_check_rebuilds(tmp_path):
+def test_the_committed_mechanism_rounding_check_rebuilds(rebuilt_sweep, tmp_path):
     """The arms' committed AVX2 rounding check (docs/results/lm-mechanism/rounding-avx2 and rounding.json): its
     journal, read against the committed diagnostics' own AVX2 runs, gives the committed rounding.json without
     training anything (the suite's stated tolerance; its readings exactly); docs/lm-sweep.md quotes it."""
@@ -202,6 +202,7 @@ def test_the_committed_mechanism_rounding_check_rebuilds(tmp_path):
     committed = json.loads((out / "rounding.json").read_text())
     shutil.copy(out / mech.JOURNAL, tmp_path / mech.JOURNAL)
     shutil.copytree(out / "rounding-avx2", tmp_path / "rounding-avx2")
+    shutil.copytree(rebuilt_sweep[0] / "data", tmp_path / "rounding-avx2" / "data")  # the same tokens, reused
     check = json.loads(json.dumps(mr.rounding_check(RESULTS, DOCS, tmp_path, "avx2",
                                                     RunOptions(workers=1, progress=False))))
     assert check["timings"]["jobs_run"] == 0

@@ -8,6 +8,7 @@ models); the reading rule is the protocol's; a resumed run runs nothing."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -203,21 +204,31 @@ def test_the_2x_tokens_classing(tmp_path):
                                                                                    "survives"]
 
 
+def _diagnostics(root: Path) -> Path:
+    """ROOT/diags: the V1 diagnostic and the V2 one (arm ``v2_headwise_norm``) as ``--diagnostics`` reads them,
+    copied from the runs of the tests above (the V2 one run here where its test did not run first); the V2 one
+    without its rounding check, which the mechanism's rounding test asks for first."""
+    import shutil
+    diags = root / "diags"
+    if not (root / "diag-v2" / dg.RESULTS).is_file():
+        dg.run_diagnostic(root / "ref", root / "diag-v2", RunOptions(workers=1, progress=False),
+                          spec=dg.v2_spec(("v2_headwise_norm",)))
+    for name, first in (("v1-diagnostic", root / "diag"), ("v2-diagnostic", root / "diag-v2")):
+        if not (diags / name).exists():
+            skip = shutil.ignore_patterns("rounding-*", "rounding.json") if name == "v2-diagnostic" else None
+            shutil.copytree(first, diags / name, ignore=skip)
+    return diags
+
+
 def test_the_mechanism_arms_at_toy_size(runs, capsys):
     """lm-sweep --mechanism (retrieval/LONGER.md's addition of 2026-12-02 00:04) on the toy reference: each arm's grid
     on every seed, its lr by the sweep's rule, D, C and C' the paired differences against the diagnostics' own runs
     (their baseline rerun, their variant's rerun, the variant's other form at its chosen lr), the V2 rule's reading; a
     second run runs nothing; the rebuild from the journal reads the same; refusals before any OUT."""
-    import shutil
-
     from difftransformer.cli import main
     from difftransformer.lmsweep import mechanism as mech
     root, _ = runs
-    diags = root / "diags"
-    if not (diags / "v1-diagnostic").exists():
-        shutil.copytree(root / "diag", diags / "v1-diagnostic")
-        dg.run_diagnostic(root / "ref", diags / "v2-diagnostic", RunOptions(workers=1, progress=False),
-                          spec=dg.v2_spec(("v2_headwise_norm",)))
+    diags = _diagnostics(root)
     res = mech.run_mechanism(root / "ref", diags, root / "mech", RunOptions(workers=1, progress=False))
     rows = res["rows"]
     assert set(rows) == set(mech.ARMS) and res["timings"]["jobs_run"] == len(mech.ARMS) * 2 * 2
@@ -267,10 +278,7 @@ def test_the_mechanism_arms_rounding_check_at_toy_size(runs, capsys):
     from difftransformer.lmsweep import mechanism_rounding as mr
     root, _ = runs
     opts = RunOptions(workers=1, progress=False)
-    diags = root / "diags"
-    if not (diags / "v1-diagnostic").exists():
-        shutil.copytree(root / "diag", diags / "v1-diagnostic")
-        dg.run_diagnostic(root / "ref", diags / "v2-diagnostic", opts, spec=dg.v2_spec(("v2_headwise_norm",)))
+    diags = _diagnostics(root)
     if not (root / "mech" / mech.JOURNAL).is_file():
         mech.run_mechanism(root / "ref", diags, root / "mech", opts)
     argv = ["lm-sweep", "--mechanism", "--rounding-check", "avx2", "--reference", str(root / "ref"),
@@ -278,8 +286,10 @@ def test_the_mechanism_arms_rounding_check_at_toy_size(runs, capsys):
     if not (diags / "v2-diagnostic" / "rounding-avx2").exists():
         assert main(argv) == 2 and "v2-diagnostic has no rounding check under avx2" in capsys.readouterr().err
         assert not (root / "mech" / "rounding-avx2").exists()
-    for name in ("v1-diagnostic", "v2-diagnostic"):
-        dr.rounding_check(root / "ref", diags / name, "avx2", opts)
+    for name, first in (("v1-diagnostic", root / "diag"), ("v2-diagnostic", root / "diag-v2")):
+        if (first / "rounding-avx2").is_dir():  # its own test ran that check: the same jobs, their journal copied
+            shutil.copytree(first / "rounding-avx2", diags / name / "rounding-avx2", dirs_exist_ok=True)
+        dr.rounding_check(root / "ref", diags / name, "avx2", opts)  # reads them: 0 jobs where copied
     assert main(argv) == 0
     check = json.loads((root / "mech" / "rounding.json").read_text())
     assert list(check["rows"]) == list(mech.ARMS) and check["timings"]["jobs_run"] == len(mech.ARMS) * 2
