@@ -74,6 +74,12 @@ def test_the_committed_sweep_is_rebuilt_not_trained(tmp_path):
     with pytest.raises(ValueError, match="keys this code does not compute"):
         committed.rebuild(tmp_path / "again", bad)
     assert not (tmp_path / "again" / "sweep.json").exists()
+    assert not (tmp_path / "sweep" / "data").exists()  # a rebuild makes no tokens (4.6 s of the demo's report)
+    lines = (committed.RESULTS / JOURNAL).read_text().splitlines(keepends=True)
+    (bad / JOURNAL).write_text("".join(lines[:7] + lines[8:]))  # one job short
+    with pytest.raises(ValueError, match="lacks the job .*: a rebuild trains nothing"):
+        committed.rebuild(tmp_path / "short", bad)
+    assert not (tmp_path / "short" / "sweep.json").exists() and not (tmp_path / "short" / "data").exists()
 
 
 def test_not_measurable_reaches_the_text_and_the_page(tmp_path):

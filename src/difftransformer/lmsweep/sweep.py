@@ -67,40 +67,61 @@ def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
     return data, fingerprint(tc.data), tc.model.vocab_size
 
 
+def _identity(cfg: LMSweepConfig, out: Path) -> tuple[str, int]:
+    """What ``prepare`` returns but the tokens: their fingerprint and the vocabulary size, both from the
+    configuration (a rebuild from a whole journal needs no tokens)."""
+    from ..data.shards import fingerprint
+    from .job import train_config
+    tc = train_config(cfg, cfg.widths[0], cfg.variants[0], cfg.seed_base, cfg.lr_grid[0], str(out / "data"))
+    return fingerprint(tc.data), tc.model.vocab_size
+
+
 def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, progress: bool = True,
-                 options: Optional[RunOptions] = None, choices: Optional[Choices] = None) -> dict[str, Any]:
+                 options: Optional[RunOptions] = None, choices: Optional[Choices] = None,
+                 rebuild_only: bool = False) -> dict[str, Any]:
     """Run (or resume) every job of the protocol, decide, and write OUT/sweep.json and the plots. ``options``: how
     the jobs run (default: ``workers`` local processes, ``progress``). ``choices``: a reference run's lr choices
     (``reference_choices``): only the rounding check's chosen scope runs (``analysis.rounding_jobs``), decided at
-    those lrs; the same journal keys as the whole sweep's, so a later run without them completes it."""
+    those lrs; the same journal keys as the whole sweep's, so a later run without them completes it.
+    ``rebuild_only``: OUT's journal holds every job (a committed sweep): read it, prepare no tokens, and raise a
+    ValueError, before training anything, at the first job it lacks."""
     options = options or RunOptions(workers=workers, progress=progress)
     refuse_other_version(Path(out_dir) / JOURNAL)  # before the executor starts and the tokens are prepared
     from ..data.corpus import check_sources
     check_sources(list(cfg.data), "--data")  # your own corpus: every path there, before OUT is made
     ex = open_executor(cfg.cpu_code_path, options)  # a refusal (no GPU, no cluster) before the tokens are prepared
     try:
-        return _run(cfg, Path(out_dir), options, ex, choices)
+        return _run(cfg, Path(out_dir), options, ex, choices, rebuild_only)
     finally:
         ex.close()
 
 
-def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: Optional[Choices]) -> dict[str, Any]:
+def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: Optional[Choices],
+         rebuild_only: bool = False) -> dict[str, Any]:
     """``run_lm_sweep`` on the opened executor ``ex``."""
     from .job import run_job
     dev = options.device
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data, fp, vocab = prepare(cfg, out, options.progress)
+    if rebuild_only:
+        (fp, vocab), data_dir = _identity(cfg, out), ""
+    else:
+        data, fp, vocab = prepare(cfg, out, options.progress)
+        data_dir = str(data.directory)
     cap = math.log(vocab)
     header = {"benchmark": "language-model sweep", "protocol_version": PROTOCOL_VERSION, "config": cfg.to_dict(),
               "data": fp}
     journal = Journal(out / JOURNAL, header, validate_lm_run)  # every record an LmSweepRun
-    data_dir = str(data.directory)
     cfg_d = cfg.to_dict()
     scoped = None if choices is None else rounding_jobs(cfg, choices)
+
+    def args(j: Job) -> tuple:
+        if rebuild_only:
+            raise ValueError(f"{out / JOURNAL} lacks the job {' '.join(map(str, j))}: a rebuild trains nothing")
+        return (cfg_d, data_dir, *j, dev)
     spec: JobSpec[Job] = JobSpec(needed=lambda d: needed_jobs(cfg, d, cap) if scoped is None else (scoped, True),
                                  run=run_job,
-                                 args=lambda j: (cfg_d, data_dir, *j, dev),
+                                 args=args,
                                  key=lambda j: job_key(job_description(cfg, fp, j, dev)), code_path=cfg.cpu_code_path,
                                  desc="language-model sweep (jobs)")
     done, ran = run_jobs(spec, journal, options, ex)
