@@ -209,10 +209,12 @@ def test_the_gpu_scale_runs_end_to_end_on_the_cpu_at_toy_size(whole, tmp_path, c
     assert "Fig. 3a premise" in stdout and "unresolved edge" in stdout  # lr_widen 0: every edge choice
 
 
-def test_a_diagnostic_refused_after_preparing_leaves_no_out(tmp_path, capsys):
-    """--diagnostic's refusals that need the tokens prepared in OUT (here: the reference's data fingerprint is not
-    this preset's tokens') remove the OUT they made: one line, exit 2, no directory (issue 66 item 7)."""
+def test_a_diagnostic_refused_after_preparing_leaves_no_out(tmp_path, capsys, monkeypatch):
+    """--diagnostic's refusals remove the OUT they made: one line, exit 2, no directory (issue 66 item 7). A reference
+    whose data fingerprint is not this preset's tokens' is refused before the tokens are made; a refusal that comes
+    after they are in OUT (the windows they cannot hold, ``sweep.prepare``'s: here one injected there) removes them."""
     from difftransformer.cli import main as cli_main
+    from difftransformer.lmsweep import sweep
     src = Path(__file__).resolve().parents[2] / "docs" / "results" / "lm-sweep-v2"
     ref = tmp_path / "ref"
     ref.mkdir()
@@ -222,8 +224,23 @@ def test_a_diagnostic_refused_after_preparing_leaves_no_out(tmp_path, capsys):
     (ref / "lm-jobs.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
     (ref / "sweep.json").write_text((src / "sweep.json").read_text())
     out = tmp_path / "out"
-    assert cli_main(["lm-sweep", "--diagnostic", "v1", "--reference", str(ref), "--out", str(out), "--workers", "1",
-                     "--no-progress"]) == 2
+    argv = ["lm-sweep", "--diagnostic", "v1", "--reference", str(ref), "--out", str(out), "--workers", "1",
+            "--no-progress"]
+    made = []
+    real_prepare = sweep.prepare
+    monkeypatch.setattr(sweep, "prepare", lambda *a: made.append(a) or real_prepare(*a))
+    assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data fingerprint" in err[0]
+    assert not out.exists() and made == []  # refused before any token was made
+
+    def tokens_then_refusal(cfg, where, progress):
+        (where / "data").mkdir(parents=True)
+        (where / "data" / "train.bin").write_bytes(b"\0" * 64)
+        raise ValueError("--seq-len 4096: the tokens hold no such window (injected)")
+    monkeypatch.setattr(sweep, "prepare", tokens_then_refusal)
+    (ref / "lm-jobs.jsonl").write_text((src / "lm-jobs.jsonl").read_text())  # the reference's own fingerprint
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "injected" in err[0]
     assert not out.exists()

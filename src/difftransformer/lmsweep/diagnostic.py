@@ -289,13 +289,14 @@ def out_removed_on_refusal(out: Path) -> Iterator[None]:
 
 def prepare_reference_tokens(cfg: LMSweepConfig, fp: str, out: Path, ref_dir: str | Path,
                              progress: bool) -> tuple[Any, int]:
-    """The reference sweep's tokens prepared in OUT (its data and vocabulary size), refused in one line when their
-    fingerprint is not the reference's: runs on other tokens would not be comparable."""
-    from .sweep import prepare
-    data, fp_here, vocab = prepare(cfg, out, progress)
+    """The reference sweep's tokens prepared in OUT (its data and vocabulary size), refused in one line, before
+    they are made, when their fingerprint is not the reference's: runs on other tokens would not be comparable."""
+    from .sweep import identity, prepare
+    fp_here, _ = identity(cfg, out)
     if fp_here != fp:
         raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
                          f"({fp_here}); the reused runs would not be comparable")
+    data, _, vocab = prepare(cfg, out, progress)
     return data, vocab
 
 

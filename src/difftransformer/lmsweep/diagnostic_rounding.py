@@ -20,6 +20,7 @@ from .diagnostic import (
     V2,
     _interval,
     cap_of,
+    prepare_reference_tokens,
     reading,
     reference,
     run_arm_job,
@@ -37,7 +38,6 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
     writes OUT/rounding.json."""
     from ..fileio import read_json
     from ..studies.rounding import compare_readings
-    from .sweep import prepare
     options = options or RunOptions(workers=2)
     path = Path(out_dir) / RESULTS
     if not path.is_file():
@@ -62,10 +62,7 @@ def rounding_check(ref_dir: str | Path, out_dir: str | Path, code_path: str,
     out.mkdir(parents=True, exist_ok=True)
     ex = open_executor(code_path, options)
     try:
-        data, fp_here, vocab = prepare(other, out, options.progress)
-        if fp_here != fp:
-            raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
-                             f"({fp_here})")
+        data, vocab = prepare_reference_tokens(other, fp, out, ref_dir, options.progress)
         dev, cfg_d, data_dir = options.device, other.to_dict(), str(data.directory)
         jobs = [Job(width, name, s, x) for name, x in lr.items() for s in cfg.test_seeds]
         which = {} if spec.name == "v1" else {"diagnostic": spec.name}

@@ -20,7 +20,7 @@ from ..studies.rounding import compare_readings
 from ..studies.schema import validate_readings
 from .analysis import Job, _compare, loss_of, passed
 from .diagnostic import JOURNAL as DIAG_JOURNAL
-from .diagnostic import _interval, cap_of, out_removed_on_refusal, reference, v2_reading
+from .diagnostic import _interval, cap_of, out_removed_on_refusal, prepare_reference_tokens, reference, v2_reading
 from .mechanism import ARMS, CHOSEN, JOURNAL, VERSION, _key, rebuild, run_mechanism_job
 from .sweep_schema import validate_lm_arm_run
 
@@ -65,7 +65,6 @@ def rounding_check(ref_dir: str | Path, diag_root: str | Path, out_dir: str | Pa
                    options: Optional[RunOptions] = None) -> dict[str, Any]:
     """The finished arms in ``out_dir`` at their chosen lrs again under ``code_path``; per arm D and C (with the V2
     rule's reading) under both code paths, each against the diagnostics' runs under the same code path."""
-    from .sweep import prepare
     options = options or RunOptions(workers=2)
     cfg, fp, _ = reference(Path(ref_dir))
     if code_path == cfg.cpu_code_path:
@@ -83,10 +82,7 @@ def rounding_check(ref_dir: str | Path, diag_root: str | Path, out_dir: str | Pa
     ex = open_executor(code_path, options)
     try:
         with out_removed_on_refusal(out):
-            data, fp_here, vocab = prepare(other, out, options.progress)
-            if fp_here != fp:
-                raise ValueError(f"--reference {ref_dir}: its data fingerprint {fp} is not this preset's tokens' "
-                                 f"({fp_here})")
+            data, vocab = prepare_reference_tokens(other, fp, out, ref_dir, options.progress)
         dev, cfg_d, data_dir = options.device, other.to_dict(), str(data.directory)
         jobs = [Job(width, a, s, lrs[a]) for a in ARMS for s in S]
         spec: JobSpec[Job] = JobSpec(

@@ -67,9 +67,10 @@ def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
     return data, fingerprint(tc.data), tc.model.vocab_size
 
 
-def _identity(cfg: LMSweepConfig, out: Path) -> tuple[str, int]:
+def identity(cfg: LMSweepConfig, out: Path) -> tuple[str, int]:
     """What ``prepare`` returns but the tokens: their fingerprint and the vocabulary size, both from the
-    configuration (a rebuild from a whole journal needs no tokens)."""
+    configuration (a rebuild from a whole journal needs no tokens; a reference's fingerprint is checked before they
+    are made)."""
     from ..data.shards import fingerprint
     from .job import train_config
     tc = train_config(cfg, cfg.widths[0], cfg.variants[0], cfg.seed_base, cfg.lr_grid[0], str(out / "data"))
@@ -104,7 +105,7 @@ def _run(cfg: LMSweepConfig, out: Path, options: RunOptions, ex: Any, choices: O
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if rebuild_only:
-        (fp, vocab), data_dir = _identity(cfg, out), ""
+        (fp, vocab), data_dir = identity(cfg, out), ""
     else:
         data, fp, vocab = prepare(cfg, out, options.progress)
         data_dir = str(data.directory)
