@@ -86,13 +86,13 @@ def test_a_v4_key_is_its_own():
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    """The whole protocol at toy size: 3 names, 2 validation and 2 test seeds, 20 steps for speed, the curve at 30
-    and 40; the band of kept conditions opened to [0, 1] so that a toy model's accuracy keeps one."""
+    """The whole protocol at toy size: 3 names, 2 validation and 2 test seeds, 10 steps for speed, the curve at 15
+    and 20; the band of kept conditions opened to [0, 1] so that a toy model's accuracy keeps one."""
     mp = pytest.MonkeyPatch()
     mp.setattr(P, "KEEP", (0.0, 1.0))
     cfg = P.base_config(RetrievalConfig(d_model=16, batch=8, eval_contexts=4, val_contexts=4, lr_grid=(2e-3, 4e-3),
                                         warmup=5))
-    plan = P.Plan(val_seeds=(1, 2), test_seeds=(3, 4), speed_steps=20, curve=(30, 40),
+    plan = P.Plan(val_seeds=(1, 2), test_seeds=(3, 4), speed_steps=10, curve=(15, 20),
                   names=("baseline", "diff_v1", "v1_no_norm"), config=cfg)
     out = tmp_path_factory.mktemp("v4")
     res = P.run_protocol4(out, plan, RunOptions(workers=1, progress=False))
@@ -104,7 +104,7 @@ def test_every_phase_runs_and_both_endpoints_are_read(toy):
     plan, out, res = toy
     assert res["complete"][0] == res["complete"][1] == res["timings"]["jobs_run"]
     L, primary = res["length"]["L"], res["conditions"]["primary"]
-    assert L in (30, 40) and primary in {c.name for c in P.CANDIDATES}
+    assert L in plan.curve and primary in {c.name for c in P.CANDIDATES}
     for n in plan.names:
         s, c = res["speed"][n], res["capability"][n]
         assert s["lr"] == res["speed_lrs"][n]["lr"] and c["lr"] == res["capability_lrs"][n]["lr"]
@@ -245,7 +245,7 @@ def test_the_rounding_check_reruns_the_test_jobs_and_reads_both_endpoints_again(
     lines = (work / P.JOURNAL).read_text().splitlines()
     recs = [json.loads(x) for x in lines[1:]]
     for r in recs:  # as if run on an AVX-512 machine, but the baseline's speed jobs (as if on an AVX2 one)
-        r["result"]["cpu_capability"] = "AVX2" if (r["job"][0], r["job"][1]) == ("baseline", 20) else "AVX512"
+        r["result"]["cpu_capability"] = "AVX2" if (r["job"][0], r["job"][1]) == ("baseline", plan.speed_steps) else "AVX512"
     (work / P.JOURNAL).write_text("\n".join([lines[0], *map(json.dumps, recs)]) + "\n")
     _, records = read_journal(work / P.JOURNAL, P.STUDY.validate_run)
     first = {P.V4Job(*r["job"]): r["result"] for r in records.values()}
@@ -268,7 +268,7 @@ def test_the_rounding_check_reruns_the_test_jobs_and_reads_both_endpoints_again(
     check = R.rounding_check(work, "avx2", RunOptions(workers=1, progress=False), plan)
     want = [P.V4Job(n, plan.speed_steps, s, res["speed_lrs"][n]["lr"]) for n in plan.names for s in plan.test_seeds]
     want += [P.V4Job(n, L, s, res["capability_lrs"][n]["lr"]) for n in plan.names for s in plan.test_seeds]
-    assert asked == [j for j in want if (j.name, j.steps) != ("baseline", 20)]  # not the AVX2 ones: the same bits
+    assert asked == [j for j in want if (j.name, j.steps) != ("baseline", plan.speed_steps)]  # not the AVX2 ones: the same bits
     assert check["speed"]["differ"] == [] and check["speed"]["equal_runs"] == [4, 4]
     assert check["speed"]["kernels"] == {"AVX2: not rerun": 2, "AVX512 -> AVX2": 4}
     cap = check["capability"]
