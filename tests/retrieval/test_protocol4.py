@@ -287,3 +287,39 @@ def test_the_rounding_check_reruns_the_test_jobs_and_reads_both_endpoints_again(
         R.rounding_check(work, "avx2", RunOptions(workers=1, progress=False), plan)
     with pytest.raises(ValueError, match="no protocol version 4 there"):
         R.rounding_check(tmp_path / "none", "avx2", RunOptions(workers=1, progress=False), plan)
+
+
+def test_a_rounding_check_that_has_not_finished_says_where_it_stands(toy, tmp_path):
+    """``protocol4_rounding.progress`` (what `make docs` shows while the check runs): the reruns its journal holds
+    (under the check's own keys) of those it asks, every test job that ran under other kernels; a journal of another
+    code path is refused, and an unfinished protocol has no check to stand anywhere."""
+    from difftransformer.jobs import read_journal
+    from difftransformer.retrieval import protocol4_rounding as R
+    plan, out, res = toy
+    work = tmp_path / "v4"
+    shutil.copytree(out, work)
+    lines = (work / P.JOURNAL).read_text().splitlines()
+    recs = [json.loads(x) for x in lines[1:]]
+    for r in recs:  # as if every job ran on an AVX-512 machine, whichever this one is
+        r["result"]["cpu_capability"] = "AVX512"
+    (work / P.JOURNAL).write_text("\n".join([lines[0], *map(json.dumps, recs)]) + "\n")
+    _, records = read_journal(work / P.JOURNAL, P.STUDY.validate_run)
+    first = {P.V4Job(*r["job"]): r["result"] for r in records.values()}
+    rerun = R._finished(work, "avx2", plan)[3]
+    n = 2 * len(plan.names) * len(plan.test_seeds)  # both endpoints' test jobs, none of which ran under AVX2
+    assert len(rerun) == n and R.progress(work, "avx2", plan) == (0, n)
+    where = work / R.ROUNDING.format(code_path="avx2")
+    where.mkdir()
+    journal = R.STUDY.open_journal(where, R.STUDY.header(plan=plan.to_dict(), code_path="avx2"))
+    key = P.key_of(plan.config.replace(cpu_code_path="avx2").to_dict(), "cpu")
+    for job in rerun[:5]:
+        journal.append(key(job), list(job), first[job])
+    journal.append(P.key_of(plan.config.to_dict(), "cpu")(rerun[5]), list(rerun[5]), first[rerun[5]])  # not its key
+    assert R.progress(work, "avx2", plan) == (5, n)
+    with pytest.raises(ValueError, match="not this protocol's rounding check under avx512"):
+        shutil.copytree(where, work / R.ROUNDING.format(code_path="avx512"))
+        R.progress(work, "avx512", plan)
+    lines = (work / P.JOURNAL).read_text().splitlines()
+    (work / P.JOURNAL).write_text("\n".join(lines[:-1]) + "\n")  # one test job short: not finished
+    with pytest.raises(ValueError, match="not finished"):
+        R.progress(work, "avx2", plan)

@@ -105,19 +105,9 @@ def rounding_check(out_dir: str | Path, code_path: str, options: Optional[RunOpt
     plan, options = plan or Plan(), options or RunOptions(workers=2)
     if code_path == plan.config.cpu_code_path:
         raise ValueError(f"--rounding-check {code_path}: the protocol ran that CPU code path; name another")
-    if not (Path(out_dir) / JOURNAL).is_file():
-        raise ValueError(f"--out {out_dir}: no protocol version 4 there (its {JOURNAL}); the rounding check reruns a "
-                         "finished one, e.g. docs/results/retrieval-v4")
-    _, first = RUN.read_back(out_dir, lambda h: h.get("plan") == plan.to_dict(),
-                             "this protocol's (another plan or configuration)")
-    asked, one = needed(plan, first)[0], assess(plan, first)
-    if any(j not in first for j in asked) or one["speed"] is None:
-        raise ValueError(f"--out {out_dir}: the protocol there is not finished ({sum(j in first for j in asked)} of "
-                         f"{len(asked)} jobs asked so far); its rounding check reruns a finished one")
-    jobs, kernels = tested_jobs(plan, one), kernels_of(code_path)
+    first, one, jobs, rerun = _finished(out_dir, code_path, plan)
     t0, where = time.perf_counter(), Path(out_dir) / ROUNDING.format(code_path=code_path)
-    second, ran = _rerun(plan, [j for e in jobs.values() for j in e if first[j].get("cpu_capability") != kernels],
-                         where, code_path, options)
+    second, ran = _rerun(plan, rerun, where, code_path, options)
     two = {**first, **second}
     res: dict[str, Any] = {"study": "retrieval protocol 4", "code_paths": [plan.config.cpu_code_path, code_path]}
     lrs = {n: r["lr"] for n, r in one["speed"].items()}
@@ -135,6 +125,40 @@ def rounding_check(out_dir: str | Path, code_path: str, options: Optional[RunOpt
     res["differ"] = [f"{e}: {n}" for e in ("speed", "capability") if res[e] for n in res[e]["differ"]]
     where.mkdir(parents=True, exist_ok=True)
     return STUDY.write(where, res, second, ran, t0, options)
+
+
+def _finished(out_dir: str | Path, code_path: str, plan: Plan) -> tuple[dict[V4Job, Any], dict[str, Any],
+                                                                       dict[str, list[V4Job]], list[V4Job]]:
+    """The finished protocol in ``out_dir``: (its jobs' results, its reading, the test jobs each endpoint reads, those
+    the check under ``code_path`` reruns: the ones that ran under other kernels); a ValueError where it is not
+    there or not finished."""
+    if not (Path(out_dir) / JOURNAL).is_file():
+        raise ValueError(f"--out {out_dir}: no protocol version 4 there (its {JOURNAL}); the rounding check reruns a "
+                         "finished one, e.g. docs/results/retrieval-v4")
+    _, first = RUN.read_back(out_dir, lambda h: h.get("plan") == plan.to_dict(),
+                             "this protocol's (another plan or configuration)")
+    asked, one = needed(plan, first)[0], assess(plan, first)
+    if any(j not in first for j in asked) or one["speed"] is None:
+        raise ValueError(f"--out {out_dir}: the protocol there is not finished ({sum(j in first for j in asked)} of "
+                         f"{len(asked)} jobs asked so far); its rounding check reruns a finished one")
+    jobs, kernels = tested_jobs(plan, one), kernels_of(code_path)
+    return first, one, jobs, [j for e in jobs.values() for j in e if first[j].get("cpu_capability") != kernels]
+
+
+def progress(out_dir: str | Path, code_path: str, plan: Optional[Plan] = None) -> tuple[int, int]:
+    """(the reruns OUT/rounding-CODE_PATH's journal holds, the reruns the check asks) for the finished protocol in
+    ``out_dir``: where a check that has not finished stands (``make docs``)."""
+    from ..jobs import read_journal
+    plan = plan or Plan()
+    rerun = _finished(out_dir, code_path, plan)[3]
+    path = Path(out_dir) / ROUNDING.format(code_path=code_path) / JOURNAL
+    if not path.is_file():
+        return 0, len(rerun)
+    header, records = read_journal(path, validate_v4_run)
+    if header.get("plan") != plan.to_dict() or header.get("code_path") != code_path:
+        raise ValueError(f"{path}: not this protocol's rounding check under {code_path}")
+    key = key_of(plan.config.replace(cpu_code_path=code_path).to_dict(), "cpu")
+    return sum(key(j) in records for j in rerun), len(rerun)
 
 
 def _rerun(plan: Plan, jobs: list[V4Job], out: Path, code_path: str,

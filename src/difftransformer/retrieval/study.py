@@ -93,6 +93,23 @@ def protocol4(results: Path) -> str:
     return protocol4_text.markdown_table(protocol4.rebuild(results / "retrieval-v4"))
 
 
+def protocol4_rounding(results: Path) -> str:
+    """Version 4's AVX2 rounding check: its readings (rounding.json, in a code block) once finished; until then how
+    many of its reruns the committed journal holds."""
+    from . import protocol4_rounding as R
+    where = results / "retrieval-v4" / R.ROUNDING.format(code_path="avx2")
+    if (where / ROUNDING_NAME).is_file():
+        return "```\n" + R.format_rounding(read_checked(where / ROUNDING_NAME, R.validate_protocol4_rounding)) + "\n```"
+    try:
+        done, asked = R.progress(results / "retrieval-v4", "avx2")
+    except ValueError as e:
+        if "not finished" not in str(e):
+            raise
+        return "Not started: it reruns the test jobs of the finished protocol."
+    return (f"Running: {done} of the {asked} test jobs it reruns under AVX2 are in the committed journal "
+            "([results/retrieval-v4/rounding-avx2/](results/retrieval-v4/rounding-avx2/)).")
+
+
 STUDY = Study(
     name="retrieval", what="the retrieval benchmark", results=RESULTS_NAME, read=read_results,
     register=cli.register, section=page.section, verdicts=page.retrieval_verdicts,
@@ -102,4 +119,4 @@ STUDY = Study(
           "speed-or-capability": speed_or_capability, "retrieval-longer-rounding": longer_rounding,
           "retrieval-mechanism": mechanism,
           "retrieval-mechanism-rounding": mechanism_rounding, "retrieval-mechanism-longer": mechanism_longer,
-          "retrieval-v4": protocol4})
+          "retrieval-v4": protocol4, "retrieval-v4-rounding": protocol4_rounding})
