@@ -17,6 +17,7 @@ from difftransformer.retrieval import protocol4 as P
 from difftransformer.retrieval.config import RetrievalConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+KEEP = P.KEEP  # the protocol's band of kept conditions (the toy run below opens it while its tests run)
 
 
 def _run(name, steps, seed, lr, **measures):
@@ -153,9 +154,11 @@ def test_the_command_refuses_before_any_work(extra, match, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_the_committed_journal_rebuilds():
+def test_the_committed_journal_rebuilds(monkeypatch):
     """The committed version-4 journal (finished or not): every record's key is the one the protocol computes for its
-    job under the default plan, every job one the protocol asks for given the others, and the rebuild reads it."""
+    job under the default plan, every job one the protocol asks for given the others, and the rebuild reads it; once
+    finished, the committed protocol4.json is that rebuild's reading."""
+    monkeypatch.setattr(P, "KEEP", KEEP)
     from difftransformer.jobs import read_journal
     from difftransformer.retrieval.protocol4_text import markdown_table
     out = ROOT / "docs" / "results" / "retrieval-v4"
@@ -171,6 +174,11 @@ def test_the_committed_journal_rebuilds():
     res = P.rebuild(out, plan)
     assert res["complete"][0] == len(records)
     assert f"{len(records)} of {res['complete'][1]} jobs" in markdown_table(res)
+    if res["complete"][0] == res["complete"][1]:  # finished (2026-12-06): the committed results are the rebuild's
+        from difftransformer.studies.schema import read_checked
+        written = read_checked(out / P.RESULTS, P.STUDY.validate)
+        for k in ("plan", "complete", "speed_lrs", "length", "conditions", "capability_lrs", "speed", "capability"):
+            assert json.dumps(written[k]) == json.dumps(json.loads(json.dumps(res[k]))), k
 
 
 def test_the_default_plans_rebuild_reads_a_journal_once_per_state(tmp_path, monkeypatch):

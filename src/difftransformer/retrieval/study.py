@@ -106,6 +106,8 @@ def protocol4_rounding(results: Path) -> str:
         if "not finished" not in str(e):
             raise
         return "Not started: it reruns the test jobs of the finished protocol."
+    if not (where / R.JOURNAL).is_file():
+        return f"Not started: it reruns the {asked} test jobs that ran under other kernels than AVX2."
     return (f"Running: {done} of the {asked} test jobs it reruns under AVX2 are in the committed journal "
             "([results/retrieval-v4/rounding-avx2/](results/retrieval-v4/rounding-avx2/)).")
 
