@@ -39,9 +39,9 @@ CELLS: dict[tuple[str, bool], tuple[tuple[str, str], tuple[str, str]]] = {
 }
 # The diagnostics' rounding checks (studies/rounding.py): each arm's reading again under AVX2 kernels, at its chosen lr
 ROUNDING = {k: (FILES[k][0], ROUNDING_NAME) for k in ("retrieval_diagnostic", "lm_v1", "lm_v2")}
-# Retrieval protocol version 4's endpoint 2 (PROTOCOL4.md): accuracy after L steps at the hardest condition the
-# trained baseline still half-solves, read from its committed journal (``protocol4.rebuild``) as it grows; each
-# (variant, norm) is one of its names, and the cell says where the run stands until the test jobs at L are all in.
+# Retrieval protocol version 4's endpoint 2 (PROTOCOL4.md): accuracy after L steps at a condition harder than
+# training that the trained baseline solves only in part, read from its committed journal (``protocol4.rebuild``);
+# each (variant, norm) is one of its names, and the cell says where the run stands until the test jobs at L are in.
 V4 = "retrieval-v4"
 CAPABILITY = {("diff_v1", True): "diff_v1", ("diff_v1", False): "v1_no_norm",
               ("diff_v2", True): "v2_headwise_norm", ("diff_v2", False): "diff_v2"}
@@ -179,5 +179,5 @@ def section(results: dict[str, dict[str, Any]]) -> str:
             "norm still makes it learned sooner. The language-model column is read at the end of training. "
             "docs/retrieval.md, \"Speed or capability\", has each length. The capability column is retrieval "
             "protocol version 4's endpoint 2 (retrieval/PROTOCOL4.md, pre-registered): the accuracy of models "
-            "trained L steps at the hardest condition the trained baseline still half-solves, on 12 fresh seeds; "
-            "it says where that run stands until its last jobs are in.</p>")
+            "trained L steps, on 12 fresh seeds, at a condition harder than training that the trained baseline "
+            "solves only in part (chosen on validation seeds, below the ceiling).</p>")

@@ -40,9 +40,9 @@ def section(results: dict[str, Any], directory: Path, provenance: Optional[dict[
              provenance_note(provenance) if provenance else "",
              f"<div class='provenance'><p><b>Smoke run.</b> {SMOKE}</p></div>" if results.get("quick") else "",
              "<p>Speed (endpoint 1): the first step at which each name's training loss falls below 1.0 nats, minus "
-             "the baseline's. Capability (endpoint 2): the accuracy after L steps at the hardest condition the "
-             "trained baseline still half-solves, minus the baseline's (D) and, for an arm, minus its variant's "
-             "(C).</p>",
+             "the baseline's. Capability (endpoint 2): the accuracy after L steps at a condition harder than "
+             "training that the trained baseline solves only in part (chosen on validation seeds, below the "
+             "ceiling), minus the baseline's (D) and, for an arm, minus its variant's (C).</p>",
              table([h.replace("`", "") for h in head], rows, left=len(head)),
              f"<p class='note'>{html.escape(standing(results, 'its journal'))}</p>"]
     t = results.get("timings", {})
