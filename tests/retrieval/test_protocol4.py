@@ -331,3 +331,16 @@ def test_a_rounding_check_that_has_not_finished_says_where_it_stands(toy, tmp_pa
     (work / P.JOURNAL).write_text("\n".join(lines[:-1]) + "\n")  # one test job short: not finished
     with pytest.raises(ValueError, match="not finished"):
         R.progress(work, "avx2", plan)
+
+
+def test_the_committed_rounding_journal_is_the_checks(monkeypatch):
+    """The committed AVX2 rounding check's journal (finished or not): every record one of the reruns the check asks
+    of the committed protocol, under the check's own key, and run under AVX2 kernels."""
+    from difftransformer.jobs import read_journal
+    from difftransformer.retrieval import protocol4_rounding as R
+    monkeypatch.setattr(P, "KEEP", KEEP)
+    out = ROOT / "docs" / "results" / "retrieval-v4"
+    _, records = read_journal(out / R.ROUNDING.format(code_path="avx2") / P.JOURNAL, P.STUDY.validate_run)
+    done, asked = R.progress(out, "avx2")
+    assert done == len(records) > 0 and asked == 188  # 92 test jobs at 600 steps and 96 at L ran under AVX-512
+    assert {r["result"]["cpu_capability"] for r in records.values()} == {"AVX2"}
