@@ -59,12 +59,12 @@ def refuse_other_version(path: Path) -> None:
 def prepare(cfg: LMSweepConfig, out: Path, progress: bool):
     """The preset's tokens in OUT/data (reused when already there) and their fingerprint. Windows the tokens cannot
     hold (``job.check_windows``: every job would fail on them) are refused here, before any job."""
-    from ..data.shards import fingerprint, prepare_data
-    from .job import check_windows, train_config
-    tc = train_config(cfg, cfg.widths[0], cfg.variants[0], cfg.seed_base, cfg.lr_grid[0], str(out / "data"))
+    from ..data.shards import prepare_data
+    from .job import check_windows
+    tc = _first_job_config(cfg, out)
     data = prepare_data(tc.data, out / "data", progress)
     check_windows(cfg, data.num_tokens)
-    return data, fingerprint(tc.data), tc.model.vocab_size
+    return data, *identity(cfg, out)
 
 
 def identity(cfg: LMSweepConfig, out: Path) -> tuple[str, int]:
@@ -72,9 +72,14 @@ def identity(cfg: LMSweepConfig, out: Path) -> tuple[str, int]:
     configuration (a rebuild from a whole journal needs no tokens; a reference's fingerprint is checked before they
     are made)."""
     from ..data.shards import fingerprint
-    from .job import train_config
-    tc = train_config(cfg, cfg.widths[0], cfg.variants[0], cfg.seed_base, cfg.lr_grid[0], str(out / "data"))
+    tc = _first_job_config(cfg, out)
     return fingerprint(tc.data), tc.model.vocab_size
+
+
+def _first_job_config(cfg: LMSweepConfig, out: Path):
+    """The training config of the sweep's first job, its data in OUT/data: what every job's tokens are."""
+    from .job import train_config
+    return train_config(cfg, cfg.widths[0], cfg.variants[0], cfg.seed_base, cfg.lr_grid[0], str(out / "data"))
 
 
 def run_lm_sweep(cfg: LMSweepConfig, out_dir: str | Path, workers: int = 2, progress: bool = True,
