@@ -62,6 +62,32 @@ def test_the_capability_column_says_where_protocol_4_stands_then_reads_endpoint_
     assert "docs/results/retrieval-v4" not in answer.section(RESULTS)
 
 
+def test_the_capability_cells_say_whether_their_reading_survives_protocol_4s_rounding_check():
+    """With protocol 4's rounding check committed, each capability cell says whether its reading (D's verdict, and an
+    arm's reading) is the same under AVX2: "(survives AVX2)", or the reading there; a cell without a check row says
+    nothing."""
+    read = {"diff_v1": _d(0.02), "v1_no_norm": _d(-0.05, "removes the lead"), "diff_v2": _d(-0.03),
+            "v2_headwise_norm": _d(0.04, "closes the gap")}
+
+    def row(first, second):
+        return {"first": {"reading": first}, "second": {"reading": second}, "survives": first == second}
+
+    check = {"capability": {"rows": {
+        "diff_v1": row("no detectable difference", "no detectable difference"),
+        "v1_no_norm": row("no detectable difference; removes the lead", "no detectable difference; removes the lead"),
+        "v2_headwise_norm": row("no detectable difference; closes the gap",
+                                "no detectable difference; no detectable effect")}}}
+    results = {**RESULTS, "retrieval_v4": _v4(read), "retrieval_v4_rounding": check}
+    cells = {(c["variant"], c["headwise_norm"]): answer._cell(c["capability"]) for c in answer.cells(results)}
+    assert cells == {("diff_v1", True): "+0.020 [+0.010, +0.030] (survives AVX2)",
+                     ("diff_v1", False): "-0.050 [-0.060, -0.040], removes the lead (survives AVX2)",
+                     ("diff_v2", True): "+0.040 [+0.030, +0.050], closes the gap (AVX2: no detectable difference; no "
+                                        "detectable effect)",
+                     ("diff_v2", False): "-0.030 [-0.040, -0.020]"}
+    # the other columns keep their own checks: no mark where none is committed
+    assert "survives" not in answer._cell(answer.cells(results)[0]["retrieval"])
+
+
 def test_the_demo_page_says_it_opens_with_the_committed_answer():
     from difftransformer.demo import LM_STEPS, preface
     args = Namespace(quick=False, seeds=1, init_from=None)

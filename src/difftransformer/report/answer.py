@@ -64,20 +64,27 @@ def load(source: Path = RESULTS) -> dict[str, dict[str, Any]]:
     out.update({f"{k}_rounding": validate_readings(read_json(source / d / f), f"{source / d / f}")
                 for k, (d, f) in ROUNDING.items() if (source / d / f).is_file()})
     from ..retrieval import protocol4
+    from ..retrieval import protocol4_rounding as v4_rounding
     if (source / V4 / protocol4.STUDY.journal).is_file():
         out["retrieval_v4"] = protocol4.rebuild(source / V4)
+    check = source / V4 / v4_rounding.ROUNDING.format(code_path="avx2") / ROUNDING_NAME
+    if check.is_file():
+        out["retrieval_v4_rounding"] = v4_rounding.validate_protocol4_rounding(read_json(check), f"{check}")
     return out
 
 
-def _capability(v4: Optional[dict[str, Any]], name: str) -> dict[str, Any]:
+def _capability(v4: Optional[dict[str, Any]], check: Optional[dict[str, Any]], name: str) -> dict[str, Any]:
     """Version 4's endpoint 2 for ``name``: D with an arm's reading against its variant (C), or where the run stands
-    (``standing``) while its test jobs at L are not all in."""
+    (``standing``) while its test jobs at L are not all in; with its rounding check's row where that is committed
+    (the reading there is D's verdict, and an arm's reading)."""
     if v4 is None:
         return {"standing": "not run"}
     if v4["capability"] is None:
         return {"standing": "running"}
     row = v4["capability"][name]
-    return {**row["D"], "reading": row.get("reading"), "name": name}
+    second = check["capability"]["rows"].get(name) if check and check.get("capability") else None
+    rounding = {"reading": second["second"]["reading"], "survives": second["survives"]} if second else None
+    return {**row["D"], "reading": row.get("reading"), "name": name, "rounding": rounding}
 
 
 def _capability_head(v4: Optional[dict[str, Any]]) -> str:
@@ -115,16 +122,17 @@ def cells(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                                   "rounding": _rounding(results, *ret)},
                     "language_model": {**m["D"], "reading": m.get("reading"), "name": lm[1],
                                        "rounding": _rounding(results, *lm)},
-                    "capability": _capability(results.get("retrieval_v4"), CAPABILITY[(variant, norm)])})
+                    "capability": _capability(results.get("retrieval_v4"), results.get("retrieval_v4_rounding"),
+                                              CAPABILITY[(variant, norm)])})
     return out
 
 
 def _cell(d: dict[str, Any]) -> str:
     if "standing" in d:
         return d["standing"]
-    r = d.get("rounding")
+    r = d.get("rounding")  # None where no rounding check reads the cell (a diagnostic's variant: no reading)
     rounding = "" if not r else " (survives AVX2)" if r["survives"] else f" (AVX2: {r['reading']})"
-    return interval(d) + (f", {d['reading']}{rounding}" if d.get("reading") else "")
+    return interval(d) + (f", {d['reading']}" if d.get("reading") else "") + rounding
 
 
 def markdown(results: Optional[dict[str, dict[str, Any]]] = None) -> str:
@@ -172,7 +180,8 @@ def section(results: dict[str, dict[str, Any]]) -> str:
             f"{html_table(results)}<p class='note'>Each cell: DIFF minus the baseline with its 95% paired interval; "
             "an arm's reading against its own variant (retrieval/DIAGNOSTIC.md). The rows marked as published are "
             "the variants as their sources define them. \"(survives AVX2)\": the same reading when every run it "
-            "reads is made again under AVX2 kernels at the same lr (the diagnostics' rounding checks).</p>"
+            "reads is made again under AVX2 kernels at the same lr (the diagnostics' rounding checks; for the "
+            "capability column, protocol 4's, which reruns its test jobs that ran under AVX-512).</p>"
             "<p class='note'><b>The retrieval speed column</b> was read after 600 training steps. "
             "Re-read at 2x and 4x the steps (same seeds and learning rates; retrieval/LONGER.md, pre-registered), "
             "every retrieval cell vanishes: each variant ends at the ceiling on this lookup, while the head-wise "

@@ -42,6 +42,10 @@ from .protocol4 import STUDY as RUN
 from .schema import validate_protocol4_rounding, validate_v4_run
 
 ROUNDING = "rounding-{code_path}"  # the check's OUT, inside the protocol's
+
+
+class NotFinished(ValueError):
+    """The protocol in OUT has not run all the jobs it asks: there is nothing to check yet."""
 STUDY: FollowUp[V4Job] = FollowUp("retrieval protocol 4 rounding check", "retrieval_protocol4_rounding", VERSION,
                                   JOURNAL, ROUNDING_NAME, V4Job, (str, int, int, float), validate_v4_run,
                                   validate_protocol4_rounding)
@@ -131,7 +135,7 @@ def _finished(out_dir: str | Path, code_path: str, plan: Plan) -> tuple[dict[V4J
                                                                        dict[str, list[V4Job]], list[V4Job]]:
     """The finished protocol in ``out_dir``: (its jobs' results, its reading, the test jobs each endpoint reads, those
     the check under ``code_path`` reruns: the ones that ran under other kernels); a ValueError where it is not
-    there or not finished."""
+    there (``NotFinished`` where it is not finished)."""
     if not (Path(out_dir) / JOURNAL).is_file():
         raise ValueError(f"--out {out_dir}: no protocol version 4 there (its {JOURNAL}); the rounding check reruns a "
                          "finished one, e.g. docs/results/retrieval-v4")
@@ -139,7 +143,7 @@ def _finished(out_dir: str | Path, code_path: str, plan: Plan) -> tuple[dict[V4J
                              "this protocol's (another plan or configuration)")
     asked, one = needed(plan, first)[0], assess(plan, first)
     if any(j not in first for j in asked) or one["speed"] is None:
-        raise ValueError(f"--out {out_dir}: the protocol there is not finished ({sum(j in first for j in asked)} of "
+        raise NotFinished(f"--out {out_dir}: the protocol there is not finished ({sum(j in first for j in asked)} of "
                          f"{len(asked)} jobs asked so far); its rounding check reruns a finished one")
     jobs, kernels = tested_jobs(plan, one), kernels_of(code_path)
     return first, one, jobs, [j for e in jobs.values() for j in e if first[j].get("cpu_capability") != kernels]

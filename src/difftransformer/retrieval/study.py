@@ -102,9 +102,7 @@ def protocol4_rounding(results: Path) -> str:
         return "```\n" + R.format_rounding(read_checked(where / ROUNDING_NAME, R.validate_protocol4_rounding)) + "\n```"
     try:
         done, asked = R.progress(results / "retrieval-v4", "avx2")
-    except ValueError as e:
-        if "not finished" not in str(e):
-            raise
+    except R.NotFinished:
         return "Not started: it reruns the test jobs of the finished protocol."
     if not (where / R.JOURNAL).is_file():
         return f"Not started: it reruns the {asked} test jobs that ran under other kernels than AVX2."
