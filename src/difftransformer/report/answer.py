@@ -67,9 +67,9 @@ def load(source: Path = RESULTS) -> dict[str, dict[str, Any]]:
     from ..retrieval import protocol4_rounding as v4_rounding
     if (source / V4 / protocol4.STUDY.journal).is_file():
         out["retrieval_v4"] = protocol4.rebuild(source / V4)
-    check = source / V4 / v4_rounding.ROUNDING.format(code_path="avx2") / ROUNDING_NAME
-    if check.is_file():
-        out["retrieval_v4_rounding"] = v4_rounding.validate_protocol4_rounding(read_json(check), f"{check}")
+    v4_check = source / V4 / v4_rounding.ROUNDING.format(code_path="avx2") / ROUNDING_NAME
+    if v4_check.is_file():
+        out["retrieval_v4_rounding"] = v4_rounding.validate_protocol4_rounding(read_json(v4_check), f"{v4_check}")
     return out
 
 
