@@ -68,9 +68,15 @@ DEFAULTS = json.loads((HERE / "triton_default_launches.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def defaults_check() -> dict:
+def both_checks() -> dict:
+    """Both checks of ``triton_launches.py`` in one process (one import of torch and Triton, one pool of compilers)."""
+    return launches("--check-both")
+
+
+@pytest.fixture(scope="module")
+def defaults_check(both_checks) -> dict:
     """The default launches the wrappers make now (recorded, not compiled) and a recompiled sample of them."""
-    return launches("--defaults", "--check-table")
+    return both_checks["defaults"]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +95,9 @@ def check_default_table(check: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def table_check() -> dict:
-    return launches("--check-table")
+def table_check(both_checks) -> dict:
+    """The candidate set (every fit key and config) and a recompiled sample of it."""
+    return both_checks["table"]
 
 
 def test_every_launch_fits_shared_memory_and_barely_spills(compiled):

@@ -236,11 +236,14 @@ def candidate_jobs(archs=DEFAULT_ARCHS) -> list[tuple]:
     return jobs
 
 
-def fit_rows(jobs: list[tuple], workers: int) -> dict[str, list[dict]]:
-    """Compile ``candidate_jobs``; per fit key, each candidate's resources and whether it fits (shared memory within
-    the arch's limit, at most ``MAX_SPILL_BYTES`` of spills per thread), in candidate order."""
-    with ProcessPoolExecutor(workers) as pool:
-        rows = list(pool.map(compile_launch, [job for _, job in jobs]))
+def fit_rows(jobs: list[tuple], workers: int, pool: ProcessPoolExecutor | None = None) -> dict[str, list[dict]]:
+    """Compile ``candidate_jobs`` (in ``pool``, else a pool of ``workers``); per fit key, each candidate's resources and
+    whether it fits (shared memory within the arch's limit, at most ``MAX_SPILL_BYTES`` of spills per thread), in
+    candidate order."""
+    if pool is None:
+        with ProcessPoolExecutor(workers) as own:
+            return fit_rows(jobs, workers, own)
+    rows = list(pool.map(compile_launch, [job for _, job in jobs]))
     table: dict[str, list[dict]] = {}
     for ((key, cfg), _), r in zip(jobs, rows):
         fits = r["shared"] <= smem_limit(r["arch"]) and r["stack"] <= tuning.MAX_SPILL_BYTES
@@ -324,6 +327,23 @@ def smem_limit(arch: int) -> int:
     return td.smem_limit(arch)
 
 
+def _defaults_check(a, pool, t0: float) -> dict:
+    """The default launches the wrappers make (recorded, not compiled) and a recompiled sample of them."""
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    jobs = representative(tuple(a.arch))
+    rows = list(pool.map(compile_launch, default_sample(jobs)))
+    return {"triton": triton.__version__, "sources": sources_sha256(), "launches": [launch_id(j) for j in jobs],
+            "sample": rows, "seconds": round(time.time() - t0, 1)}
+
+
+def _table_check(a, pool, t0: float) -> dict:
+    """The candidate set (every fit key and config) and the fit rows of a recompiled sample of it."""
+    jobs = candidate_jobs(tuple(a.arch))
+    table = fit_rows(sample_jobs(jobs), a.jobs, pool)
+    return {"triton": triton.__version__, "candidates": [[k, list(c)] for (k, c), _ in jobs],
+            "sample": [[k, r] for k, rows in table.items() for r in rows], "seconds": round(time.time() - t0, 1)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", type=int, nargs="+", default=list(DEFAULT_ARCHS), help="compute capabilities (80 90)")
@@ -344,20 +364,24 @@ def main(argv=None) -> int:
                    "the default launches (recorded, not compiled) and the rows of a recompiled sample of them")
     p.add_argument("--quick", action="store_true", help="the default launches of V1 at d 128 and V2 at d 64 only "
                    "(sm_80 and sm_90, bf16 and fp32; the lowest supported Triton's check)")
+    p.add_argument("--check-both", action="store_true", help="--defaults --check-table and --check-table in one "
+                   "process and one pool of compilers, as {\"defaults\": ..., \"table\": ...} (what test_triton_aot.py "
+                   "reads)")
     a = p.parse_args(argv)
     t0 = time.time()
+    if a.check_both:
+        with ProcessPoolExecutor(a.jobs) as pool:
+            print(json.dumps({"defaults": _defaults_check(a, pool, t0), "table": _table_check(a, pool, t0)}))
+        return 0
     if a.defaults:
-        torch.backends.cuda.matmul.allow_tf32 = a.tf32
-        jobs = representative(tuple(a.arch))
         if a.check_table:
             with ProcessPoolExecutor(a.jobs) as pool:
-                rows = list(pool.map(compile_launch, default_sample(jobs)))
-            print(json.dumps({"triton": triton.__version__, "sources": sources_sha256(),
-                              "launches": [launch_id(j) for j in jobs], "sample": rows,
-                              "seconds": round(time.time() - t0, 1)}))
+                print(json.dumps(_defaults_check(a, pool, t0)))
             return 0
         if not a.write:
             p.error("--defaults goes with --write or --check-table")
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        jobs = representative(tuple(a.arch))
         with ProcessPoolExecutor(a.jobs) as pool:
             rows = list(pool.map(compile_launch, jobs))
         for r in rows:
@@ -370,12 +394,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 0
     if a.check_table:
-        jobs = candidate_jobs(tuple(a.arch))
-        sample = sample_jobs(jobs)
-        table = fit_rows(sample, a.jobs)
-        print(json.dumps({"triton": triton.__version__, "candidates": [[k, list(c)] for (k, c), _ in jobs],
-                          "sample": [[k, r] for k, rows in table.items() for r in rows],
-                          "seconds": round(time.time() - t0, 1)}))
+        with ProcessPoolExecutor(a.jobs) as pool:
+            print(json.dumps(_table_check(a, pool, t0)))
         return 0
     if a.candidates:
         text = fits_module(fit_rows(candidate_jobs(tuple(a.arch)), a.jobs))

@@ -26,8 +26,8 @@ def tiny(**kw) -> RetrievalConfig:
     return RetrievalConfig(**{**d, **kw})
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-# A small benchmark through the CLI: 2 variants x 2 lrs x 3 seeds = 12 jobs of 40 steps (the default conditions).
-ARGS = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "40", "--batch", "4", "--seeds", "3",
+# A small benchmark through the CLI: 2 variants x 2 lrs x 3 seeds = 12 jobs of 20 steps (the default conditions).
+ARGS = ["retrieval", "--d-model", "16", "--n-layers", "1", "--steps", "20", "--batch", "4", "--seeds", "3",
         "--seed-base", "50", "--lr-grid", "2e-3,4e-3", "--lr-widen", "0", "--eval-contexts", "4", "--train-pairs",
         "8,10", "--train-context", "40,48", "--queries", "2", "--variants", "baseline,diff_v2", "--cpu-code-path",
         "machine", "--no-progress", "--workers", "2"]
