@@ -48,9 +48,9 @@ chromium:
 
 # Lint and type-check first (configured in pyproject.toml; both must report nothing), then the tests on every core
 # (pytest-xdist, a file per worker so that its fixtures are built once, the longest files first), then the files
-# marked `serial`, whose clocks a training neighbour would skew (gpu-check's time limits, a killed pool's workers),
-# on two workers, a file on each, nothing else beside them (tests/conftest.py lists them and says why).
-# PYTEST_WORKERS=0: no workers in either pass.
+# marked `serial`, whose clocks a training neighbour would skew (gpu-check's time limits, a killed pool's workers,
+# the Ray cluster), on two workers: the Ray cluster's file on one, the short timed files on the other, nothing else
+# beside them (tests/conftest.py lists them and says why). PYTEST_WORKERS=0: no workers in either pass.
 PYTEST_WORKERS ?= auto
 SERIAL_WORKERS = $(if $(filter 0,$(PYTEST_WORKERS)),0,2)
 # Bytecode is written (__pycache__/, ignored by git) even where PYTHONDONTWRITEBYTECODE is set, as in many container

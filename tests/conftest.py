@@ -73,17 +73,18 @@ FAST_TESTS = {
 FUZZ = "tests/test_bad_input_fuzz.py::test_bad_input_is_one_line_and_changes_nothing"
 
 # Files whose clocks a training neighbour would skew: they run after the parallel pass, in a pass of their own on two
-# workers (`make test`), one file on each. The gpu-check steps are killed at time limits and one kill is timed against
-# the clock; a pool's driver killed under running jobs must leave no worker alive 5 s later (and a local Ray instance's
-# driver killed, its instance with it). Tests that start process pools, torchrun, Chromium or a Ray cluster, or kill a
-# process with SIGKILL at a point the test waits for (a journal's line count, a checkpoint), time nothing against the
-# wall and run in the parallel pass: there they overlap the rest. The two-node Ray cluster (test_ray_cluster.py) is
-# one of them since 2026-12-07: its workers run at the tests' priority (RAY_worker_niceness=0, set by its fixture;
-# Ray's default nice 15 starved them beside the training tests), and the serial pass it led took 65-90 s of wall for
-# 75 s of CPU on two cores (it alone: 84 s, of about 40 s of CPU).
+# workers (`make test`), the Ray cluster's file on one and the short timed files on the other. The gpu-check steps
+# are killed at time limits and one kill is timed against the clock; a pool's driver killed under running jobs must
+# leave no worker alive 5 s later; the Ray cluster's processes (GCS, two raylets, a worker per job) answer health
+# checks and a node is removed mid-run. Beside each other they are safe: the timed files' processes sleep or wait
+# while they are timed, and the one local Ray instance among them is started apart from the cluster (RAY_ADDRESS=local,
+# test_no_orphans.py). Tests that start process pools, torchrun or Chromium, or kill a process with SIGKILL at a point
+# the test waits for (a journal's line count, a checkpoint), time nothing against the wall and run in the parallel
+# pass: there they overlap the rest (measured: 106 s alone, 142 s of CPU).
 SERIAL_FILES = {
     "tests/gpucheck/test_gpu_check.py",  # steps under time limits, and a kill timed against the clock
     "tests/jobs/test_no_orphans.py",  # a pool's driver killed (SIGKILL, SIGTERM): no worker alive 5 s later
+    "tests/jobs/test_ray_cluster.py",  # a two-node Ray cluster on this machine, a node removed mid-run
 }
 SERIAL_TESTS: set[str] = set()
 
@@ -92,9 +93,7 @@ SERIAL_TESTS: set[str] = set()
 # that the short ones fill in around them. Each file's seconds in one parallel pass on 2 idle cores (2026-12-06, an
 # AVX-512 machine, `--durations=0` summed per file); the files under 5 s follow in collection order.
 LONG_FILES = (
-    "tests/jobs/test_ray_cluster.py",  # 84 s in the serial pass beside the two timed files (2026-12-07), of 45 s CPU
-    "tests/jobs/test_no_orphans.py",  # the serial pass's two files: 32 s
-    "tests/gpucheck/test_gpu_check.py",  # 28 s
+    "tests/jobs/test_ray_cluster.py",  # the serial pass's longest file, 60-84 s (the other two: 30-60 s together)
     "tests/model/test_triton_aot.py",  # 75 s with an empty Triton cache, a fresh machine's (10 s warm: both checks in
     #                                     one process, 2026-12-07; 18 s before)
     "tests/train/test_distributed.py",  # 49 s (51 s before its ranks ran without torchrun's launcher)

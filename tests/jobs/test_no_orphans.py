@@ -99,9 +99,9 @@ time.sleep(120)
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 def test_a_killed_ray_driver_takes_its_local_instance_with_it(tmp_path):
     pytest.importorskip("ray")
-    # RAY_ADDRESS=local: a new local instance, as on a machine without a cluster. Ray's rule for an unnamed address
-    # would join a cluster another test left or runs (/tmp/ray/ray_current_cluster names it; test_ray_cluster.py's
-    # runs in the parallel pass).
+    # RAY_ADDRESS=local: a new local instance, as on a machine without a cluster. The serial pass runs the Ray
+    # cluster's file beside this one, and Ray's rule for an unnamed address would join that cluster
+    # (/tmp/ray/ray_current_cluster names it).
     driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, str(tmp_path), str(HERE)], start_new_session=True,
                               env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "local"})
     procs: list[int] = []

@@ -33,11 +33,6 @@ from difftransformer.retrieval.benchmark import JOURNAL, run_benchmark  # noqa: 
 from difftransformer.retrieval.config import Condition, RetrievalConfig  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-# Ray starts its task workers at nice 15 (its default `worker_niceness`): beside the suite's other tests, which run
-# at nice 0 on every core, a niced worker gets a few percent of a core and the jobs here crawl. The cluster's raylets
-# read this variable when they start, so the workers run at the priority of the tests beside them, and this file runs
-# in `make test`'s parallel pass.
-NICENESS = "RAY_worker_niceness"
 
 
 def tiny(**kw) -> RetrievalConfig:
@@ -55,8 +50,6 @@ def cluster(tmp_path_factory):
     driver (this process, and the CLI processes it starts). Two drivers without the token start at once and are
     checked by the last test (Ray retries a refused connection for about 20 s; the other tests overlap that)."""
     before = AuthenticationEnvSnapshot.capture()
-    niceness = os.environ.get(NICENESS)
-    os.environ[NICENESS] = "0"  # the raylets start their workers at this process's priority (see NICENESS)
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     reset_auth_token_state()  # Ray caches the mode and the token per process
@@ -79,10 +72,6 @@ def cluster(tmp_path_factory):
         c.shutdown()
         before.restore()
         reset_auth_token_state()
-        if niceness is None:
-            os.environ.pop(NICENESS, None)
-        else:
-            os.environ[NICENESS] = niceness
 
 
 def ray_options(cluster, **kw) -> RunOptions:
