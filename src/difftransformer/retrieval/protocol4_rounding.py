@@ -46,6 +46,8 @@ ROUNDING = "rounding-{code_path}"  # the check's OUT, inside the protocol's
 
 class NotFinished(ValueError):
     """The protocol in OUT has not run all the jobs it asks: there is nothing to check yet."""
+
+
 STUDY: FollowUp[V4Job] = FollowUp("retrieval protocol 4 rounding check", "retrieval_protocol4_rounding", VERSION,
                                   JOURNAL, ROUNDING_NAME, V4Job, (str, int, int, float), validate_v4_run,
                                   validate_protocol4_rounding)
