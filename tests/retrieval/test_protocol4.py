@@ -344,3 +344,21 @@ def test_the_committed_rounding_journal_is_the_checks(monkeypatch):
     done, asked = R.progress(out, "avx2")
     assert done == len(records) > 0 and asked == 188  # 92 test jobs at 600 steps and 96 at L ran under AVX-512
     assert {r["result"]["cpu_capability"] for r in records.values()} == {"AVX2"}
+
+
+def test_the_committed_rounding_check_rebuilds(monkeypatch, tmp_path):
+    """The committed AVX2 rounding check (finished 2026-12-07): the committed protocol's journal and the check's give
+    the committed rounding.json with no job run, and docs/retrieval.md quotes its readings."""
+    from difftransformer.retrieval import protocol4_rounding as R
+    from difftransformer.rundir.files import ROUNDING_NAME
+    monkeypatch.setattr(P, "KEEP", KEEP)
+    out, where = ROOT / "docs" / "results" / "retrieval-v4", R.ROUNDING.format(code_path="avx2")
+    shutil.copy(out / P.JOURNAL, tmp_path / P.JOURNAL)
+    (tmp_path / where).mkdir()
+    shutil.copy(out / where / P.JOURNAL, tmp_path / where / P.JOURNAL)
+    check = json.loads(json.dumps(R.rounding_check(tmp_path, "avx2", RunOptions(workers=1, progress=False))))
+    committed = json.loads((out / where / ROUNDING_NAME).read_text())
+    assert check["timings"]["jobs_run"] == 0 and check["timings"]["jobs"] == 188
+    strip = lambda r: {k: v for k, v in r.items() if k != "timings"}  # noqa: E731
+    assert strip(check) == strip(committed)
+    assert R.format_rounding(committed) in (ROOT / "docs" / "retrieval.md").read_text()

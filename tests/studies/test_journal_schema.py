@@ -32,7 +32,7 @@ SCHEMAS = {"kv_retrieval benchmark": kv.RetrievalRun, "kv_retrieval width sweep"
            "retrieval mechanism arms, longer": kv.RetrievalArmRun,
            "language-model mechanism arms": lm.LmArmRun, "retrieval protocol 4": V4Run}
 # journals committed while their study runs (each resumes from its committed journal): at least one record
-IN_PROGRESS: set[str] = {"retrieval-v4/rounding-avx2/v4-jobs.jsonl"}  # started 2026-12-06
+IN_PROGRESS: set[str] = set()  # none since 2026-12-07 (protocol 4's rounding check finished)
 # finished journals of fewer than 20 jobs, each with its whole count
 SMALL: dict[str, int] = {"lm-mechanism/rounding-avx2/lm-mechanism-jobs.jsonl": 15}  # finished 2026-12-02
 CHECKS = {kv.RetrievalRun: kv.validate_retrieval_run, kv.RetrievalArmRun:
